@@ -1,0 +1,124 @@
+"""Fixtures, options and parametrisation shared by tests/ and perf/.
+
+Test IDs carry the pair name (``pytest perf -k codellama`` selects tiny-codellama and
+CodeLlama-7b-hf). Pairs are parametrised from the registry: tiny stand-ins always run; real pairs
+carry the ``real`` and ``slow`` markers and skip with the place their weights were looked for when
+they are absent. Loaded pairs are cached per session by the ``pairs`` fixture, not globally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import models, platforms
+
+ROOT = Path(__file__).resolve().parent
+TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
+REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("assisted generation")
+    group.addoption("--weights_dir", "--weights-dir", default=None,
+                    help="folder holding real model folders (also ASSISTED_GENERATION_WEIGHTS)")
+    group.addoption("--platform", default=None,
+                    help="platform name keying baselines/ and results/ (default: detected from this machine)")
+    group.addoption("--update-baselines", action="store_true",
+                    help="rewrite baselines/<platform>/ from this run's measurements instead of gating")
+    group.addoption("--regen-tables", action="store_true",
+                    help="rewrite results/<platform>/<model>.md and speedup PNGs from stored rows")
+    group.addoption("--seeds-dir", default=str(ROOT.parent / "shared" / "seeds"),
+                    help="folder with the seeds' published tables (imported as PHX/STX/HPT baselines)")
+    group.addoption("--real-prompts", type=int, default=2,
+                    help="prompts per real-weights case (CI keeps this short; raise it for a full run)")
+    group.addoption("--perf-repetitions", type=int, default=5,
+                    help="interleaved plain/assisted repetitions per benchmark case")
+    group.addoption("--real-pairs", default="qwen2.5-coder-1.5b",
+                    help="comma-separated real pairs to include ('all' for every registered pair)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    models.offline_env()
+    # Two cores: more threads than that only adds contention between the two models.
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+def _real_selected(config: pytest.Config) -> list[str]:
+    wanted = config.getoption("--real-pairs")
+    if wanted.strip().lower() == "all":
+        return REAL
+    names = {w.strip().lower() for w in wanted.split(",") if w.strip()}
+    return [n for n in REAL if n.lower() in names]
+
+
+def pair_params(config: pytest.Config, *, tiny: bool = True, real: bool = True) -> list:
+    """Every pair as a pytest param whose id is the pair name; real ones marked real+slow."""
+    params = [pytest.param(n, id=n) for n in TINY] if tiny else []
+    if real:
+        params += [pytest.param(n, id=n, marks=[pytest.mark.real, pytest.mark.slow]) for n in _real_selected(config)]
+    return params
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pair_name" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("pairs")
+        kinds = marker.kwargs if marker else {}
+        metafunc.parametrize(
+            "pair_name", pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True))
+        )
+
+
+class PairCache:
+    """Load each (pair, precisions, draft) once per session; skip cleanly when weights are absent."""
+
+    def __init__(self, weights_dir: str | None) -> None:
+        self.weights_dir = weights_dir
+        self._loaded: dict[tuple, models.LoadedPair] = {}
+
+    def require_weights(self, name: str) -> None:
+        spec = models.get_pair(name)
+        for role, model in (("target", spec.target), ("draft", spec.draft)):
+            where = models.locate_model(model, self.weights_dir)
+            if not where.present:
+                pytest.skip(f"{role} weights for {spec.name} not present here ({where.detail}); "
+                            "see README 'Real weights'")
+
+    def get(self, name: str, target_precision: str | None = None, draft_precision: str | None = None,
+            with_draft: bool = True) -> models.LoadedPair:
+        key = (name.lower(), target_precision, draft_precision, with_draft)
+        if key not in self._loaded:
+            self.require_weights(name)
+            self._loaded[key] = models.load_pair(
+                name, target_precision=target_precision, draft_precision=draft_precision,
+                with_draft=with_draft, weights_dir=self.weights_dir,
+            )
+        return self._loaded[key]
+
+    def clear(self) -> None:
+        self._loaded.clear()
+
+
+@pytest.fixture(scope="session")
+def pairs(pytestconfig: pytest.Config) -> Iterator[PairCache]:
+    cache = PairCache(pytestconfig.getoption("--weights_dir"))
+    yield cache
+    cache.clear()
+
+
+@pytest.fixture(scope="session")
+def platform_name(pytestconfig: pytest.Config) -> str:
+    return pytestconfig.getoption("--platform") or platforms.detect().name
+
+
+@pytest.fixture(scope="session")
+def real_prompts(pytestconfig: pytest.Config) -> int:
+    return pytestconfig.getoption("--real-prompts")
+
+
+@pytest.fixture
+def is_real(pair_name: str) -> bool:
+    return pair_name in REAL

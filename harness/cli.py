@@ -1,0 +1,278 @@
+"""``python assisted_generation.py``: the seeds' command line, kept, with every setting exposed.
+
+The seeds' flags (``--model_name``, ``--task``, ``--assisted_generation``, ``--draft_precision``,
+``--fast_attention``, ``--do_sample``, ``--temperature``) behave as users know them; the rest pin what
+the originals left to library defaults. Errors in flags or inputs print one clear line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tabulate import tabulate
+
+from harness import generation, models, platforms, precision, report, results, runner, tasks
+from harness.errors import HarnessError
+
+EXIT_USAGE = 2
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tasks.parse_int_list(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="assisted_generation.py",
+        description="Decode prompts with or without an assistant (draft) model and print the seeds' table.",
+    )
+    g = p.add_argument_group("what to run")
+    g.add_argument("--model_name", default=models.DEFAULT_PAIR, help="registered pair (see --list-models)")
+    g.add_argument("--task", default="decode", choices=tasks.TASKS, help="prompt set to decode")
+    g.add_argument(
+        "--list-models", "--list_models", action="store_true", help="list registered pairs and exit"
+    )
+    g.add_argument(
+        "--regen-tables",
+        "--regen_tables",
+        action="store_true",
+        help="rebuild results/<platform>/<model>.md and plots from stored JSONL rows, then exit",
+    )
+    g.add_argument("--results_dir", default="results", help="output folder for --regen-tables")
+    g.add_argument(
+        "--rows",
+        nargs="*",
+        default=None,
+        help="JSONL row files for --regen-tables (default: results/rows/*.jsonl)",
+    )
+    g.add_argument("--prompts", help="your own prompts: one JSON string per line, or plain text lines")
+    g.add_argument("--limit", type=int, help="decode only the first N prompts")
+    g.add_argument(
+        "--prompt_lengths",
+        type=_int_list,
+        default=(256, 512, 1024, 2048),
+        help="benchmark prompt lengths in tokens, comma separated",
+    )
+    g.add_argument(
+        "--new_tokens",
+        type=_int_list,
+        default=(64, 128, 256),
+        help="benchmark new-token counts, comma separated",
+    )
+    g.add_argument("--max_new_tokens", type=int, help="override every prompt's new-token budget")
+    g.add_argument("--min_new_tokens", type=int, default=0, help="decode at least this many tokens")
+    g.add_argument("--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
+
+    a = p.add_argument_group("assistance")
+    a.add_argument("--assisted_generation", action="store_true", help="decode with the pair's draft model")
+    a.add_argument(
+        "--compare",
+        action="store_true",
+        help="run plain and assisted interleaved per prompt and print the speedup",
+    )
+    a.add_argument(
+        "--prompt_lookup",
+        type=int,
+        metavar="N",
+        help="prompt-lookup decoding proposing N tokens (instead of a draft model)",
+    )
+    a.add_argument("--num_assistant_tokens", type=int, help="draft tokens K per step (default: the pair's)")
+    a.add_argument(
+        "--assistant_schedule",
+        default="constant",
+        choices=tuple(generation.SCHEDULES),
+        help="how K evolves: constant, heuristic (+2 on full accept, -1 otherwise), "
+        "dynamic (draft stops early below a confidence threshold)",
+    )
+    a.add_argument(
+        "--assistant_confidence_threshold",
+        type=float,
+        default=generation.DEFAULT_CONFIDENCE_THRESHOLD,
+        help="threshold for the dynamic schedule",
+    )
+
+    s = p.add_argument_group("sampling")
+    s.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
+    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    s.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass")
+    s.add_argument("--top_k", type=int, default=0, help="top-k sampling (0: off)")
+    s.add_argument("--seed", type=int, default=0, help="random seed, set before every generate call")
+
+    m = p.add_argument_group("models, precisions, devices")
+    m.add_argument("--target_precision", choices=tuple(precision.PRECISIONS), help="default: the pair's")
+    m.add_argument("--draft_precision", choices=tuple(precision.PRECISIONS), help="default: the pair's")
+    m.add_argument("--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
+    m.add_argument("--draft_device", default="cpu", help="cpu, cuda[:N]")
+    m.add_argument("--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
+    m.add_argument(
+        "--fast_attention",
+        action="store_true",
+        help="accepted for compatibility with the seeds; not supported here (ignored with a note)",
+    )
+
+    o = p.add_argument_group("output")
+    o.add_argument("--platform", help="platform name for rows and baselines (default: detected)")
+    o.add_argument(
+        "--json", metavar="PATH", help="append one JSON row per finished prompt and mode (resumable)"
+    )
+    o.add_argument("--no_progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def list_models(weights_dir: str | None) -> str:
+    table = []
+    for pair in models.list_pairs():
+        t = models.locate_model(pair.target, weights_dir)
+        d = models.locate_model(pair.draft, weights_dir)
+        table.append(
+            [
+                pair.name,
+                pair.family,
+                pair.target.hf_id or pair.target.name,
+                pair.draft.hf_id or pair.draft.name,
+                f"{pair.target_precision}/{pair.draft_precision}",
+                "yes" if t.present and d.present else "no",
+                t.detail if t.detail == d.detail else f"target: {t.detail}; draft: {d.detail}",
+            ]
+        )
+    headers = ["model_name", "family", "target", "draft", "precision t/d", "present", "weights"]
+    return tabulate(table, headers=headers, tablefmt="github")
+
+
+def _prompts(args: argparse.Namespace, pair: models.LoadedPair) -> list[tasks.Prompt]:
+    if args.prompts:
+        prompts = tasks.load_prompts_file(args.prompts, args.max_new_tokens or 128)
+    elif args.task == "decode":
+        prompts = tasks.decode_prompts("code" if pair.spec.kind == "code" else "general")
+    elif args.task == "benchmark":
+        prompts = tasks.benchmark_prompts(pair.tokenizer, args.prompt_lengths, args.new_tokens)
+    else:
+        from harness import humaneval
+
+        prompts = humaneval.prompts(pair.tokenizer, limit=args.limit)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise HarnessError(f"--limit must be at least 1 (got {args.limit})")
+        prompts = prompts[: args.limit]
+    return prompts
+
+
+def _settings(args: argparse.Namespace, spec: models.PairSpec) -> generation.GenerationSettings:
+    return generation.GenerationSettings(
+        max_new_tokens=args.max_new_tokens or 1,
+        min_new_tokens=args.min_new_tokens,
+        num_assistant_tokens=args.num_assistant_tokens or spec.num_assistant_tokens,
+        assistant_schedule=args.assistant_schedule,
+        assistant_confidence_threshold=args.assistant_confidence_threshold,
+        prompt_lookup_num_tokens=args.prompt_lookup or 10,
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+
+
+def _modes(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.prompt_lookup is not None and args.assisted_generation:
+        raise HarnessError("--prompt_lookup and --assisted_generation are alternatives: choose one")
+    assisted = "prompt_lookup" if args.prompt_lookup is not None else "assisted"
+    if args.compare:
+        return ("plain", assisted)
+    if args.assisted_generation or args.prompt_lookup is not None:
+        return (assisted,)
+    return ("plain",)
+
+
+def regen(args: argparse.Namespace) -> int:
+    paths = (
+        [Path(p) for p in args.rows] if args.rows else sorted(Path(args.results_dir, "rows").glob("*.jsonl"))
+    )
+    if not paths:
+        raise HarnessError(
+            f"no row files found (looked for {Path(args.results_dir, 'rows')}/*.jsonl); "
+            "run with --json PATH first or pass --rows FILE ..."
+        )
+    rows = list(results.iter_rows(paths))
+    written = report.regen_results(rows, Path(args.results_dir))
+    for path in written:
+        print(path)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_models:
+        print(list_models(args.weights_dir))
+        return 0
+    if args.regen_tables:
+        return regen(args)
+    spec = models.get_pair(args.model_name)
+    modes = _modes(args)
+    settings = _settings(args, spec)
+    for mode in modes:
+        dataclasses.replace(settings, mode=mode).validate()
+    if args.fast_attention:
+        print(
+            "note: --fast_attention is a Ryzen AI NPU kernel option; not supported here, ignored.",
+            file=sys.stderr,
+        )
+    models.offline_env()
+    pair = models.load_pair(
+        spec.name,
+        target_precision=args.target_precision,
+        draft_precision=args.draft_precision,
+        target_device=args.target_device,
+        draft_device=args.draft_device,
+        with_draft="assisted" in modes,
+        weights_dir=args.weights_dir,
+    )
+    prompts = _prompts(args, pair)
+    platform = args.platform or platforms.detect().name
+    try:
+        rows = runner.run_prompts(
+            pair,
+            prompts,
+            settings,
+            modes=modes,
+            task=args.task,
+            json_path=args.json,
+            platform=platform,
+            max_new_tokens=args.max_new_tokens,
+            progress=False if args.no_progress else None,
+        )
+    except KeyboardInterrupt:
+        where = f"; finished rows are in {args.json}" if args.json else ""
+        print(f"interrupted{where}", file=sys.stderr)
+        return 130
+    for mode in modes:
+        mode_rows = [r for r in rows if r.mode == mode]
+        print(
+            f"\n## {mode} ({pair.spec.name}, target {pair.target_precision}"
+            + (f", draft {pair.draft_precision}" if mode == "assisted" else "")
+            + ")\n"
+        )
+        print(f"```{report.command_for(mode_rows[0])}```\n")
+        print(report.seed_table(mode_rows, acceptance=mode != "plain"))
+    print()
+    if args.compare:
+        print(report.compare_table(rows))
+    print(report.summary_line(rows))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

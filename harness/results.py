@@ -1,0 +1,164 @@
+"""Measured rows: one per (prompt, mode), the unit every other tool reads.
+
+A row is flat (no nesting besides ``output_ids`` and ``versions``) so it serialises to one JSON line
+and so tables, baselines and gates can read any column by name. Rows are appended to JSONL files one
+at a time and flushed, so an interrupted run keeps every finished row and a rerun can resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Columns the seeds publish, in their order, mapped to the row attribute that fills each.
+SEED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("Example#", "example"),
+    ("Prompt Length (tokens)", "prompt_tokens"),
+    ("New Tokens Generated", "new_tokens"),
+    ("Total Time (s)", "total_s"),
+    ("Prefill Phase (ms)", "prefill_ms"),
+    ("Time/Token (ms)", "time_per_token_ms"),
+    ("Tokens/Sec", "tokens_per_s"),
+)
+
+# Columns this suite adds after the seeds' seven.
+ACCEPTANCE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("Drafted", "drafted"),
+    ("Accepted", "accepted"),
+    ("Acceptance", "acceptance_rate"),
+    ("Tokens/Target Fwd", "tokens_per_target_forward"),
+    ("Target Fwds", "target_forwards"),
+    ("Draft (ms)", "draft_ms"),
+)
+
+
+@dataclass
+class Row:
+    """One prompt decoded once in one mode, with every setting needed to reproduce it."""
+
+    # What was run
+    example: int
+    mode: str  # "plain", "assisted" (draft model) or "prompt_lookup"
+    assisted: bool
+    task: str
+    model: str  # registry pair name, e.g. "qwen2.5-coder-1.5b"
+    target_model: str
+    draft_model: str | None
+    target_precision: str
+    draft_precision: str | None
+    target_device: str
+    draft_device: str | None
+    # Settings pinned for this run (see harness.generation.GenerationSettings)
+    num_assistant_tokens: int | None
+    assistant_schedule: str | None
+    assistant_confidence_threshold: float | None
+    prompt_lookup_num_tokens: int | None
+    do_sample: bool
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    max_new_tokens: int
+    min_new_tokens: int | None
+    # Measurements
+    prompt_tokens: int
+    new_tokens: int
+    total_s: float
+    prefill_ms: float  # generate() start -> end of the target's first forward (covers first drafts)
+    target_prefill_ms: float  # the target's first forward alone
+    time_per_token_ms: float  # (total - prefill) / (new_tokens - 1), draft time included
+    tokens_per_s: float  # 1000 / time_per_token_ms
+    target_forwards: int
+    draft_forwards: int
+    target_ms: float  # summed target forward time
+    draft_ms: float  # summed draft forward time
+    other_ms: float  # wall time outside both models' forwards
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None  # accepted / drafted; None when nothing was drafted
+    tokens_per_target_forward: float
+    output_ids: list[int]
+    # Where and with what
+    platform: str = ""
+    prompt_label: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    run_id: str = ""
+    timestamp: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Row:
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names}
+        row = cls(**known)
+        row.extra.update(extra)
+        return row
+
+    def key(self) -> tuple[Any, ...]:
+        """Identity of a row for resuming: same prompt, mode and settings means already done."""
+        return (
+            self.task,
+            self.model,
+            self.example,
+            self.mode,
+            self.target_precision,
+            self.draft_precision,
+            self.num_assistant_tokens,
+            self.assistant_schedule,
+            self.prompt_lookup_num_tokens,
+            self.do_sample,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.seed,
+            self.max_new_tokens,
+            self.prompt_tokens,
+        )
+
+
+def append_row(path: str | os.PathLike[str], row: Row | dict[str, Any]) -> None:
+    """Append one row as a JSON line and force it to disk before returning.
+
+    Opening in append mode per row (rather than holding a handle) keeps a crash from losing
+    anything already written and lets several tools read the file while a run goes on.
+    """
+    data = row.to_dict() if isinstance(row, Row) else row
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(data, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[Row]:
+    """Read every complete row; a torn last line (killed mid-write) is ignored, not fatal."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows: list[Row] = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(Row.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            if number == len(lines):
+                break  # interrupted write: the row was not finished, so it is not a result
+            raise ValueError(f"{path}:{number}: not a result row ({exc}); fix or remove that line") from exc
+    return rows
+
+
+def iter_rows(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Row]:
+    for p in paths:
+        yield from read_rows(p)

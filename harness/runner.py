@@ -1,0 +1,156 @@
+"""Run prompts through a loaded pair in one or more modes and turn each call into a ``Row``.
+
+Modes are interleaved per prompt (plain, then assisted, for the same prompt) so both see the same
+machine state; a speedup is only ever computed from rows of one run. Each finished row is appended
+to the JSONL file before the next prompt starts, and a rerun with the same file skips rows it
+already holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from harness import platforms
+from harness.generation import GenerationSettings, Measurement, generate
+from harness.models import LoadedPair
+from harness.results import Row, append_row, read_rows
+from harness.tasks import Prompt
+
+
+def prompt_ids(pair: LoadedPair, prompt: Prompt) -> list[int]:
+    if prompt.input_ids is not None:
+        return list(prompt.input_ids)
+    return list(pair.tokenizer(prompt.text)["input_ids"])
+
+
+def run_id_for(pair: LoadedPair, task: str, settings: GenerationSettings, platform: str) -> str:
+    """Same configuration, same id: resumed rows belong to the run they continue."""
+    blob = json.dumps(
+        [pair.spec.name, task, pair.target_precision, pair.draft_precision, settings.to_dict(), platform],
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def make_row(
+    pair: LoadedPair,
+    m: Measurement,
+    settings: GenerationSettings,
+    *,
+    example: int,
+    task: str,
+    label: str = "",
+    platform: str = "",
+    run_id: str = "",
+) -> Row:
+    assisted = settings.mode != "plain"
+    uses_draft = settings.mode == "assisted"
+    return Row(
+        example=example,
+        mode=settings.mode,
+        assisted=assisted,
+        task=task,
+        model=pair.spec.name,
+        target_model=pair.spec.target.hf_id or pair.spec.target.name,
+        draft_model=(pair.spec.draft.hf_id or pair.spec.draft.name) if uses_draft else None,
+        target_precision=pair.target_precision,
+        draft_precision=pair.draft_precision if uses_draft else None,
+        target_device=pair.target_device,
+        draft_device=pair.draft_device if uses_draft else None,
+        num_assistant_tokens=settings.num_assistant_tokens if uses_draft else None,
+        assistant_schedule=settings.assistant_schedule if uses_draft else None,
+        assistant_confidence_threshold=settings.confidence_threshold_in_effect if uses_draft else None,
+        prompt_lookup_num_tokens=settings.prompt_lookup_num_tokens
+        if settings.mode == "prompt_lookup"
+        else None,
+        do_sample=settings.do_sample,
+        temperature=settings.temperature if settings.do_sample else None,
+        top_p=settings.top_p if settings.do_sample else None,
+        top_k=settings.top_k if settings.do_sample else None,
+        seed=settings.seed,
+        max_new_tokens=settings.max_new_tokens,
+        min_new_tokens=settings.min_new_tokens,
+        prompt_tokens=m.prompt_tokens,
+        new_tokens=m.new_tokens,
+        total_s=m.total_s,
+        prefill_ms=m.prefill_ms,
+        target_prefill_ms=m.target_prefill_ms,
+        time_per_token_ms=m.time_per_token_ms,
+        tokens_per_s=m.tokens_per_s,
+        target_forwards=m.target_forwards,
+        draft_forwards=m.draft_forwards,
+        target_ms=m.target_ms,
+        draft_ms=m.draft_ms,
+        other_ms=m.other_ms,
+        drafted=m.drafted,
+        accepted=m.accepted,
+        acceptance_rate=m.acceptance_rate,
+        tokens_per_target_forward=m.tokens_per_target_forward,
+        output_ids=m.output_ids,
+        platform=platform,
+        prompt_label=label,
+        versions=platforms.library_versions(),
+        run_id=run_id,
+        timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        extra={"weights": dict(pair.origins)},
+    )
+
+
+def run_prompts(
+    pair: LoadedPair,
+    prompts: Sequence[Prompt],
+    settings: GenerationSettings,
+    *,
+    modes: Sequence[str] = ("plain",),
+    task: str = "decode",
+    json_path: str | Path | None = None,
+    platform: str | None = None,
+    max_new_tokens: int | None = None,
+    progress: bool | None = None,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
+    """Decode every prompt in every mode (interleaved per prompt); return all rows, resumed ones too."""
+    platform = platform or platforms.detect().name
+    for mode in modes:
+        dataclasses.replace(settings, mode=mode).validate()
+    run_id = run_id_for(pair, task, settings, platform)
+    done: dict[tuple, Row] = {}
+    if json_path is not None:
+        done = {r.key(): r for r in read_rows(json_path) if r.run_id == run_id}
+    rows: list[Row] = []
+    jobs = [(i, p, mode) for i, p in enumerate(prompts, 1) for mode in modes]
+    bar = tqdm(jobs, desc=f"{pair.spec.name} {task}", unit="gen", file=sys.stderr, disable=progress is False)
+    for example, prompt, mode in bar:
+        ids = prompt_ids(pair, prompt)
+        budget = max_new_tokens or prompt.max_new_tokens
+        s = dataclasses.replace(settings, mode=mode, max_new_tokens=budget)
+        probe = make_row(
+            pair, _empty(len(ids)), s, example=example, task=task, platform=platform, run_id=run_id
+        )
+        if probe.key() in done:
+            rows.append(done[probe.key()])
+            continue
+        m = generate(pair, ids, s)
+        row = make_row(
+            pair, m, s, example=example, task=task, label=prompt.label, platform=platform, run_id=run_id
+        )
+        if json_path is not None:
+            append_row(json_path, row)
+        if on_row is not None:
+            on_row(row)
+        rows.append(row)
+        bar.set_postfix(tok_s=f"{row.tokens_per_s:.2f}", mode=mode)
+    return rows
+
+
+def _empty(prompt_tokens: int) -> Measurement:
+    # Only used to compute a row's key before deciding whether to run it.
+    return Measurement(prompt_tokens, [], 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.0, 0, 0)
