@@ -8,6 +8,7 @@ they are absent. Loaded pairs are cached per session by the ``pairs`` fixture, n
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,8 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     models.offline_env()
-    # Two cores: more threads than that only adds contention between the two models.
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    # Two cores: more threads than that only adds contention. Under xdist each worker gets one, so
+    # workers do not fight over cores (OpenMP spin-waits make oversubscription very slow).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // workers))
 
 
 def _real_selected(config: pytest.Config) -> list[str]:

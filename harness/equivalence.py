@@ -44,12 +44,15 @@ def random_draft(pair: LoadedPair, seed: int = 1234) -> PreTrainedModel:
     return model
 
 
-def truncated_target(pair: LoadedPair, keep: float = 0.5) -> PreTrainedModel:
-    """The target with only its first layers: agrees often but not always (partial acceptance)."""
+def truncated_target(pair: LoadedPair) -> PreTrainedModel:
+    """The target with only its first layers: agrees often but not always (partial acceptance).
+
+    Keeps the first half of the layers (for the tiny stand-ins that is their registered draft).
+    """
     model = copy.deepcopy(pair.target)
     decoder = model.get_decoder()
     layers = decoder.layers
-    n = max(1, int(len(layers) * keep))
+    n = max(1, len(layers) // 2)
     decoder.layers = torch.nn.ModuleList(list(layers)[:n])
     model.config.num_hidden_layers = n
     if hasattr(model.config, "layer_types") and model.config.layer_types is not None:
@@ -97,6 +100,7 @@ class CaseResult:
     first_divergence: int | None  # index into the new tokens, None when identical
     gap: float | None  # target's top-2 logit gap at the divergence
     tolerance: float
+    vocab_size: int = 0
 
     @property
     def identical(self) -> bool:
@@ -148,7 +152,7 @@ def check_case(
     if i is not None:
         gap = top2_gap(pair.target, list(prompt_ids) + plain.output_ids[:i])
     tolerance = NEAR_TIE_TOLERANCE.get(pair.target_precision, 0.0)
-    return CaseResult(list(prompt_ids), plain, assisted, i, gap, tolerance)
+    return CaseResult(list(prompt_ids), plain, assisted, i, gap, tolerance, int(pair.target.config.vocab_size))
 
 
 @dataclass

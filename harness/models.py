@@ -26,10 +26,11 @@ class ModelSpec:
     hf_id: str | None = None  # Hugging Face repo id, looked up in the local cache only
     packaged_key: str | None = None  # key in harness.packaged.PACKAGED
     vocab_size: int | None = None  # known up front, so a bad pairing fails before loading
+    tiny: bool = False  # built from a config in harness.tiny, no weights to find
 
     @property
     def is_tiny(self) -> bool:
-        return self.name in tiny.TINY_RECIPES
+        return self.tiny
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,8 @@ REGISTRY: dict[str, PairSpec] = dict(
         *(
             _pair(
                 name,
-                ModelSpec(name, r.family, vocab_size=r.vocab_size),
-                ModelSpec(f"{name}-draft", r.family, vocab_size=r.draft_vocab_size),
+                ModelSpec(name, r.family, vocab_size=r.vocab_size, tiny=True),
+                ModelSpec(f"{name}-draft", r.family, vocab_size=r.draft_vocab_size, tiny=True),
                 "code" if r.family == "codellama" else "general",
                 num_assistant_tokens=5,
                 note="random weights, fixed seed",
@@ -178,9 +179,10 @@ def _pin_generation_config(model: PreTrainedModel, tokenizer: Any) -> None:
     Every setting the harness uses is passed explicitly; a shipped default left in place would be
     merged into any unset field and silently change speed or output.
     """
+    # No eos here: generate fills any unset field from this config, so an eos kept here would undo
+    # ignore_eos (None) in the per-call config. The runner always passes the eos it wants.
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
     )
 

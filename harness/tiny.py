@@ -110,7 +110,8 @@ _MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
 
 def _clean_generation_config(model: PreTrainedModel) -> None:
     # Random models ship no generation defaults; make that explicit so nothing is inherited.
-    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    # No eos: see harness.models._pin_generation_config (the runner passes it per call).
+    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, pad_token_id=PAD_ID)
 
 
 _OUTPUT_PROJECTIONS = re.compile(r"layers\.(\d+)\.(self_attn\.(o_proj|out_proj)|mlp\.down_proj|fc2)\.weight$")
@@ -124,8 +125,8 @@ def _scale_tail_layers(model: PreTrainedModel, recipe: TinyRecipe) -> None:
                 param.mul_(recipe.tail_scale)
 
 
-def build_target(name: str) -> PreTrainedModel:
-    recipe = TINY_RECIPES[name]
+def build_target(name: str | TinyRecipe) -> PreTrainedModel:
+    recipe = name if isinstance(name, TinyRecipe) else TINY_RECIPES[name]
     with torch.random.fork_rng():
         torch.manual_seed(recipe.seed)
         cls = _MODEL_CLASSES[recipe.family]
@@ -136,9 +137,9 @@ def build_target(name: str) -> PreTrainedModel:
     return model
 
 
-def build_draft(name: str, target: PreTrainedModel | None = None) -> PreTrainedModel:
+def build_draft(name: str | TinyRecipe, target: PreTrainedModel | None = None) -> PreTrainedModel:
     """A shallower model of the same family sharing the target's first layers, plus noise."""
-    recipe = TINY_RECIPES[name]
+    recipe = name if isinstance(name, TinyRecipe) else TINY_RECIPES[name]
     target = target if target is not None else build_target(name)
     with torch.random.fork_rng():
         torch.manual_seed(recipe.seed + 1000)

@@ -1,0 +1,344 @@
+"""Committed baselines: one small, sorted JSON file per case, so a git diff shows exactly what moved.
+
+Layout: ``baselines/<platform>/<model>/<case_id>.json``. ``case_id`` is a readable slug of every setting that
+changes speed (``CaseKey``), so a file name says what was measured. Files are written atomically (temporary
+file in the same folder, then ``os.replace``), so an interrupted ``--update-baselines`` never leaves a
+half-written baseline behind.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from harness.errors import HarnessError
+from harness.stats import DEFAULT_ALPHA, DEFAULT_MARGIN, GateResult, gate, mean_ci, speedup_ci
+
+SCHEMA = 1
+_REGENERATE = (
+    "rerun the benchmark with --update-baselines to regenerate it (or restore the committed copy with "
+    "`git checkout -- {path}`)"
+)
+
+
+class MissingBaselineError(HarnessError):
+    """No baseline stored for a case on this platform yet."""
+
+
+def _part(text: str) -> str:
+    # Like platforms.slug, but keeps dots so "t0.7" and "opt-6.7b" stay readable.
+    return re.sub(r"[^a-z0-9.]+", "-", str(text).lower()).strip("-.") or "none"
+
+
+def model_dir(model: str) -> str:
+    """Folder name for a model: its own spelling, minus anything unsafe in a path."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.")
+    if not cleaned:
+        raise HarnessError(f"model name {model!r} has no usable characters for a baseline folder")
+    return cleaned
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class CaseKey:
+    """Every setting that changes speed; two runs with equal keys are comparable.
+
+    ``prompt_tokens``/``new_tokens`` are None for a case that covers a task's whole prompt set (the seeds'
+    decode tables mix prompt lengths). ``draft`` names the draft model or method when the pair name does
+    not fix it (a seed table's named draft, or e.g. "prompt-lookup").
+    """
+
+    model: str
+    task: str
+    prompt_tokens: int | None
+    new_tokens: int | None
+    target_precision: str
+    draft_precision: str
+    num_assistant_tokens: int | None
+    schedule: str | None
+    do_sample: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    backend: str = "torch"
+    draft: str | None = None
+
+    @property
+    def sampling(self) -> str:
+        if not self.do_sample:
+            return "greedy"
+        out = "sample"
+        if self.temperature is not None:
+            out += f"-t{_num(self.temperature)}"
+        if self.top_p is not None:
+            out += f"-topp{_num(self.top_p)}"
+        if self.top_k is not None:
+            out += f"-topk{self.top_k}"
+        return out
+
+    @property
+    def case_id(self) -> str:
+        """Readable, stable slug, e.g. ``benchmark-p256-n64-t_fp32-d_fp32-k5-constant-greedy``."""
+        parts = [_part(self.task)]
+        if self.prompt_tokens is not None:
+            parts.append(f"p{self.prompt_tokens}")
+        if self.new_tokens is not None:
+            parts.append(f"n{self.new_tokens}")
+        parts.append(f"t_{_part(self.target_precision)}")
+        parts.append(f"d_{_part(self.draft_precision)}")
+        parts.append(f"k{self.num_assistant_tokens}" if self.num_assistant_tokens is not None else "kdefault")
+        if self.schedule is not None:
+            parts.append(_part(self.schedule))
+        parts.append(self.sampling)
+        if self.backend != "torch":
+            parts.append(_part(self.backend))
+        if self.draft is not None:
+            parts.append(f"draft_{_part(self.draft)}")
+        return "-".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaseKey:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown case fields {sorted(unknown)}")
+        return cls(**data)
+
+
+@dataclass
+class BaselineRecord:
+    """What a baseline file holds. ``tokens_per_s`` maps mode ("plain"/"assisted") to mean and samples."""
+
+    case: CaseKey
+    source: str  # "measured" or "seed:<file>"
+    date: str | None
+    machine: dict[str, Any]
+    versions: dict[str, str]
+    tokens_per_s: dict[str, dict[str, Any] | None]
+    time_per_token_ms: dict[str, float | None]
+    prefill_ms: dict[str, float | None]
+    acceptance: float | None
+    speedup: dict[str, Any] | None  # Estimate.to_dict() plus "samples" (per repetition or per prompt)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["case"] = self.case.to_dict()
+        out["case_id"] = self.case.case_id
+        out["schema"] = SCHEMA
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BaselineRecord:
+        if not isinstance(data, dict):
+            raise ValueError("top level is not a JSON object")
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r}, this harness reads schema {SCHEMA}")
+        required = [f.name for f in fields(cls) if f.name != "extra"]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(f"missing keys {missing}")
+        case = CaseKey.from_dict(data["case"])
+        if data.get("case_id") != case.case_id:
+            raise ValueError(f"case_id {data.get('case_id')!r} does not match its case ({case.case_id})")
+        for mode, entry in data["tokens_per_s"].items():
+            if entry is not None and not isinstance(entry.get("samples"), list):
+                raise ValueError(f"tokens_per_s.{mode}.samples is not a list")
+        kwargs = {name: data[name] for name in required}
+        kwargs["case"] = case
+        return cls(extra=data.get("extra", {}), **kwargs)
+
+
+def rounded(x: float | None) -> float | None:
+    """Round a derived number to 6 significant digits: keeps diffs readable, far below measurement noise."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return None
+    return float(f"{x:.6g}")
+
+
+def speedup_summary(plain: Sequence[float], assisted: Sequence[float], paired: bool) -> dict[str, Any]:
+    est = speedup_ci(plain, assisted, paired=paired)
+    out: dict[str, Any] = {k: (rounded(v) if k != "n" else v) for k, v in est.to_dict().items()}
+    out["confidence"] = 0.95
+    out["paired"] = paired
+    # Per-repetition ratios are what the speedup gate compares against; unpaired runs have none.
+    out["samples"] = [rounded(a / p) for p, a in zip(plain, assisted, strict=True)] if paired else []
+    return out
+
+
+def _tps_dict(samples: Sequence[float]) -> dict[str, Any]:
+    est = mean_ci(samples)
+    return {
+        "mean": rounded(est.value),
+        "low": rounded(est.low),
+        "high": rounded(est.high),
+        "samples": [float(x) for x in samples],
+    }
+
+
+def make_record(
+    case: CaseKey,
+    plain_tps: Sequence[float],
+    assisted_tps: Sequence[float],
+    *,
+    time_per_token_ms: dict[str, float | None],
+    prefill_ms: dict[str, float | None],
+    acceptance: float | None,
+    paired: bool = True,
+    source: str = "measured",
+    machine: dict[str, Any] | None = None,
+    versions: dict[str, str] | None = None,
+    date: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> BaselineRecord:
+    """Build a record from interleaved repetitions (index i of both lists = repetition i when paired)."""
+    if machine is None or versions is None:
+        from harness.platforms import detect, library_versions  # only when measuring on this machine
+
+        machine = detect().to_dict() if machine is None else machine
+        versions = library_versions() if versions is None else versions
+    return BaselineRecord(
+        case=case,
+        source=source,
+        date=date or _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+        machine=machine,
+        versions=versions,
+        tokens_per_s={"plain": _tps_dict(plain_tps), "assisted": _tps_dict(assisted_tps)},
+        time_per_token_ms={k: rounded(v) for k, v in time_per_token_ms.items()},
+        prefill_ms={k: rounded(v) for k, v in prefill_ms.items()},
+        acceptance=rounded(acceptance),
+        speedup=speedup_summary(plain_tps, assisted_tps, paired),
+        extra=extra or {},
+    )
+
+
+def baseline_path(root: str | os.PathLike[str], platform: str, case: CaseKey) -> Path:
+    if not platform or "/" in platform or platform.startswith("."):
+        raise HarnessError(f"platform name {platform!r} is not a usable folder name; use a slug like 'phx'")
+    return Path(root) / platform / model_dir(case.model) / f"{case.case_id}.json"
+
+
+def save_baseline(
+    root: str | os.PathLike[str], platform: str, case: CaseKey, record: BaselineRecord | dict[str, Any]
+) -> Path:
+    """Write atomically: the old file stays intact unless the new one was completely written."""
+    path = baseline_path(root, platform, case)
+    data = record.to_dict() if isinstance(record, BaselineRecord) else record
+    if isinstance(record, BaselineRecord) and record.case != case:
+        raise HarnessError(
+            f"record is for case {record.case.case_id}, not {case.case_id}; pass the matching case"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            # Streamed on purpose: a value that cannot be serialised fails mid-file, inside the temp file.
+            json.dump(data, fh, sort_keys=True, indent=2, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def read_baseline_file(path: str | os.PathLike[str]) -> BaselineRecord:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return BaselineRecord.from_dict(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as exc:
+        raise HarnessError(f"{path}: malformed baseline ({exc}); " + _REGENERATE.format(path=path)) from exc
+
+
+def load_baseline(root: str | os.PathLike[str], platform: str, case: CaseKey) -> BaselineRecord | None:
+    """The stored record for this case, or None if there is none yet."""
+    path = baseline_path(root, platform, case)
+    if not path.exists():
+        return None
+    record = read_baseline_file(path)
+    if record.case != case:
+        raise HarnessError(
+            f"{path}: holds case {record.case.to_dict()}, expected {case.to_dict()}; "
+            + _REGENERATE.format(path=path)
+        )
+    return record
+
+
+def list_baselines(root: str | os.PathLike[str], platform: str | None = None) -> list[Path]:
+    """Every baseline file under root (or one platform), sorted for stable output."""
+    base = Path(root) if platform is None else Path(root) / platform
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.rglob("*.json") if not p.name.startswith("."))
+
+
+def _baseline_samples(entry: dict[str, Any] | None, key: str) -> list[float] | float | None:
+    if entry is None:
+        return None
+    samples = entry.get("samples") or []
+    if len(samples) >= 2:
+        return [float(x) for x in samples]
+    value = entry.get(key)
+    return None if value is None else float(value)
+
+
+def compare_to_baseline(
+    root: str | os.PathLike[str],
+    platform: str,
+    case: CaseKey,
+    plain_tps: Sequence[float],
+    assisted_tps: Sequence[float],
+    *,
+    margin: float = DEFAULT_MARGIN,
+    alpha: float = DEFAULT_ALPHA,
+) -> dict[str, GateResult]:
+    """Gate interleaved repetitions against the stored baseline.
+
+    Returns up to three results: "speedup" (per-repetition assisted/plain ratios - robust to the machine
+    being slower overall), "assisted_tokens_per_s" and "plain_tokens_per_s" (catch a slower target, which
+    can leave the speedup unchanged). A gate is skipped when the baseline lacks that number.
+    """
+    record = load_baseline(root, platform, case)
+    path = baseline_path(root, platform, case)
+    if record is None:
+        raise MissingBaselineError(
+            f"no baseline for {case.case_id} on platform {platform!r} (expected {path}); "
+            "run with --update-baselines to record one"
+        )
+    if len(plain_tps) != len(assisted_tps):
+        raise HarnessError(
+            f"got {len(plain_tps)} plain and {len(assisted_tps)} assisted repetitions; the speedup gate "
+            "needs them interleaved one-for-one (same --repeats for both modes)"
+        )
+    results: dict[str, GateResult] = {}
+    opts = {"margin": margin, "alpha": alpha}
+    base_speedup = _baseline_samples(record.speedup, "value")
+    if base_speedup is not None:
+        ratios = [a / p for p, a in zip(plain_tps, assisted_tps, strict=True)]
+        results["speedup"] = gate(ratios, base_speedup, metric=f"{case.case_id} speedup", **opts)
+    for mode, current in (("assisted", assisted_tps), ("plain", plain_tps)):
+        base = _baseline_samples(record.tokens_per_s.get(mode), "mean")
+        if base is not None:
+            metric = f"{case.case_id} {mode} tokens/s"
+            results[f"{mode}_tokens_per_s"] = gate(current, base, metric=metric, **opts)
+    return results

@@ -1,0 +1,422 @@
+"""Tables and figures people publish: the seeds' markdown tables, plain-vs-assisted comparisons, and
+the results/<platform>/<model>.md files regenerated from measured rows.
+
+Tables are ``tabulate(..., tablefmt="github")`` with tabulate's default number format, which is exactly
+how the seeds' tables were made, so new tables diff cleanly against the published ones.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tabulate import tabulate
+
+from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
+
+T = TypeVar("T")
+
+# Flag values that command_for leaves out because the CLI would use them anyway. Empty here, so every
+# setting a row has is written out (always reproducible); the CLI passes its real defaults to shorten
+# commands to what the seeds show.
+DEFAULT_FLAGS: Mapping[str, Any] = {}
+
+_COMPARE_HEADERS = (
+    "Example#",
+    "Prompt Length (tokens)",
+    "New Tokens Generated",
+    "Tokens/Sec (plain)",
+    "Tokens/Sec (assisted)",
+    "Speedup",
+    "Acceptance",
+    "Same Output",
+)
+
+
+def progress(iterable: Iterable[T], total: int | None, desc: str) -> Iterator[T]:
+    """A progress bar on stderr; tqdm turns itself off when stderr is not a terminal (disable=None)."""
+    from tqdm import tqdm
+
+    return iter(tqdm(iterable, total=total, desc=desc, file=sys.stderr, mininterval=1, disable=None))
+
+
+def seed_table(rows: list[Row], acceptance: bool = True) -> str:
+    """The seeds' seven columns in their order, then (if ``acceptance``) drafted/accepted counts."""
+    columns = SEED_COLUMNS + (ACCEPTANCE_COLUMNS if acceptance else ())
+    body = [[getattr(row, attr) for _, attr in columns] for row in rows]
+    # None (acceptance of a plain row) prints as missingval, which keeps the column numeric and aligned.
+    return tabulate(body, headers=[name for name, _ in columns], tablefmt="github", missingval="-")
+
+
+def _finite_positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _pair_key(row: Row) -> tuple[Any, ...]:
+    # Beyond what identifies the prompt, the target's setup and sampling must match too: a plain row is
+    # the baseline for an assisted row only if the target decodes the same way, so never pair across
+    # precisions, devices or sampling settings even when one run holds several.
+    return (
+        row.run_id,
+        row.task,
+        row.model,
+        row.example,
+        row.prompt_tokens,
+        row.max_new_tokens,
+        row.target_precision,
+        row.target_device,
+        row.do_sample,
+        row.temperature,
+        row.top_p,
+        row.top_k,
+        row.seed,
+    )
+
+
+def _sort_key(row: Row) -> tuple[Any, ...]:
+    return tuple("" if v is None else str(v) for v in (row.run_id, row.task, row.model)) + (
+        row.example,
+        row.mode,
+        command_for(row),
+    )
+
+
+def compare_rows(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Pair each assisted (or prompt-lookup) row with the plain row of the same prompt in the same run.
+
+    Rows without a partner are left out: a speedup is only ever computed against a plain decode of the
+    same prompt measured in the same run. If a run holds the same plain prompt twice the later row wins.
+    """
+    rows = list(rows)
+    plain: dict[tuple[Any, ...], Row] = {}
+    for row in rows:
+        if row.mode == "plain":
+            plain[_pair_key(row)] = row
+    pairs = []
+    for row in sorted((r for r in rows if r.mode != "plain"), key=_sort_key):
+        base = plain.get(_pair_key(row))
+        if base is None:
+            continue
+        speedup = row.tokens_per_s / base.tokens_per_s if _finite_positive(base.tokens_per_s) else None
+        pairs.append(
+            {
+                "run_id": row.run_id,
+                "task": row.task,
+                "model": row.model,
+                "example": row.example,
+                "prompt_label": row.prompt_label,
+                "prompt_tokens": row.prompt_tokens,
+                "max_new_tokens": row.max_new_tokens,
+                "mode": row.mode,
+                "command": command_for(row, defaults),
+                "plain_new_tokens": base.new_tokens,
+                "assisted_new_tokens": row.new_tokens,
+                "plain_tokens_per_s": base.tokens_per_s,
+                "assisted_tokens_per_s": row.tokens_per_s,
+                "plain_time_per_token_ms": base.time_per_token_ms,
+                "assisted_time_per_token_ms": row.time_per_token_ms,
+                "speedup": speedup if speedup is None or math.isfinite(speedup) else None,
+                "acceptance_rate": row.acceptance_rate,
+                "identical": list(base.output_ids) == list(row.output_ids),
+            }
+        )
+    return pairs
+
+
+def overall_speedup(pairs: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(mean plain time/token over mean assisted time/token, geometric mean of per-prompt speedups)."""
+    plain_tpt = [
+        p["plain_time_per_token_ms"] for p in pairs if _finite_positive(p["plain_time_per_token_ms"])
+    ]
+    assisted_tpt = [
+        p["assisted_time_per_token_ms"] for p in pairs if _finite_positive(p["assisted_time_per_token_ms"])
+    ]
+    of_means = None
+    if plain_tpt and assisted_tpt and len(plain_tpt) == len(assisted_tpt) == len(pairs):
+        of_means = statistics.fmean(plain_tpt) / statistics.fmean(assisted_tpt)
+    speedups = [p["speedup"] for p in pairs if _finite_positive(p["speedup"])]
+    geo = statistics.geometric_mean(speedups) if speedups and len(speedups) == len(pairs) else None
+    return of_means, geo
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _overall_line(pairs: list[dict[str, Any]]) -> str:
+    of_means, geo = overall_speedup(pairs)
+    plain = _mean([p["plain_time_per_token_ms"] for p in pairs])
+    assisted = _mean([p["assisted_time_per_token_ms"] for p in pairs])
+    return (
+        f"Overall ({len(pairs)} prompts): speedup of mean time/token {_fmt(of_means, '.2f', 'x')} "
+        f"({_fmt(plain, '.1f')} ms plain -> {_fmt(assisted, '.1f')} ms assisted); "
+        f"geometric mean of per-prompt speedups {_fmt(geo, '.2f', 'x')}"
+    )
+
+
+def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None) -> str:
+    """Per prompt: plain vs assisted tokens/sec, speedup, acceptance, identical output; per setting."""
+    pairs = compare_rows(rows, defaults)
+    if not pairs:
+        return "No plain and assisted rows of the same prompt in the same run: no speedup to report."
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for pair in pairs:
+        groups[(pair["run_id"], pair["command"])].append(pair)
+    sections = []
+    for (_, command), group in sorted(groups.items()):
+        body = [
+            [
+                p["example"],
+                p["prompt_tokens"],
+                p["assisted_new_tokens"],
+                p["plain_tokens_per_s"],
+                p["assisted_tokens_per_s"],
+                None if p["speedup"] is None else f"{p['speedup']:.2f}x",
+                p["acceptance_rate"],
+                "yes" if p["identical"] else "no",
+            ]
+            for p in group
+        ]
+        table = tabulate(body, headers=_COMPARE_HEADERS, tablefmt="github", missingval="-")
+        sections.append(f"```{command}```\n\n{table}\n\n{_overall_line(group)}")
+    return "\n\n".join(sections)
+
+
+def summary_line(
+    rows: Iterable[Row], defaults: Mapping[str, Any] | None = None, baseline: Iterable[Row] = ()
+) -> str:
+    """One line: mean tokens/sec per mode, mean acceptance, and a speedup only if it was measured.
+
+    ``baseline`` offers extra plain rows to pair with (e.g. the plain section of the same results
+    file); they are used only for pairing, not in the means.
+    """
+    rows = list(rows)
+    if not rows:
+        return "No rows."
+    parts = []
+    for mode in sorted({r.mode for r in rows}, key=lambda m: (m != "plain", m)):
+        speeds = [r.tokens_per_s for r in rows if r.mode == mode and math.isfinite(r.tokens_per_s)]
+        noun = "row" if len(speeds) == 1 else "rows"
+        parts.append(f"{mode}: {len(speeds)} {noun}, mean {_fmt(_mean(speeds), '.2f')} tokens/s")
+    line = "; ".join(parts)
+    rates = [r.acceptance_rate for r in rows if r.acceptance_rate is not None]
+    if rates:
+        line += f"; mean acceptance {statistics.fmean(rates):.2f}"
+    pairs = compare_rows(rows + [r for r in baseline if r.mode == "plain" and r not in rows], defaults)
+    if all(r.mode == "plain" for r in rows):
+        return line  # nothing assisted, so there is no speedup to claim or to disclaim
+    if pairs:
+        of_means, geo = overall_speedup(pairs)
+        line += (
+            f"; speedup over plain {_fmt(of_means, '.2f', 'x')} by mean time/token "
+            f"(geometric mean {_fmt(geo, '.2f', 'x')}, {len(pairs)} prompts paired within the same run)"
+        )
+    else:
+        line += "; no speedup claimed (no plain rows of the same prompts from the same run)"
+    return line
+
+
+def command_for(row: Row, defaults: Mapping[str, Any] | None = None) -> str:
+    """The command line that reproduces ``row``; flags equal to ``defaults[flag]`` are left out."""
+    defaults = DEFAULT_FLAGS if defaults is None else defaults
+
+    def wanted(flag: str, value: Any) -> bool:
+        return value is not None and (flag not in defaults or defaults[flag] != value)
+
+    args = ["python", "assisted_generation.py", "--model_name", row.model, "--task", row.task]
+    if row.mode == "assisted":
+        args.append("--assisted_generation")
+        if wanted("draft_precision", row.draft_precision):
+            args += ["--draft_precision", str(row.draft_precision)]
+    if wanted("target_precision", row.target_precision):
+        args += ["--target_precision", str(row.target_precision)]
+    if row.do_sample:
+        args.append("--do_sample")
+        # The seeds always spell out the temperature when sampling, default or not.
+        if row.temperature is not None:
+            args += ["--temperature", repr(float(row.temperature))]
+        if wanted("top_p", row.top_p):
+            args += ["--top_p", repr(float(row.top_p))]
+        if wanted("top_k", row.top_k):
+            args += ["--top_k", str(row.top_k)]
+    if row.mode == "assisted":
+        if wanted("num_assistant_tokens", row.num_assistant_tokens):
+            args += ["--num_assistant_tokens", str(row.num_assistant_tokens)]
+        if wanted("assistant_schedule", row.assistant_schedule):
+            args += ["--assistant_schedule", str(row.assistant_schedule)]
+        if wanted("assistant_confidence_threshold", row.assistant_confidence_threshold):
+            args += ["--assistant_confidence_threshold", repr(float(row.assistant_confidence_threshold))]
+    if row.mode == "prompt_lookup" and row.prompt_lookup_num_tokens is not None:
+        args += ["--prompt_lookup", str(row.prompt_lookup_num_tokens)]
+    if wanted("seed", row.seed):
+        args += ["--seed", str(row.seed)]
+    return shlex.join(args)
+
+
+def _file_name(text: str) -> str:
+    # Model names can hold "/" (hub ids); keep names readable but safe as one path component.
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
+    return cleaned or "unknown"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # Temp file in the same directory + os.replace: readers never see a half-written table or image.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; published files should be readable like any other
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _latest_per_prompt(rows: list[Row]) -> list[Row]:
+    # A results file accumulates reruns; the published table shows each prompt's newest measurement.
+    latest: dict[tuple[Any, ...], Row] = {}
+    for row in sorted(rows, key=lambda r: (r.timestamp, r.run_id)):
+        latest[(row.example, row.prompt_tokens, row.max_new_tokens)] = row
+    return sorted(latest.values(), key=lambda r: (r.example, r.prompt_tokens, r.max_new_tokens))
+
+
+def _series_label(row: Row) -> str:
+    if row.mode == "plain":
+        label = f"plain ({row.target_precision})"
+    elif row.mode == "prompt_lookup":
+        label = f"prompt lookup (N={row.prompt_lookup_num_tokens})"
+    else:
+        label = (
+            f"assisted (draft {row.draft_precision}, K={row.num_assistant_tokens}, {row.assistant_schedule})"
+        )
+    return label + (f", T={row.temperature}" if row.do_sample else "")
+
+
+def _speedup_png(title: str, sections: list[tuple[str, list[Row]]]) -> bytes:
+    """Grouped bars of tokens/sec per prompt, one bar per command line, one panel per task.
+
+    Assisted bars carry their speedup over the plain bar of the same prompt and run, when there is one.
+    """
+    # A bare Figure on the Agg canvas: no pyplot, so no global backend switch or figure registry.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by_task: dict[str, list[tuple[str, list[Row]]]] = defaultdict(list)
+    for command, rows in sections:
+        by_task[rows[0].task].append((command, rows))
+    plain = {_pair_key(r): r for _, rows in sections for r in rows if r.mode == "plain"}
+    tasks = sorted(by_task)
+    fig = Figure(figsize=(11, 4.2 * len(tasks)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(tasks), 1, squeeze=False)
+    for ax, task in zip(axes[:, 0], tasks, strict=True):
+        series = by_task[task]
+        prompts = sorted({(r.example, r.prompt_tokens, r.max_new_tokens) for _, rows in series for r in rows})
+        index = {p: i for i, p in enumerate(prompts)}
+        width = 0.8 / len(series)
+        for k, (_, rows) in enumerate(series):
+            offset = (k - (len(series) - 1) / 2) * width
+            xs = [index[(r.example, r.prompt_tokens, r.max_new_tokens)] + offset for r in rows]
+            ys = [r.tokens_per_s if math.isfinite(r.tokens_per_s) else 0.0 for r in rows]
+            ax.bar(xs, ys, width=width, label=_series_label(rows[0]))
+            for x, y, row in zip(xs, ys, rows, strict=True):
+                base = plain.get(_pair_key(row)) if row.mode != "plain" else None
+                if base is not None and _finite_positive(base.tokens_per_s) and y > 0:
+                    ax.annotate(f"{y / base.tokens_per_s:.2f}x", (x, y), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(prompts)))
+        ax.set_xticklabels([f"#{e}\n{p} tok\n+{n}" for e, p, n in prompts], fontsize=8)
+        # At least four slots wide, so one or two prompts do not stretch into one huge bar.
+        ax.set_xlim(-0.6, max(len(prompts), 4) - 0.4)
+        ax.margins(y=0.12)
+        ax.set_xlabel("Example#, prompt length (tokens), new-token budget")
+        ax.set_ylabel("Tokens/Sec")
+        ax.set_title(f"{title}: task {task}")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    # No Software metadata (PNG has no date by default), so an unchanged figure is byte-identical.
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _markdown(
+    platform: str,
+    model: str,
+    sections: list[tuple[str, list[Row]]],
+    png: str,
+    defaults: Mapping[str, Any] | None,
+) -> str:
+    lines = [f"# Assisted generation - {model}", "", f"# {platform}", ""]
+    shown = [r for _, section_rows in sections for r in section_rows]
+    versions = sorted({tuple(sorted(r.versions.items())) for r in shown if r.versions})
+    for v in versions:
+        lines.append("Versions: " + ", ".join(f"{k} {val}" for k, val in v))
+        lines.append("")
+    lines += [f"## ![Speed up summary]({png})", ""]
+    for command, section_rows in sections:
+        first = section_rows[0]
+        run_ids = ", ".join(sorted({r.run_id for r in section_rows if r.run_id}))
+        lines += [f"```{command}```", ""]
+        lines.append(
+            f"Target {first.target_model} ({first.target_precision}, {first.target_device})"
+            + (
+                f"; draft {first.draft_model} ({first.draft_precision}, {first.draft_device})"
+                if first.draft_model
+                else ""
+            )
+            + (f"; run {run_ids}" if run_ids else "")
+        )
+        plain = [r for r in shown if r.mode == "plain"]
+        lines += ["", seed_table(section_rows), "", summary_line(section_rows, defaults, plain), ""]
+    lines += [
+        "## Plain vs assisted",
+        "",
+        compare_table(shown, defaults),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def regen_results(
+    rows: Iterable[Row], out_dir: Path, defaults: Mapping[str, Any] | None = None
+) -> list[Path]:
+    """Write ``out_dir/<platform>/<model>.md`` and ``<model>-speedup.png`` for every platform/model.
+
+    Each distinct command line gets a section with its newest row per prompt; output is sorted so
+    regenerating from the same rows gives the same bytes. Returns the written paths.
+    """
+    out_dir = Path(out_dir)
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        groups[(row.platform or "unknown-platform", row.model)].append(row)
+    written = []
+    for (platform, model), group in sorted(groups.items()):
+        by_command: dict[str, list[Row]] = defaultdict(list)
+        for row in group:
+            by_command[command_for(row, defaults)].append(row)
+        sections = [(command, _latest_per_prompt(by_command[command])) for command in sorted(by_command)]
+        folder = out_dir / _file_name(platform)
+        png_path = folder / f"{_file_name(model)}-speedup.png"
+        md_path = folder / f"{_file_name(model)}.md"
+        _atomic_write(png_path, _speedup_png(f"{model} on {platform}", sections))
+        md = _markdown(platform, model, sections, f"./{png_path.name}", defaults)
+        _atomic_write(md_path, md.encode("utf-8"))
+        written += [md_path, png_path]
+    return written

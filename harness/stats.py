@@ -1,0 +1,394 @@
+"""Statistics for speed results: confidence intervals, the regression gate, and speculative-decoding theory.
+
+The gate follows asv's rule (``asv compare``): a change counts only when it is both *large* (the ratio of
+means is beyond a relative margin) and *real* (a one-sided test says the two sets of repetitions differ).
+pytest-benchmark's ``--benchmark-compare-fail`` checks the threshold alone, which on a noisy 2-core machine
+fails CI on noise; asv adds the Mann-Whitney U test, which we use whenever the baseline kept its samples.
+
+Noise model used for calibration (``simulate_gate``): tokens/s per repetition is log-normal around the true
+rate with a given coefficient of variation. Defaults were picked from that simulation; see ``simulate_gate``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+from harness.errors import HarnessError
+
+# Chosen with simulate_gate (log-normal noise, n=5 repetitions, 20000 trials, seed 7):
+#   CV 5%: unchanged build flagged 0.19% (baseline with samples, Mann-Whitney) / 0.29% (baseline stored as one
+#          number, t-test on logs); a 15% slowdown caught 93.1% / 97.0%; a 10% slowdown 54% / 65%.
+#   CV 8%: false alarms 0.65% / 1.8%, a 15% slowdown caught only 54% / 71% - at that noise use 10 repetitions
+#          (then 95% / 99% caught, false alarms 0.43% / 0.89%).
+# Trade-off: margin 0.10 cuts false alarms to 0.02% / 0.04% but catches 15% drops 92% / 95% and 10% drops only
+# 41% / 47%; margin 0.05 raises false alarms to 0.65% / 1.8% at CV 5%. alpha 0.01 is near the smallest level
+# a 5-vs-5 Mann-Whitney test can reach (its smallest one-sided p-value is 1/252 = 0.004), so a stricter
+# alpha would need more repetitions.
+DEFAULT_MARGIN = 0.08
+DEFAULT_ALPHA = 0.01
+_BOOTSTRAP_SEED = 20240713  # fixed so a CI (and a baseline file holding it) is reproducible byte for byte
+
+Status = Literal["pass", "regression", "improvement"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with a confidence interval; low/high are NaN when n is too small for an interval."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        # NaN is not valid JSON; None says "no interval" explicitly in baseline files.
+        def clean(x: float) -> float | None:
+            return None if math.isnan(x) else float(x)
+
+        return {"value": clean(self.value), "low": clean(self.low), "high": clean(self.high), "n": self.n}
+
+
+@dataclass(frozen=True)
+class GateResult:
+    status: Status
+    ratio: float  # mean(current) / baseline mean, in the metric's own units
+    p_value: float  # one-sided, in the direction the ratio points
+    ci: tuple[float, float]  # confidence interval of the ratio
+    message: str
+    test: str = ""  # which test produced p_value
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "regression"
+
+
+def _as_positive_array(values: Sequence[float] | float, what: str) -> np.ndarray:
+    arr = np.atleast_1d(np.asarray(values, dtype=float))
+    if arr.size == 0:
+        raise HarnessError(f"{what}: no samples; measure at least 2 repetitions (--repeats) before comparing")
+    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise HarnessError(
+            f"{what}: every sample must be a positive finite number, got {arr.tolist()}; "
+            "a zero or NaN rate means the run produced no tokens - check the run's log"
+        )
+    return arr
+
+
+def mean_ci(samples: Sequence[float], confidence: float = 0.95) -> Estimate:
+    """Mean with a Student-t interval (better coverage than a bootstrap at the 3-10 samples we take)."""
+    arr = np.asarray(samples, dtype=float)
+    if arr.size == 0 or not np.all(np.isfinite(arr)):
+        raise HarnessError(f"mean_ci needs finite samples, got {list(samples)}")
+    mean = float(arr.mean())
+    if arr.size < 2:
+        return Estimate(mean, math.nan, math.nan, int(arr.size))
+    sem = float(stats.sem(arr))
+    if sem == 0.0:
+        return Estimate(mean, mean, mean, int(arr.size))
+    low, high = stats.t.interval(confidence, df=arr.size - 1, loc=mean, scale=sem)
+    return Estimate(mean, float(low), float(high), int(arr.size))
+
+
+def _ratio_of_means(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(a, axis=axis) / np.mean(b, axis=axis)
+
+
+def _bootstrap_ratio(
+    numerator: np.ndarray, denominator: np.ndarray | None, confidence: float, paired: bool
+) -> tuple[float, float]:
+    """CI of mean(numerator)/mean(denominator); denominator None means "divide by a fixed 1"."""
+    rng = np.random.default_rng(_BOOTSTRAP_SEED)
+    if denominator is None:
+        data: tuple[np.ndarray, ...] = (numerator,)
+
+        def statistic(x: np.ndarray, axis: int = -1) -> np.ndarray:
+            return np.mean(x, axis=axis)
+    else:
+        data = (numerator, denominator)
+        statistic = _ratio_of_means
+    if np.ptp(numerator) == 0 and (denominator is None or np.ptp(denominator) == 0):
+        # No spread at all: the bootstrap distribution is a point and BCa would divide by zero.
+        point = float(statistic(*data))
+        return point, point
+    res = stats.bootstrap(
+        data,
+        statistic,
+        paired=paired,
+        vectorized=True,
+        confidence_level=confidence,
+        n_resamples=4999,
+        method="BCa",
+        rng=rng,
+    )
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if math.isnan(low) or math.isnan(high):
+        # BCa fails on some tiny, lumpy samples; the percentile interval is still meaningful there.
+        res = stats.bootstrap(
+            data,
+            statistic,
+            paired=paired,
+            vectorized=True,
+            confidence_level=confidence,
+            n_resamples=4999,
+            method="percentile",
+            rng=np.random.default_rng(_BOOTSTRAP_SEED),
+        )
+        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return low, high
+
+
+def speedup_ci(
+    plain_tps: Sequence[float],
+    assisted_tps: Sequence[float],
+    confidence: float = 0.95,
+    *,
+    paired: bool = True,
+) -> Estimate:
+    """Speedup = mean(assisted tokens/s) / mean(plain tokens/s), with a bootstrap CI.
+
+    ``paired=True`` (the suite's default) means index i of both lists is one interleaved repetition, so
+    the bootstrap resamples repetitions and slow phases of the machine cancel within each pair. Pass
+    ``paired=False`` for independently measured lists (they may then differ in length).
+    """
+    plain = _as_positive_array(plain_tps, "plain tokens/s")
+    assisted = _as_positive_array(assisted_tps, "assisted tokens/s")
+    if paired and plain.size != assisted.size:
+        raise HarnessError(
+            f"paired speedup needs one plain and one assisted sample per repetition, got {plain.size} plain "
+            f"and {assisted.size} assisted; pass paired=False if the runs were not interleaved"
+        )
+    value = float(assisted.mean() / plain.mean())
+    n = int(min(plain.size, assisted.size))
+    if n < 2:
+        return Estimate(value, math.nan, math.nan, n)
+    low, high = _bootstrap_ratio(assisted, plain, confidence, paired)
+    return Estimate(value, low, high, n)
+
+
+def _mwu_can_reach(n_current: int, n_baseline: int, alpha: float) -> bool:
+    # The smallest one-sided p-value of an exact Mann-Whitney test is 1 / C(n+m, n) (as asv checks);
+    # with fewer samples the test can never flag anything, so another test must be used.
+    return 1.0 / math.comb(n_current + n_baseline, n_current) < alpha
+
+
+def _one_sided_pvalues(
+    current: np.ndarray, baseline: np.ndarray, alpha: float, higher_is_better: bool
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """Row-wise (p that current is worse, p that current is better, test name) for 2-D inputs.
+
+    Rows are independent comparisons; the gate passes one row, ``simulate_gate`` thousands, so both
+    run exactly the same rule (and the simulation stays fast because scipy's tests take ``axis``).
+    """
+    lower, upper = ("less", "greater") if higher_is_better else ("greater", "less")
+    log_cur = np.log(current)
+    n_cur, n_base = current.shape[1], baseline.shape[1]
+    if n_base >= 2 and _mwu_can_reach(n_cur, n_base, alpha):
+        p_worse = stats.mannwhitneyu(current, baseline, alternative=lower, axis=1).pvalue
+        p_better = stats.mannwhitneyu(current, baseline, alternative=upper, axis=1).pvalue
+        return np.asarray(p_worse, float), np.asarray(p_better, float), "Mann-Whitney U"
+    if n_base >= 2:
+        log_base = np.log(baseline)
+        no_spread = (np.ptp(log_cur, axis=1) == 0) & (np.ptp(log_base, axis=1) == 0)
+        shift = log_cur.mean(axis=1) - log_base.mean(axis=1)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # zero-variance rows are handled below
+            p_worse = stats.ttest_ind(log_cur, log_base, equal_var=False, alternative=lower, axis=1).pvalue
+            p_better = stats.ttest_ind(log_cur, log_base, equal_var=False, alternative=upper, axis=1).pvalue
+        test = "Welch t-test on log values"
+    else:
+        if n_cur < 2:
+            raise HarnessError(
+                "a single current sample against a single baseline number cannot be tested for significance;"
+                " measure at least 2 repetitions (--repeats 5 is the calibrated setting)"
+            )
+        diff = log_cur - np.log(baseline)
+        no_spread = np.ptp(diff, axis=1) == 0
+        shift = diff.mean(axis=1)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p_worse = stats.ttest_1samp(diff, 0.0, alternative=lower, axis=1).pvalue
+            p_better = stats.ttest_1samp(diff, 0.0, alternative=upper, axis=1).pvalue
+        test = "one-sample t-test on log values"
+    # Identical repeated values (e.g. a deterministic counter): a difference is certain, no difference is
+    # certainly none; the t statistic would be 0/0 there.
+    worse = shift < 0 if higher_is_better else shift > 0
+    better = shift > 0 if higher_is_better else shift < 0
+    p_worse = np.where(no_spread, np.where(worse, 0.0, 1.0), p_worse)
+    p_better = np.where(no_spread, np.where(better, 0.0, 1.0), p_better)
+    return p_worse, p_better, test
+
+
+_REGRESSION, _PASS, _IMPROVEMENT = -1, 0, 1
+_STATUS_NAMES: dict[int, Status] = {_REGRESSION: "regression", _PASS: "pass", _IMPROVEMENT: "improvement"}
+
+
+def _decide(
+    current: np.ndarray, baseline: np.ndarray, margin: float, alpha: float, higher_is_better: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """The gate's rule, row-wise, without the (slow) bootstrap CI: (status code, ratio, p_value, test)."""
+    ratio = current.mean(axis=1) / baseline.mean(axis=1)
+    goodness = ratio if higher_is_better else 1.0 / ratio
+    p_worse, p_better, test = _one_sided_pvalues(current, baseline, alpha, higher_is_better)
+    status = np.where(
+        (goodness < 1.0 - margin) & (p_worse < alpha),
+        _REGRESSION,
+        np.where((goodness > 1.0 + margin) & (p_better < alpha), _IMPROVEMENT, _PASS),
+    )
+    p_value = np.where(goodness < 1.0, p_worse, p_better)
+    return status, ratio, p_value, test
+
+
+def _check_gate_params(margin: float, alpha: float) -> None:
+    if not 0.0 <= margin < 1.0:
+        raise HarnessError(f"gate margin must be in [0, 1), got {margin}; 0.08 means 8%")
+    if not 0.0 < alpha < 1.0:
+        raise HarnessError(f"gate alpha must be in (0, 1), got {alpha}; 0.01 is the calibrated default")
+
+
+def gate(
+    current: Sequence[float],
+    baseline: float | Sequence[float],
+    *,
+    margin: float = DEFAULT_MARGIN,
+    alpha: float = DEFAULT_ALPHA,
+    higher_is_better: bool = True,
+    metric: str = "tokens/s",
+    confidence: float = 0.95,
+) -> GateResult:
+    """Compare repeated measurements with a baseline; "regression" only if large AND significant.
+
+    Large: the ratio of means is worse than ``1 - margin`` (better than ``1 + margin`` for improvement).
+    Significant: a one-sided test at level ``alpha`` - Mann-Whitney U against the baseline's samples when
+    it kept enough of them (as asv does), a Welch t-test on logs for too few, and a one-sample t-test on
+    log values when the baseline is a single stored number.
+    """
+    _check_gate_params(margin, alpha)
+    cur = _as_positive_array(current, f"current {metric}")
+    base = _as_positive_array(baseline, f"baseline {metric}")
+    codes, ratios, p_values, test = _decide(cur[None, :], base[None, :], margin, alpha, higher_is_better)
+    status, ratio, p_value = _STATUS_NAMES[int(codes[0])], float(ratios[0]), float(p_values[0])
+    if cur.size >= 2:
+        ci = _bootstrap_ratio(cur, base if base.size >= 2 else None, confidence, paired=False)
+        if base.size < 2:
+            ci = (ci[0] / float(base[0]), ci[1] / float(base[0]))
+    else:
+        ci = (math.nan, math.nan)
+    base_mean = float(base.mean())
+    what = {
+        "pass": f"within the {margin:.0%} margin or not significant at alpha={alpha:g}: pass",
+        "regression": f"REGRESSION: worse than the {margin:.0%} margin and significant at alpha={alpha:g}",
+        "improvement": f"improvement beyond the {margin:.0%} margin, significant at alpha={alpha:g}",
+    }[status]
+    message = (
+        f"{metric}: current {float(cur.mean()):.4g} (n={cur.size}) vs baseline {base_mean:.4g} "
+        f"(n={base.size}); ratio {ratio:.3f}x, {confidence:.0%} CI {ci[0]:.3f}-{ci[1]:.3f}; "
+        f"p={p_value:.3g} ({test}); {what}."
+    )
+    if status == "regression":
+        message += (
+            " If the slowdown is intended (e.g. a deliberate precision change), rerun with"
+            " --update-baselines;"
+            " otherwise bisect the change that caused it."
+        )
+    elif status == "improvement":
+        message += " Rerun with --update-baselines to lock the gain in, so a later loss of it is caught."
+    return GateResult(status, ratio, p_value, ci, message, test)
+
+
+def simulate_gate(
+    cv: float,
+    n: int,
+    slowdown: float,
+    trials: int,
+    seed: int,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    alpha: float = DEFAULT_ALPHA,
+    baseline: Literal["samples", "mean"] = "samples",
+) -> float:
+    """Fraction of simulated runs that ``gate`` flags as a regression.
+
+    Each trial draws a baseline of ``n`` log-normal repetitions (true rate 1, coefficient of variation
+    ``cv``) and a current run of ``n`` repetitions at true rate ``1 - slowdown``. With slowdown 0 this
+    is the false-alarm rate; otherwise the detection rate. ``baseline="mean"`` stores only the
+    baseline's mean, as a baseline file without samples would. Uses the gate's own decision rule.
+    """
+    _check_gate_params(margin, alpha)
+    if baseline not in ("samples", "mean"):
+        raise HarnessError(f"baseline must be 'samples' or 'mean', got {baseline!r}")
+    rng = np.random.default_rng(seed)
+    sigma = math.sqrt(math.log1p(cv * cv))  # log-normal sigma that gives this coefficient of variation
+    base = np.exp(rng.normal(0.0, sigma, (trials, n)))
+    cur = (1.0 - slowdown) * np.exp(rng.normal(0.0, sigma, (trials, n)))
+    if baseline == "mean":
+        base = base.mean(axis=1, keepdims=True)
+    codes, *_ = _decide(cur, base, margin, alpha, True)
+    return float(np.mean(codes == _REGRESSION))
+
+
+# --- Speculative decoding theory (Leviathan, Kalman & Matias 2023, "Fast Inference from Transformers via
+# Speculative Decoding", Theorem 3.8 and Eq. 1) ---
+
+
+def _check_alpha_k(alpha: float, k: int) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise HarnessError(f"acceptance rate alpha must be in [0, 1], got {alpha}")
+    if k < 0 or int(k) != k:
+        raise HarnessError(f"K (draft tokens per step) must be a non-negative integer, got {k}")
+
+
+def expected_tokens_per_forward(alpha: float, k: int) -> float:
+    """Expected tokens per target forward: (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."""
+    _check_alpha_k(alpha, k)
+    if alpha == 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def leviathan_speedup_verify(alpha: float, k: int, c: float, v: float) -> float:
+    """Expected walltime speedup when a K+1-token verification forward costs ``v`` one-token forwards.
+
+    (1 - alpha^(k+1)) / ((1 - alpha) (k c + v)). On a compute-bound CPU, v grows with K (the paper's
+    v = 1 assumes memory-bound decoding, where K+1 tokens cost as much as one).
+    """
+    _check_alpha_k(alpha, k)
+    if c < 0:
+        raise HarnessError(f"draft/target cost ratio c must be >= 0, got {c}")
+    if v <= 0:
+        raise HarnessError(f"verification cost ratio v must be > 0, got {v}")
+    return expected_tokens_per_forward(alpha, k) / (k * c + v)
+
+
+def leviathan_speedup(alpha: float, k: int, c: float) -> float:
+    """Expected speedup (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) for acceptance alpha, K drafts, cost c."""
+    return leviathan_speedup_verify(alpha, k, c, 1.0)
+
+
+def optimal_k(alpha: float, c: float, v_of_k: Callable[[int], float] | None = None, k_max: int = 16) -> int:
+    """K in 0..k_max maximising the expected speedup; 0 means drafting does not pay at all."""
+    if k_max < 0:
+        raise HarnessError(f"k_max must be >= 0, got {k_max}")
+    best_k, best = 0, -math.inf
+    for k in range(k_max + 1):
+        v = 1.0 if v_of_k is None or k == 0 else float(v_of_k(k))
+        s = leviathan_speedup_verify(alpha, k, c, v)
+        if s > best + 1e-12:  # strict, so ties go to the smaller (cheaper) K
+            best_k, best = k, s
+    return best_k
+
+
+def acceptance_from_counts(accepted: int, drafted: int) -> float | None:
+    """accepted / drafted; None when nothing was drafted (an undefined rate, not zero)."""
+    if accepted < 0 or drafted < 0 or accepted > drafted:
+        raise HarnessError(
+            f"acceptance counts must satisfy 0 <= accepted <= drafted, got accepted={accepted}, "
+            f"drafted={drafted}; the candidate generator's counters are inconsistent"
+        )
+    return None if drafted == 0 else accepted / drafted

@@ -1,0 +1,305 @@
+"""Assisted output is the target's own output.
+
+Greedy: token-exact for every registered pair whose weights are here, every draft strategy (the
+registered draft, the target itself, a random model, a truncated target, prompt lookup), K in
+{1, 2, 5, 8}, constant and dynamic schedules, with and without an EOS inside the budget. Every case
+also asserts that drafting happened, so none passes vacuously. Sampling: the assisted token
+distribution is the target's, by a chi-square test with a stated false-alarm rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from harness import equivalence, tasks, tiny
+from harness.generation import GenerationSettings, generate
+from harness.models import LoadedPair, get_pair
+
+KS = (1, 2, 5, 8)
+SCHEDULES = ("constant", "dynamic")
+TINY_NEW_TOKENS = 16
+REAL_NEW_TOKENS = 24
+
+def _grid() -> list:
+    """The registered draft gets the full cross of K x schedule x EOS; each oracle covers every K,
+    both schedules and both EOS settings at least once. (The full cross for all five strategies is
+    5x the run time for no new code path: the oracles differ in the draft, not in the loop.)"""
+    cases = [("registered", k, sched, eos) for k in KS for sched in SCHEDULES for eos in (False, True)]
+    for strategy in ("self", "random", "partial"):
+        cases += [(strategy, k, "constant", False) for k in KS]
+        cases += [(strategy, 5, "dynamic", True), (strategy, 2, "dynamic", False), (strategy, 8, "constant", True)]
+    # Prompt lookup has no draft model, hence no confidence schedule: its K is the lookup length.
+    cases += [("prompt_lookup", k, "constant", False) for k in KS] + [("prompt_lookup", 5, "constant", True)]
+    return [pytest.param(*c, id=f"{c[0]}-K{c[1]}-{c[2]}-{'eos' if c[3] else 'noeos'}") for c in cases]
+
+
+GRID = _grid()
+
+
+def _prompt_texts() -> list[tasks.Prompt]:
+    general, code = tasks.decode_prompts("general"), tasks.decode_prompts("code")
+    # Alternate so a short run still covers both the decode and the code prompts.
+    return [p for pair in zip(general, code) for p in pair]
+
+
+PROMPTS = _prompt_texts()
+
+
+@pytest.fixture(scope="session")
+def plain_cache() -> dict:
+    """Plain outputs do not depend on K or the draft: compute each once per session."""
+    return {}
+
+
+def plain_run(cache: dict, pair: LoadedPair, ids: list[int], s: GenerationSettings):
+    key = (pair.spec.name, pair.target_precision, tuple(ids), s.max_new_tokens, s.eos_token_id, s.ignore_eos)
+    if key not in cache:
+        cache[key] = generate(pair, ids, dataclasses.replace(s, mode="plain"))
+    return cache[key]
+
+
+def settings_for(strategy: str, k: int, schedule: str, new_tokens: int) -> GenerationSettings:
+    if strategy == "prompt_lookup":
+        return GenerationSettings(mode="prompt_lookup", prompt_lookup_num_tokens=k, max_new_tokens=new_tokens)
+    return GenerationSettings(mode="assisted", num_assistant_tokens=k, assistant_schedule=schedule,
+                              max_new_tokens=new_tokens)
+
+
+def run_equality_case(pair: LoadedPair, prompt: tasks.Prompt, strategy: str, s: GenerationSettings,
+                      eos_inside: bool, cache: dict, max_prompt_tokens: int | None = None) -> equivalence.CaseResult:
+    """The one helper every greedy test calls: plain vs assisted, with an EOS placed if asked."""
+    ids = list(pair.tokenizer(prompt.text)["input_ids"])[:max_prompt_tokens]
+    if strategy == "prompt_lookup":
+        # Prompt lookup drafts only when the text repeats itself. Make it: the prompt, its plain
+        # continuation, then the prompt again, so the lookup proposes that continuation.
+        seen = plain_run(cache, pair, ids, dataclasses.replace(s, ignore_eos=True))
+        ids = ids + seen.output_ids + ids
+    if eos_inside:
+        full = plain_run(cache, pair, ids, dataclasses.replace(s, ignore_eos=True))
+        eos = equivalence.eos_inside(full.output_ids)
+        assert eos is not None, "no token to serve as EOS inside the budget; lengthen the budget"
+        s = dataclasses.replace(s, eos_token_id=eos)
+    else:
+        s = dataclasses.replace(s, ignore_eos=True)
+    plain = plain_run(cache, pair, ids, s)
+    if eos_inside:
+        assert plain.output_ids[-1] == s.eos_token_id and len(plain.output_ids) < s.max_new_tokens
+    case = equivalence.check_case(draft_pair(pair, strategy), ids, s, plain=plain)
+    return case
+
+
+_DRAFTS: dict = {}
+
+
+def draft_pair(pair: LoadedPair, strategy: str) -> LoadedPair:
+    key = (id(pair), strategy)
+    if key not in _DRAFTS:
+        _DRAFTS[key] = equivalence.draft_for(pair, strategy)
+    return _DRAFTS[key]
+
+
+def assert_cases(cases: list[equivalence.CaseResult], strategy: str, eos: bool = False) -> None:
+    """Outputs equal plain decoding in every case; acceptance as the strategy implies, summed over
+    the cases (one short prompt can be accepted whole by a partly agreeing draft, two rarely are)."""
+    for case in cases:
+        assert case.acceptable, case.explain()
+    drafted = sum(c.assisted.drafted for c in cases)
+    accepted = sum(c.assisted.accepted for c in cases)
+    assert drafted > 0, f"{strategy}: nothing was drafted, so nothing was tested"
+    if strategy == "self":
+        assert accepted == drafted, f"target as its own draft accepted {accepted}/{drafted}"
+    elif strategy == "random":
+        # Exactly zero where the vocabulary is large (real pairs). A 512-token tiny model's random
+        # draft hits the target's choice by chance now and then; chance level is a few percent.
+        limit = 0.0 if cases[0].vocab_size >= 32000 else 0.05
+        assert accepted <= limit * drafted, f"a random draft had {accepted}/{drafted} tokens accepted"
+    elif strategy == "partial":
+        assert accepted > 0, f"partly agreeing draft: none of {drafted} drafted tokens accepted"
+        if not eos:
+            # Over whole budgets the truncated target must also miss sometimes, or the
+            # partial-accept path (accept some candidates, reject the rest) was never taken.
+            assert accepted < drafted, f"partly agreeing draft accepted all {drafted} tokens"
+    elif strategy == "registered":
+        assert accepted > 0, f"registered draft: none of {drafted} drafted tokens accepted"
+
+
+@pytest.mark.pairs(real=False)
+@pytest.mark.parametrize("strategy,k,schedule,eos", GRID)
+def test_greedy_equivalence(pairs, plain_cache, pair_name, strategy, k, schedule, eos, request):
+    pair = pairs.get(pair_name)
+    # Two prompts per case, rotating through decode and code prompts across the grid.
+    first = zlib.crc32(request.node.callspec.id.encode()) % len(PROMPTS)
+    prompts = [PROMPTS[first], PROMPTS[(first + 1) % len(PROMPTS)]]
+    s = settings_for(strategy, k, schedule, TINY_NEW_TOKENS)
+    # Byte-level tiny tokenizer: 64 tokens keep the prompt's start (signature or question) and the
+    # case fast; real pairs see whole prompts.
+    cases = [run_equality_case(pair, p, strategy, s, eos, plain_cache, 64) for p in prompts]
+    assert_cases(cases, strategy, eos)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.parametrize("strategy", equivalence.STRATEGIES)
+@pytest.mark.parametrize("k,schedule,eos", [pytest.param(5, "constant", False, id="K5-constant-noeos"),
+                                            pytest.param(2, "dynamic", True, id="K2-dynamic-eos")])
+def test_greedy_equivalence_real(pairs, plain_cache, pair_name, real_prompts, strategy, k, schedule, eos):
+    pair = pairs.get(pair_name)
+    s = settings_for(strategy, k, schedule, REAL_NEW_TOKENS)
+    cases = [run_equality_case(pair, p, strategy, s, eos, plain_cache) for p in PROMPTS[:real_prompts]]
+    assert_cases(cases, strategy, eos)
+
+
+
+
+# --------------------------------------------------------------------------- property tests
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-opt"])
+def test_property_assisted_equals_plain(pairs, name):
+    pair = pairs.get(name)
+    vocab = min(pair.target.config.vocab_size, 300)
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(
+        ids=st.lists(st.integers(3, vocab - 1), min_size=1, max_size=24),
+        k=st.integers(1, 8),
+        max_new=st.integers(1, 12),
+        min_frac=st.floats(0, 1),
+        lookup=st.booleans(),
+    )
+    def check(ids, k, max_new, min_frac, lookup):
+        s = GenerationSettings(
+            mode="prompt_lookup" if lookup else "assisted", num_assistant_tokens=k,
+            prompt_lookup_num_tokens=k, max_new_tokens=max_new, min_new_tokens=int(min_frac * max_new),
+        )
+        case = equivalence.check_case(pair, ids, s)
+        assert case.identical, case.explain()
+        assert len(case.assisted.output_ids) == len(case.plain.output_ids)
+        assert s.min_new_tokens <= len(case.plain.output_ids) <= max_new
+
+    check()
+
+
+# --------------------------------------------------------------------------- the suite catches bugs
+
+
+def _accept_one_extra(module, args, kwargs, output):
+    """A broken verifier: at the first rejected candidate of each verify step, accept it anyway."""
+    ids = kwargs.get("input_ids")
+    cache = kwargs.get("past_key_values")
+    if ids is None or ids.shape[1] < 2 or cache is None or cache.get_seq_length() == 0:
+        return output
+    logits = output.logits.clone()
+    for t in range(ids.shape[1] - 1):
+        wanted = int(ids[0, t + 1])
+        if int(logits[0, t].argmax()) != wanted:
+            logits[0, t, wanted] = logits[0, t].max() + 10.0
+            break
+    output.logits = logits
+    return output
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_broken_verifier_is_caught(pairs, plain_cache, name):
+    pair = pairs.get(name)
+    broken = equivalence.draft_for(pair, "random")
+    s = settings_for("assisted", 5, "constant", TINY_NEW_TOKENS)
+    honest = run_equality_case(broken, PROMPTS[0], "registered", s, False, plain_cache)
+    assert honest.identical, honest.explain()
+    handle = pair.target.register_forward_hook(_accept_one_extra, with_kwargs=True)
+    try:
+        case = run_equality_case(broken, PROMPTS[0], "registered", s, False, plain_cache)
+    finally:
+        handle.remove()
+    assert case.assisted.accepted > 0, "the broken verifier accepted nothing: the test did not bite"
+    assert not case.acceptable, "a verifier that accepts a wrong draft token went unnoticed"
+    with pytest.raises(AssertionError):
+        assert_cases([case], "registered")
+
+
+# --------------------------------------------------------------------------- sampling
+
+SAMPLE_RECIPE = tiny.TinyRecipe("llama", vocab_size=12, draft_vocab_size=12, hidden=32, layers=2,
+                                draft_layers=1, seed=21, init_std=0.5, tail_scale=1.0, draft_noise=0.5)
+SAMPLE_SEEDS = 400
+SAMPLE_POSITIONS = (0, 1, 2)
+# Per-position chi-square tests at this level; with 3 positions x 3 settings = 9 tests the
+# family-wise false-alarm rate of the suite is at most 9 x 0.001 < 1% (Bonferroni).
+ALPHA = 0.001
+
+SAMPLING = {
+    "temp1.0": dict(temperature=1.0),
+    "temp0.1-top_p0.95": dict(temperature=0.1, top_p=0.95),
+    "top_k4": dict(temperature=1.0, top_k=4),
+}
+
+
+@pytest.fixture(scope="module")
+def sampling_pair() -> LoadedPair:
+    target = tiny.build_target(SAMPLE_RECIPE)
+    draft = tiny.build_draft(SAMPLE_RECIPE, target)
+    return LoadedPair(get_pair("tiny-llama"), target, draft, tiny.build_tokenizer(), "fp32", "fp32", "cpu", "cpu")
+
+
+def _sample_tokens(pair: LoadedPair, s: GenerationSettings, seeds: range) -> np.ndarray:
+    out = np.empty((len(seeds), len(SAMPLE_POSITIONS)), dtype=np.int64)
+    for row, seed in enumerate(seeds):
+        m = generate(pair, [1, 5, 7], dataclasses.replace(s, seed=seed))
+        out[row] = [m.output_ids[p] for p in SAMPLE_POSITIONS]
+    return out
+
+
+def _distribution_p_values(a: np.ndarray, b: np.ndarray) -> list[float]:
+    """Chi-square test of homogeneity per position (tokens seen in either sample as categories)."""
+    p_values = []
+    for col in range(a.shape[1]):
+        cats = sorted(set(a[:, col]) | set(b[:, col]))
+        table = np.array([[np.sum(x[:, col] == c) for c in cats] for x in (a, b)])
+        if table.shape[1] < 2:
+            p_values.append(1.0)  # both always chose the same token: identical distributions
+            continue
+        p_values.append(float(stats.chi2_contingency(table).pvalue))
+    return p_values
+
+
+def _sampling_settings(mode: str, kw: dict) -> GenerationSettings:
+    return GenerationSettings(mode=mode, do_sample=True, num_assistant_tokens=3, ignore_eos=True,
+                              max_new_tokens=max(SAMPLE_POSITIONS) + 1, **kw)
+
+
+@pytest.mark.parametrize("name", list(SAMPLING))
+def test_sampling_matches_target_distribution(sampling_pair, name):
+    kw = SAMPLING[name]
+    # Plain and assisted draw from disjoint seed ranges: the samples must be independent.
+    plain = _sample_tokens(sampling_pair, _sampling_settings("plain", kw), range(SAMPLE_SEEDS))
+    assisted_s = _sampling_settings("assisted", kw)
+    assisted = _sample_tokens(sampling_pair, assisted_s, range(10_000, 10_000 + SAMPLE_SEEDS))
+    probe = generate(sampling_pair, [1, 5, 7], assisted_s)
+    assert probe.drafted > 0 and 0 < probe.accepted, "speculative sampling never drafted or accepted"
+    p_values = _distribution_p_values(plain, assisted)
+    assert min(p_values) > ALPHA, f"assisted sampling departs from the target's distribution: p={p_values}"
+
+
+def test_sampling_test_catches_misreported_draft(sampling_pair, monkeypatch):
+    """A draft that samples from one distribution but reports another (a known transformers bug
+    class) biases speculative sampling; the distribution test must notice."""
+    from transformers.generation import candidate_generator as cg
+
+    real = cg.AssistedCandidateGenerator._generate_candidates
+
+    def misreport(self, generation_args):
+        ids, logits = real(self, generation_args)
+        return ids, None if logits is None else logits * 3.0  # claims a much sharper q than it used
+
+    kw = SAMPLING["temp1.0"]
+    plain = _sample_tokens(sampling_pair, _sampling_settings("plain", kw), range(SAMPLE_SEEDS))
+    monkeypatch.setattr(cg.AssistedCandidateGenerator, "_generate_candidates", misreport)
+    biased = _sample_tokens(sampling_pair, _sampling_settings("assisted", kw), range(10_000, 10_000 + SAMPLE_SEEDS))
+    assert min(_distribution_p_values(plain, biased)) < ALPHA

@@ -1,0 +1,191 @@
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from harness.baselines import (
+    BaselineRecord,
+    CaseKey,
+    MissingBaselineError,
+    baseline_path,
+    compare_to_baseline,
+    list_baselines,
+    load_baseline,
+    make_record,
+    read_baseline_file,
+    save_baseline,
+)
+from harness.errors import HarnessError
+
+CASE = CaseKey(
+    model="qwen2.5-coder-1.5b",
+    task="benchmark",
+    prompt_tokens=256,
+    new_tokens=64,
+    target_precision="fp32",
+    draft_precision="fp32",
+    num_assistant_tokens=5,
+    schedule="constant",
+)
+MACHINE = {"name": "test-box-2c", "cpu": "test cpu", "cores": 2, "accelerator": "none", "system": "Linux"}
+VERSIONS = {"python": "3.11", "torch": "x"}
+
+
+def record_for(case, plain, assisted, **kw):
+    return make_record(
+        case,
+        plain,
+        assisted,
+        time_per_token_ms={"plain": 1000 / np.mean(plain), "assisted": 1000 / np.mean(assisted)},
+        prefill_ms={"plain": 120.0, "assisted": 130.0},
+        acceptance=0.7,
+        machine=MACHINE,
+        versions=VERSIONS,
+        date="2025-01-01",
+        **kw,
+    )
+
+
+def interleaved(seed, plain_rate=10.0, speedup=1.6, n=5, cv=0.04):
+    rng = np.random.default_rng(seed)
+    sigma = math.sqrt(math.log1p(cv * cv))
+    plain = plain_rate * np.exp(rng.normal(0, sigma, n))
+    assisted = plain_rate * speedup * np.exp(rng.normal(0, sigma, n))
+    return plain.tolist(), assisted.tolist()
+
+
+def test_case_id_is_readable_and_stable():
+    assert CASE.case_id == "benchmark-p256-n64-t_fp32-d_fp32-k5-constant-greedy"
+    sampled = replace(CASE, do_sample=True, temperature=0.7, top_p=0.9, top_k=50)
+    assert sampled.case_id == "benchmark-p256-n64-t_fp32-d_fp32-k5-constant-sample-t0.7-topp0.9-topk50"
+    assert replace(CASE, backend="llama.cpp").case_id.endswith("-greedy-llama.cpp")
+    whole_task = replace(CASE, prompt_tokens=None, new_tokens=None, num_assistant_tokens=None, schedule=None)
+    assert whole_task.case_id == "benchmark-t_fp32-d_fp32-kdefault-greedy"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"task": "decode"},
+        {"prompt_tokens": 512},
+        {"new_tokens": 128},
+        {"target_precision": "bf16"},
+        {"draft_precision": "int8"},
+        {"num_assistant_tokens": 6},
+        {"schedule": "heuristic"},
+        {"do_sample": True},
+        {"backend": "gguf"},
+        {"draft": "prompt-lookup"},
+    ],
+)
+def test_every_speed_setting_changes_the_case_id(change):
+    assert replace(CASE, **change).case_id != CASE.case_id
+
+
+def test_round_trip_and_sorted_keys(tmp_path):
+    plain, assisted = interleaved(0)
+    rec = record_for(CASE, plain, assisted)
+    path = save_baseline(tmp_path, "test-box-2c", CASE, rec)
+    assert path == tmp_path / "test-box-2c" / "qwen2.5-coder-1.5b" / f"{CASE.case_id}.json"
+    text = path.read_text()
+    data = json.loads(text)
+    assert (
+        text == json.dumps(data, sort_keys=True, indent=2) + "\n"
+    )  # sorted at every level, newline-terminated
+    loaded = load_baseline(tmp_path, "test-box-2c", CASE)
+    assert loaded == rec
+    assert loaded.tokens_per_s["assisted"]["samples"] == assisted
+    assert (
+        loaded.speedup["n"] == 5
+        and loaded.speedup["low"] <= loaded.speedup["value"] <= loaded.speedup["high"]
+    )
+    assert loaded.speedup["value"] == pytest.approx(np.mean(assisted) / np.mean(plain), rel=1e-5)
+    ratios = [a / p for p, a in zip(plain, assisted, strict=True)]
+    assert loaded.speedup["samples"] == pytest.approx(ratios, rel=1e-5)
+
+
+def test_failed_write_leaves_old_file_intact(tmp_path):
+    plain, assisted = interleaved(1)
+    good = record_for(CASE, plain, assisted)
+    path = save_baseline(tmp_path, "box", CASE, good)
+    before = path.read_bytes()
+    broken = record_for(CASE, plain, assisted, extra={"zzz_last_key": object()})  # fails mid-serialisation
+    with pytest.raises(TypeError):
+        save_baseline(tmp_path, "box", CASE, broken)
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
+    nan = record_for(CASE, plain, assisted, extra={"zzz": float("nan")})  # NaN is not JSON
+    with pytest.raises(ValueError):
+        save_baseline(tmp_path, "box", CASE, nan)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", "[]", '{"schema": 1}', '{"schema": 99}'],
+)
+def test_malformed_file_names_file_and_fix(tmp_path, content):
+    path = baseline_path(tmp_path, "box", CASE)
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.raises(HarnessError) as info:
+        load_baseline(tmp_path, "box", CASE)
+    assert str(path) in str(info.value) and "--update-baselines" in str(info.value)
+
+
+def test_file_holding_another_case_is_rejected(tmp_path):
+    plain, assisted = interleaved(2)
+    other = replace(CASE, num_assistant_tokens=7)
+    src = save_baseline(tmp_path, "box", other, record_for(other, plain, assisted))
+    src.rename(baseline_path(tmp_path, "box", CASE))
+    with pytest.raises(HarnessError, match="expected"):
+        load_baseline(tmp_path, "box", CASE)
+
+
+def test_load_missing_and_list(tmp_path):
+    assert load_baseline(tmp_path, "box", CASE) is None
+    assert list_baselines(tmp_path) == []
+    plain, assisted = interleaved(3)
+    a = save_baseline(tmp_path, "box", CASE, record_for(CASE, plain, assisted))
+    other = replace(CASE, model="other-pair")
+    b = save_baseline(tmp_path, "box2", other, record_for(other, plain, assisted))
+    assert list_baselines(tmp_path) == sorted([a, b])
+    assert list_baselines(tmp_path, "box2") == [b]
+    assert isinstance(read_baseline_file(b), BaselineRecord)
+
+
+def test_compare_to_baseline_passes_unchanged_build(tmp_path):
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(10)))
+    results = compare_to_baseline(tmp_path, "box", CASE, *interleaved(11))
+    assert set(results) == {"speedup", "assisted_tokens_per_s", "plain_tokens_per_s"}
+    assert all(r.status == "pass" for r in results.values()), [r.message for r in results.values()]
+
+
+def test_compare_to_baseline_catches_slower_assisted_generation(tmp_path):
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(10)))
+    results = compare_to_baseline(tmp_path, "box", CASE, *interleaved(12, speedup=1.6 * 0.8))
+    assert results["speedup"].status == "regression"
+    assert results["assisted_tokens_per_s"].status == "regression"
+    assert results["plain_tokens_per_s"].status == "pass"
+    assert CASE.case_id in results["speedup"].message
+
+
+def test_compare_to_baseline_catches_slower_target(tmp_path):
+    # A slower target slows both modes alike: the speedup holds, the tokens/s gates catch it.
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(10)))
+    results = compare_to_baseline(tmp_path, "box", CASE, *interleaved(13, plain_rate=8.0))
+    assert results["speedup"].status == "pass"
+    assert results["plain_tokens_per_s"].status == "regression"
+    assert results["assisted_tokens_per_s"].status == "regression"
+
+
+def test_compare_without_baseline_says_how_to_create_one(tmp_path):
+    with pytest.raises(MissingBaselineError, match="--update-baselines"):
+        compare_to_baseline(tmp_path, "box", CASE, [1.0, 1.1], [2.0, 2.1])
+
+
+def test_bad_platform_name(tmp_path):
+    with pytest.raises(HarnessError, match="platform"):
+        baseline_path(tmp_path, "../x", CASE)

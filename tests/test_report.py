@@ -1,0 +1,334 @@
+"""Published tables and figures: seed format, honest speedup claims, reproducible commands, regen."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.report import (
+    command_for,
+    compare_rows,
+    compare_table,
+    progress,
+    regen_results,
+    seed_table,
+    summary_line,
+)
+from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
+
+SEED_HEADER = (
+    "|   Example# |   Prompt Length (tokens) |   New Tokens Generated |   Total Time (s) "
+    "|   Prefill Phase (ms) |   Time/Token (ms) |   Tokens/Sec |"
+)
+
+
+def make_row(**overrides: Any) -> Row:
+    """A complete row; timings follow the row's own definitions so derived numbers are consistent."""
+    mode = overrides.pop("mode", "plain")
+    assisted = mode != "plain"
+    new_tokens = overrides.pop("new_tokens", 30)
+    time_per_token_ms = overrides.pop("time_per_token_ms", 150.0)
+    prefill_ms = overrides.pop("prefill_ms", 400.0)
+    drafted = 60 if mode == "assisted" else (40 if mode == "prompt_lookup" else 0)
+    accepted = 45 if assisted else 0
+    fields: dict[str, Any] = dict(
+        example=1,
+        mode=mode,
+        assisted=assisted,
+        task="decode",
+        model="qwen2.5-coder-1.5b",
+        target_model="Qwen2.5-Coder-1.5B-Instruct",
+        draft_model="Qwen2.5-Coder-0.5B-Instruct" if mode == "assisted" else None,
+        target_precision="bf16",
+        draft_precision="int8" if mode == "assisted" else None,
+        target_device="cpu",
+        draft_device="cpu" if mode == "assisted" else None,
+        num_assistant_tokens=6 if mode == "assisted" else None,
+        assistant_schedule="constant" if mode == "assisted" else None,
+        assistant_confidence_threshold=None,
+        prompt_lookup_num_tokens=10 if mode == "prompt_lookup" else None,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        seed=None,
+        max_new_tokens=30,
+        min_new_tokens=None,
+        prompt_tokens=8,
+        new_tokens=new_tokens,
+        total_s=(prefill_ms + time_per_token_ms * (new_tokens - 1)) / 1000,
+        prefill_ms=prefill_ms,
+        target_prefill_ms=prefill_ms * 0.9,
+        time_per_token_ms=time_per_token_ms,
+        tokens_per_s=1000 / time_per_token_ms if time_per_token_ms else math.inf,
+        target_forwards=12 if assisted else new_tokens,
+        draft_forwards=60 if mode == "assisted" else 0,
+        target_ms=1000.0,
+        draft_ms=300.0 if mode == "assisted" else 0.0,
+        other_ms=20.0,
+        drafted=drafted,
+        accepted=accepted,
+        acceptance_rate=accepted / drafted if drafted else None,
+        tokens_per_target_forward=new_tokens / (12 if assisted else new_tokens),
+        output_ids=list(range(new_tokens)),
+        platform="amd-epyc-2c",
+        prompt_label="general-capital",
+        versions={"torch": "2.13.0", "transformers": "5.23.0"},
+        run_id="run-a",
+        timestamp="2025-01-01T00:00:00",
+        extra={},
+    )
+    fields.update(overrides)
+    return Row(**fields)
+
+
+def _run(run_id: str = "run-a", speedups: tuple[float, ...] = (1.5, 2.0, 0.8)) -> list[Row]:
+    """Plain and assisted rows of the same prompts in one run; assisted is ``speedups[i]`` faster."""
+    rows = []
+    for i, s in enumerate(speedups, 1):
+        plain_tpt = 100.0 + 10 * i
+        rows.append(make_row(example=i, prompt_tokens=5 + i, time_per_token_ms=plain_tpt, run_id=run_id))
+        rows.append(
+            make_row(
+                example=i,
+                prompt_tokens=5 + i,
+                mode="assisted",
+                time_per_token_ms=plain_tpt / s,
+                run_id=run_id,
+            )
+        )
+    return rows
+
+
+def test_seed_table_header_and_numbers() -> None:
+    rows = [make_row(example=1, time_per_token_ms=132.503), make_row(example=2, mode="assisted")]
+    table = seed_table(rows).splitlines()
+    cells = [c.strip() for c in table[0].strip("|").split("|")]
+    assert cells[:7] == [name for name, _ in SEED_COLUMNS]
+    assert cells[7:] == [name for name, _ in ACCEPTANCE_COLUMNS]
+    assert table[0].startswith(SEED_HEADER[:-1])
+    assert len(table) == 4  # header, rule, two rows
+    plain_cells = [c.strip() for c in table[2].strip("|").split("|")]
+    # tabulate's default "g" format (six significant digits), as the seeds print: 4.33197, 132.503.
+    assert plain_cells[:7] == ["1", "8", "30", "4.24259", "400", "132.503", f"{1000 / 132.503:g}"]
+    assert plain_cells[7:10] == ["0", "0", "-"]  # a plain row drafted nothing: no acceptance rate
+    assisted_cells = [c.strip() for c in table[3].strip("|").split("|")]
+    assert assisted_cells[7:10] == ["60", "45", "0.75"]
+
+
+def test_seed_table_without_acceptance_matches_seed_header_exactly() -> None:
+    table = seed_table([make_row()], acceptance=False).splitlines()
+    assert table[0] == SEED_HEADER
+    assert table[1] == (
+        "|------------|--------------------------|------------------------|------------------"
+        "|----------------------|-------------------|--------------|"
+    )
+
+
+def test_summary_claims_no_speedup_without_plain_rows() -> None:
+    assisted_only = [r for r in _run() if r.mode == "assisted"]
+    line = summary_line(assisted_only)
+    assert "no speedup claimed" in line and "speedup over plain" not in line
+    assert "mean acceptance 0.75" in line
+    # Plain rows from a different run are not a baseline either.
+    other_run_plain = [r for r in _run("run-b") if r.mode == "plain"]
+    assert "no speedup claimed" in summary_line(assisted_only + other_run_plain)
+    # Only plain rows: nothing assisted, so neither a claim nor a disclaimer.
+    assert "speedup" not in summary_line(other_run_plain)
+
+
+def test_summary_claims_speedup_with_paired_plain_rows() -> None:
+    rows = _run(speedups=(2.0, 2.0, 2.0))
+    line = summary_line(rows)
+    assert "speedup over plain 2.00x" in line and "3 prompts paired" in line
+    assert "no speedup claimed" not in line
+    plain_mean = sum(1000 / (100 + 10 * i) for i in (1, 2, 3)) / 3
+    assert f"plain: 3 rows, mean {plain_mean:.2f} tokens/s" in line
+
+
+def test_compare_pairs_same_prompt_same_run() -> None:
+    rows = _run("run-a", (1.5, 2.0, 0.8)) + _run("run-b", (3.0, 3.0, 3.0))
+    # An unpaired assisted row (no plain row for example 9) must be left out.
+    rows.append(make_row(example=9, mode="assisted", run_id="run-a"))
+    # A plain row of the same example but another prompt length is not its baseline.
+    rows.append(make_row(example=1, prompt_tokens=99, run_id="run-a", time_per_token_ms=1.0))
+    pairs = compare_rows(rows)
+    assert [(p["run_id"], p["example"]) for p in pairs] == [
+        ("run-a", 1),
+        ("run-a", 2),
+        ("run-a", 3),
+        ("run-b", 1),
+        ("run-b", 2),
+        ("run-b", 3),
+    ]
+    for pair, expected in zip(pairs, (1.5, 2.0, 0.8, 3.0, 3.0, 3.0), strict=True):
+        assert pair["speedup"] == pytest.approx(pair["assisted_tokens_per_s"] / pair["plain_tokens_per_s"])
+        assert pair["speedup"] == pytest.approx(expected)
+        assert pair["acceptance_rate"] == 0.75
+        assert pair["identical"] is True
+
+
+def test_compare_does_not_pair_across_target_precision_or_sampling() -> None:
+    plain = make_row(target_precision="fp32")
+    assisted = make_row(mode="assisted", target_precision="bf16")
+    assert compare_rows([plain, assisted]) == []
+    sampled = make_row(mode="assisted", do_sample=True, temperature=1.0)
+    assert compare_rows([make_row(), sampled]) == []
+
+
+def test_compare_flags_different_outputs() -> None:
+    plain = make_row()
+    assisted = make_row(mode="assisted", output_ids=[0, 1, 2, 99])
+    (pair,) = compare_rows([plain, assisted])
+    assert pair["identical"] is False
+    assert "| no " in compare_table([plain, assisted])
+
+
+def test_compare_table_overall_line() -> None:
+    rows = _run(speedups=(1.5, 2.0, 0.8))
+    text = compare_table(rows)
+    plain = [110.0, 120.0, 130.0]
+    assisted = [110 / 1.5, 120 / 2.0, 130 / 0.8]
+    of_means = (sum(plain) / 3) / (sum(assisted) / 3)
+    geo = (1.5 * 2.0 * 0.8) ** (1 / 3)
+    assert f"speedup of mean time/token {of_means:.2f}x" in text
+    assert f"geometric mean of per-prompt speedups {geo:.2f}x" in text
+    assert "1.50x" in text and "0.80x" in text
+    assert text.splitlines()[0].startswith("```python assisted_generation.py")
+    assert "no speedup to report" in compare_table([r for r in rows if r.mode == "plain"])
+
+
+def _cli_parser() -> argparse.ArgumentParser:
+    """The flags the seeds' assisted_generation.py takes, as a reader of the command would parse them."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--model_name", required=True)
+    p.add_argument("--task", required=True)
+    p.add_argument("--assisted_generation", action="store_true")
+    p.add_argument("--draft_precision", default="bf16")
+    p.add_argument("--target_precision", default="bf16")
+    p.add_argument("--do_sample", action="store_true")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top_p", type=float)
+    p.add_argument("--top_k", type=int)
+    p.add_argument("--num_assistant_tokens", type=int, default=6)
+    p.add_argument("--assistant_schedule", default="constant")
+    p.add_argument("--assistant_confidence_threshold", type=float)
+    p.add_argument("--prompt_lookup", type=int)
+    p.add_argument("--seed", type=int)
+    return p
+
+
+DEFAULTS = {"draft_precision": "bf16", "target_precision": "bf16", "num_assistant_tokens": 6}
+DEFAULTS["assistant_schedule"] = "constant"
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        make_row(),
+        make_row(mode="assisted"),
+        make_row(mode="assisted", draft_precision="bf16", num_assistant_tokens=6),
+        make_row(mode="assisted", target_precision="int4", assistant_schedule="heuristic", seed=3),
+        make_row(mode="assisted", do_sample=True, temperature=0.1, top_p=0.95, top_k=50, seed=42),
+        make_row(mode="assisted", assistant_schedule="dynamic", assistant_confidence_threshold=0.4),
+        make_row(mode="prompt_lookup", task="benchmark", model="facebook/opt 6.7b"),
+    ],
+)
+def test_command_for_round_trips(row: Row) -> None:
+    command = command_for(row, DEFAULTS)
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "assisted_generation.py"]
+    args = _cli_parser().parse_args(argv[2:])
+    assert (args.model_name, args.task) == (row.model, row.task)
+    assert args.assisted_generation == (row.mode == "assisted")
+    assert args.target_precision == row.target_precision
+    assert args.do_sample == row.do_sample
+    assert (args.temperature, args.top_p, args.top_k) == (row.temperature, row.top_p, row.top_k)
+    assert args.seed == row.seed
+    if row.mode == "assisted":
+        assert args.draft_precision == row.draft_precision
+        assert args.num_assistant_tokens == row.num_assistant_tokens
+        assert args.assistant_schedule == row.assistant_schedule
+        assert args.assistant_confidence_threshold == row.assistant_confidence_threshold
+    assert args.prompt_lookup == row.prompt_lookup_num_tokens
+
+
+def test_command_for_matches_seed_spelling() -> None:
+    assert (
+        command_for(make_row(), DEFAULTS)
+        == "python assisted_generation.py --model_name qwen2.5-coder-1.5b --task decode"
+    )
+    assisted = make_row(mode="assisted", draft_precision="w8af32", do_sample=True, temperature=1.0)
+    assert command_for(assisted, DEFAULTS) == (
+        "python assisted_generation.py --model_name qwen2.5-coder-1.5b --task decode --assisted_generation "
+        "--draft_precision w8af32 --do_sample --temperature 1.0"
+    )
+    # Without defaults every setting is spelled out, so the command reproduces the row on its own.
+    assert "--num_assistant_tokens 6 --assistant_schedule constant" in command_for(make_row(mode="assisted"))
+
+
+def _regen_rows() -> list[Row]:
+    rows = _run("run-a", (1.5, 2.0, 0.8))
+    rows += [make_row(example=i, mode="assisted", do_sample=True, temperature=1.0, seed=1) for i in (1, 2)]
+    rows += [make_row(task="benchmark", example=1, prompt_tokens=256, max_new_tokens=64, new_tokens=64)]
+    rows += [make_row(model="other-model", platform="h100-x1", example=1)]
+    # An older measurement of example 1 plain that the newer one must replace in the published table.
+    rows.insert(
+        0, make_row(example=1, prompt_tokens=6, time_per_token_ms=999.0, timestamp="2024-01-01", run_id="old")
+    )
+    return rows
+
+
+def test_regen_results_writes_md_and_png_deterministically(tmp_path: Path) -> None:
+    rows = _regen_rows()
+    paths = regen_results(rows, tmp_path, DEFAULTS)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in paths) == [
+        "amd-epyc-2c/qwen2.5-coder-1.5b-speedup.png",
+        "amd-epyc-2c/qwen2.5-coder-1.5b.md",
+        "h100-x1/other-model-speedup.png",
+        "h100-x1/other-model.md",
+    ]
+    md_path = tmp_path / "amd-epyc-2c" / "qwen2.5-coder-1.5b.md"
+    md = md_path.read_text()
+    first = md_path.read_bytes()
+    png = (tmp_path / "amd-epyc-2c" / "qwen2.5-coder-1.5b-speedup.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 2000
+
+    # One section per distinct command, in sorted order, each a fenced command then a seed table.
+    commands = [line.strip("`") for line in md.splitlines() if line.startswith("```python")]
+    expected = sorted({command_for(r, DEFAULTS) for r in rows if r.model == "qwen2.5-coder-1.5b"})
+    assert commands[: len(expected)] == expected
+    assert md.count(SEED_HEADER[:-1]) == len(expected)
+    assert "999" not in md  # the older row was superseded by the newer one of the same prompt
+    assert "![Speed up summary](./qwen2.5-coder-1.5b-speedup.png)" in md
+    assert "speedup of mean time/token" in md
+    assert not list(tmp_path.rglob("*.tmp"))
+
+    # Same rows in another order: same markdown bytes.
+    again = regen_results(list(reversed(rows)), tmp_path, DEFAULTS)
+    assert again == paths
+    assert md_path.read_bytes() == first
+    assert (tmp_path / "amd-epyc-2c" / "qwen2.5-coder-1.5b-speedup.png").read_bytes() == png
+
+
+def test_compare_handles_degenerate_speeds() -> None:
+    plain = make_row(tokens_per_s=math.inf, time_per_token_ms=0.0)
+    (pair,) = compare_rows([plain, make_row(mode="assisted")])
+    assert pair["speedup"] is None
+    assert "-" in compare_table([plain, make_row(mode="assisted")])
+
+
+def test_regen_files_are_world_readable(tmp_path: Path) -> None:
+    for path in regen_results([make_row()], tmp_path):
+        assert path.stat().st_mode & 0o444 == 0o444
+
+
+def test_progress_yields_every_item_and_stays_quiet_off_tty(capsys) -> None:
+    assert list(progress(iter(range(5)), total=5, desc="rows")) == [0, 1, 2, 3, 4]
+    # pytest captures stderr (not a TTY), so tqdm's disable=None turns the bar off entirely.
+    assert capsys.readouterr().err == ""

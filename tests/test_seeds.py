@@ -1,0 +1,214 @@
+import re
+
+import pytest
+
+from harness.baselines import list_baselines, read_baseline_file
+from harness.errors import HarnessError
+from harness.seeds import (
+    DEFAULT_SEEDS_DIR,
+    REPO_ROOT,
+    import_seed_baselines,
+    parse_command,
+    parse_seed_file,
+    parse_seeds,
+)
+
+needs_seeds = pytest.mark.skipif(
+    not DEFAULT_SEEDS_DIR.is_dir(),
+    reason=f"seed files not found at {DEFAULT_SEEDS_DIR} (the shared seeds folder next to the repo)",
+)
+
+LLAMA = "000_c2f0946e9de8063c.txt"
+CODELLAMA = "001_3a949b52e976c26e.txt"
+OPT = "002_a971465576dd9641.txt"
+QWEN = "003_9e509dae3e5f0137.txt"
+README = "004_357238f2d7bac6bc.txt"
+
+# Rows per table, in file order, counted by hand from the seed files. None marks a table that is not one of
+# the seven-column result tables (the CodeLlama speed-up summary, the README's model list).
+EXPECTED_ROWS = {
+    LLAMA: [10, 10, 4, 10],
+    CODELLAMA: [13] * 9 + [None, 6, 6],
+    OPT: [10] * 5,
+    QWEN: [10] * 4,
+    README: [None],
+}
+EXPECTED_PLATFORMS = {LLAMA: {"stx"}, CODELLAMA: {"hpt", "phx", "stx"}, OPT: {"phx"}, QWEN: {"phx"}}
+
+
+def tables_of(name):
+    return parse_seed_file(DEFAULT_SEEDS_DIR / name)
+
+
+@needs_seeds
+@pytest.mark.parametrize("name", sorted(EXPECTED_ROWS))
+def test_every_table_found_with_its_rows(name):
+    tables = tables_of(name)
+    got = [len(t.rows) if t.is_result else None for t in tables]
+    assert got == EXPECTED_ROWS[name]
+    if name in EXPECTED_PLATFORMS:
+        assert {t.platform for t in tables if t.is_result} == EXPECTED_PLATFORMS[name]
+
+
+@needs_seeds
+def test_codellama_hpt_plain_decode():
+    hpt = [t for t in tables_of(CODELLAMA) if t.platform == "hpt"]
+    plain = hpt[0]
+    assert plain.command.strip() == "assisted_generation.py --model_name CodeLlama-7b-hf --task decode"
+    assert plain.flags["task"] == "decode" and plain.flags["assisted_generation"] is False
+    assert plain.model == "CodeLlama-7b-hf" and not plain.assisted
+    assert len(plain.rows) == 13
+    assert plain.rows[7] == {
+        "example": 8,
+        "prompt_tokens": 160,
+        "new_tokens": 200,
+        "total_s": 41.9705,
+        "prefill_ms": 4143.18,
+        "time_per_token_ms": 187.89,
+        "tokens_per_s": 5.32228,
+    }
+    assert plain.context["target_device"] == "AIE" and plain.context["target_precision"] == "w6a16"
+    assert [t.flags["draft_precision"] for t in hpt[1:]] == [None, "w8af32"]
+
+
+@needs_seeds
+def test_bold_is_stripped():
+    assisted = [t for t in tables_of(CODELLAMA) if t.platform == "hpt"][1]
+    assert assisted.rows[0]["tokens_per_s"] == 15.2286  # published as **15.2286**
+    raw = (DEFAULT_SEEDS_DIR / CODELLAMA).read_text()
+    assert "**15.2286**" in raw
+
+
+@needs_seeds
+def test_na_cells_become_none_and_reference_tables_are_phx():
+    cpu = [t for t in tables_of(CODELLAMA) if t.is_result and t.context.get("target_device") == "CPU"]
+    assert len(cpu) == 2 and {t.platform for t in cpu} == {"phx"}  # "## PHX - Just for reference" in STX
+    first = cpu[0].rows[0]
+    assert first["tokens_per_s"] is None and first["prefill_ms"] is None and first["total_s"] == 76.5971
+
+
+@needs_seeds
+def test_llama_settings_come_from_bullets_and_headings():
+    tables = tables_of(LLAMA)
+    assert all(t.platform_heading == "STX B0 with MCDM - 7/13/2024" for t in tables)
+    settings = tables[0].context["settings"]
+    assert settings == {
+        "top_p": 0.95,
+        "temperature": 0.1,
+        "do_sample": True,
+        "num_assistant_tokens": 6,
+        "schedule": "constant",
+    }
+    assert tables[1].context["draft_model"] == "JackFram/llama-160m"
+    last = tables[3]  # published without a command line of its own
+    assert last.command is None and last.assisted
+    assert last.context["draft_model"] == "amd-pretrained-135m-2k-no-book3"
+
+
+def test_parse_command_flags():
+    flags = parse_command(
+        "assisted_generation.py --model_name opt-6.7b --task benchmark --do_sample --temperature 1.0 "
+        "--assisted_generation --draft_precision w8af32 --new_flag 3"
+    )
+    assert flags["model_name"] == "opt-6.7b" and flags["task"] == "benchmark"
+    assert flags["do_sample"] is True and flags["temperature"] == 1.0
+    assert flags["assisted_generation"] is True and flags["draft_precision"] == "w8af32"
+    assert flags["unknown"] == ["--new_flag", "3"]
+
+
+def test_parser_on_a_small_synthetic_seed(tmp_path):
+    seed = tmp_path / "s.txt"
+    seed.write_text(
+        "# Title\n\n# HPT\n\n## Target: AIE/w4abf16 Assistant: CPU/bf16\n\n"
+        "```python assisted_generation.py --model_name m --task decode```\n\n"
+        "| Example# | Prompt Length (tokens) | New Tokens Generated | Total Time (s) | Prefill Phase (ms) "
+        "| Time/Token (ms) | Tokens/Sec |\n|---|---|---|---|---|---|---|\n"
+        "| 1 | 8 | 30 | 4.0 | na | 100.0 | **10.0** |\n"
+    )
+    (table,) = parse_seed_file(seed)
+    assert table.platform == "hpt" and table.model == "m" and table.is_result
+    assert table.rows == [
+        {
+            "example": 1,
+            "prompt_tokens": 8,
+            "new_tokens": 30,
+            "total_s": 4.0,
+            "prefill_ms": None,
+            "time_per_token_ms": 100.0,
+            "tokens_per_s": 10.0,
+        }
+    ]
+    assert table.context["assistant_precision"] == "bf16"
+
+
+def test_bad_cell_names_the_line(tmp_path):
+    seed = tmp_path / "s.txt"
+    seed.write_text(
+        "# PHX\n| Example# | Prompt Length (tokens) | New Tokens Generated | Total Time (s) "
+        "| Prefill Phase (ms) | Time/Token (ms) | Tokens/Sec |\n|---|---|---|---|---|---|---|\n"
+        "| 1 | 8 | 30 | oops | 1 | 1 | 1 |\n"
+    )
+    with pytest.raises(HarnessError, match=r"s\.txt:2"):
+        parse_seed_file(seed)
+
+
+def test_missing_seeds_folder(tmp_path):
+    with pytest.raises(HarnessError, match="not found"):
+        parse_seeds(tmp_path / "nope")
+
+
+@needs_seeds
+def test_import_writes_one_baseline_per_assisted_table(tmp_path):
+    paths = import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
+    assisted_tables = [t for t in parse_seeds(DEFAULT_SEEDS_DIR) if t.is_result and t.assisted]
+    assert len(paths) == len(assisted_tables) == 15  # llama 3, CodeLlama 7, OPT 3, Qwen 2
+    assert paths == list_baselines(tmp_path)
+    assert {p.relative_to(tmp_path).parts[0] for p in paths} == {"phx", "stx", "hpt"}
+    assert not list(tmp_path.rglob("*.txt"))  # seeds are read, never copied
+    records = [read_baseline_file(p) for p in paths]
+    assert all(r.source.startswith("seed:") for r in records)
+    no_plain = [r for r in records if r.speedup is None]
+    assert [r.case.task for r in no_plain] == ["benchmark"]  # llama benchmark has no plain table
+    # Deterministic: a second import rewrites byte-identical files.
+    before = {p: p.read_bytes() for p in paths}
+    import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
+    assert {p: p.read_bytes() for p in paths} == before
+
+
+@needs_seeds
+def test_imported_speedups_match_the_seed_summary(tmp_path):
+    import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
+    rec = read_baseline_file(
+        tmp_path / "phx" / "CodeLlama-7b-hf" / "decode-t_bf16-d_bf16-kdefault-greedy.json"
+    )
+    by_example = {p["example"]: p["speedup"] for p in rec.speedup["per_prompt"]}
+    summary = next(t for t in tables_of(CODELLAMA) if not t.is_result)
+    for row in summary.rows:  # e.g. "(127.24/200) / (19.17/200) = 6.64x"
+        published = float(re.search(r"=\s*([0-9.]+)x", row["Speed-up with avg token-time"]).group(1))
+        assert by_example[int(row["Example #"])] == pytest.approx(published, abs=0.01)
+    hpt = read_baseline_file(
+        tmp_path / "hpt" / "CodeLlama-7b-hf" / "decode-t_w6a16-d_default-kdefault-greedy.json"
+    )
+    assert hpt.speedup["per_prompt"][0]["speedup"] == pytest.approx(15.2286 / 5.48159, rel=1e-5)
+    assert hpt.speedup["low"] < hpt.speedup["value"] < hpt.speedup["high"]
+    assert "Target: AIE/w6a16" in hpt.extra["notes"]
+
+
+@needs_seeds
+def test_committed_baselines_match_the_seeds(tmp_path):
+    committed_root = REPO_ROOT / "baselines"
+    fresh = import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
+    for path in fresh:
+        committed = committed_root / path.relative_to(tmp_path)
+        assert committed.is_file(), (
+            f"{committed} missing: run `python -m harness.seeds` and commit baselines/"
+        )
+        assert committed.read_bytes() == path.read_bytes(), (
+            f"{committed} is stale: rerun `python -m harness.seeds`"
+        )
+    from_seeds = {
+        p.relative_to(committed_root)
+        for p in list_baselines(committed_root)
+        if read_baseline_file(p).source.startswith("seed:")
+    }
+    assert from_seeds == {p.relative_to(tmp_path) for p in fresh}, "committed seed baselines no seed produces"
