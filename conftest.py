@@ -24,22 +24,49 @@ REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("assisted generation")
-    group.addoption("--weights_dir", "--weights-dir", default=None,
-                    help="folder holding real model folders (also ASSISTED_GENERATION_WEIGHTS)")
-    group.addoption("--platform", default=None,
-                    help="platform name keying baselines/ and results/ (default: detected from this machine)")
-    group.addoption("--update-baselines", action="store_true",
-                    help="rewrite baselines/<platform>/ from this run's measurements instead of gating")
-    group.addoption("--regen-tables", action="store_true",
-                    help="rewrite results/<platform>/<model>.md and speedup PNGs from stored rows")
-    group.addoption("--seeds-dir", default=str(ROOT.parent / "shared" / "seeds"),
-                    help="folder with the seeds' published tables (imported as PHX/STX/HPT baselines)")
-    group.addoption("--real-prompts", type=int, default=2,
-                    help="prompts per real-weights case (CI keeps this short; raise it for a full run)")
-    group.addoption("--perf-repetitions", type=int, default=5,
-                    help="interleaved plain/assisted repetitions per benchmark case")
-    group.addoption("--real-pairs", default="qwen2.5-coder-1.5b",
-                    help="comma-separated real pairs to include ('all' for every registered pair)")
+    group.addoption(
+        "--weights_dir",
+        "--weights-dir",
+        default=None,
+        help="folder holding real model folders (also ASSISTED_GENERATION_WEIGHTS)",
+    )
+    group.addoption(
+        "--platform",
+        default=None,
+        help="platform name keying baselines/ and results/ (default: detected from this machine)",
+    )
+    group.addoption(
+        "--update-baselines",
+        action="store_true",
+        help="rewrite baselines/<platform>/ from this run's measurements instead of gating",
+    )
+    group.addoption(
+        "--regen-tables",
+        action="store_true",
+        help="rewrite results/<platform>/<model>.md and speedup PNGs from stored rows",
+    )
+    group.addoption(
+        "--seeds-dir",
+        default=str(ROOT.parent / "shared" / "seeds"),
+        help="folder with the seeds' published tables (imported as PHX/STX/HPT baselines)",
+    )
+    group.addoption(
+        "--real-prompts",
+        type=int,
+        default=2,
+        help="prompts per real-weights case (CI keeps this short; raise it for a full run)",
+    )
+    group.addoption(
+        "--perf-repetitions",
+        type=int,
+        default=5,
+        help="interleaved plain/assisted repetitions per benchmark case",
+    )
+    group.addoption(
+        "--real-pairs",
+        default="qwen2.5-coder-1.5b",
+        help="comma-separated real pairs to include ('all' for every registered pair)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,7 +89,9 @@ def pair_params(config: pytest.Config, *, tiny: bool = True, real: bool = True) 
     """Every pair as a pytest param whose id is the pair name; real ones marked real+slow."""
     params = [pytest.param(n, id=n) for n in TINY] if tiny else []
     if real:
-        params += [pytest.param(n, id=n, marks=[pytest.mark.real, pytest.mark.slow]) for n in _real_selected(config)]
+        params += [
+            pytest.param(n, id=n, marks=[pytest.mark.real, pytest.mark.slow]) for n in _real_selected(config)
+        ]
     return params
 
 
@@ -71,7 +100,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         marker = metafunc.definition.get_closest_marker("pairs")
         kinds = marker.kwargs if marker else {}
         metafunc.parametrize(
-            "pair_name", pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True))
+            "pair_name",
+            pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True)),
         )
 
 
@@ -87,17 +117,27 @@ class PairCache:
         for role, model in (("target", spec.target), ("draft", spec.draft)):
             where = models.locate_model(model, self.weights_dir)
             if not where.present:
-                pytest.skip(f"{role} weights for {spec.name} not present here ({where.detail}); "
-                            "see README 'Real weights'")
+                pytest.skip(
+                    f"{role} weights for {spec.name} not present here ({where.detail}); "
+                    "see README 'Real weights'"
+                )
 
-    def get(self, name: str, target_precision: str | None = None, draft_precision: str | None = None,
-            with_draft: bool = True) -> models.LoadedPair:
+    def get(
+        self,
+        name: str,
+        target_precision: str | None = None,
+        draft_precision: str | None = None,
+        with_draft: bool = True,
+    ) -> models.LoadedPair:
         key = (name.lower(), target_precision, draft_precision, with_draft)
         if key not in self._loaded:
             self.require_weights(name)
             self._loaded[key] = models.load_pair(
-                name, target_precision=target_precision, draft_precision=draft_precision,
-                with_draft=with_draft, weights_dir=self.weights_dir,
+                name,
+                target_precision=target_precision,
+                draft_precision=draft_precision,
+                with_draft=with_draft,
+                weights_dir=self.weights_dir,
             )
         return self._loaded[key]
 

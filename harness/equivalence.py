@@ -127,7 +127,7 @@ class CaseResult:
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
@@ -152,7 +152,9 @@ def check_case(
     if i is not None:
         gap = top2_gap(pair.target, list(prompt_ids) + plain.output_ids[:i])
     tolerance = NEAR_TIE_TOLERANCE.get(pair.target_precision, 0.0)
-    return CaseResult(list(prompt_ids), plain, assisted, i, gap, tolerance, int(pair.target.config.vocab_size))
+    return CaseResult(
+        list(prompt_ids), plain, assisted, i, gap, tolerance, int(pair.target.config.vocab_size)
+    )
 
 
 @dataclass
