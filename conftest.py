@@ -71,10 +71,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     models.offline_env()
+    config.stash[THREADS] = _threads_for_real_models()
+
+
+THREADS = pytest.StashKey[int]()
+
+
+def _threads_for_real_models() -> int:
     # Two cores: more threads than that only adds contention. Under xdist each worker gets one, so
     # workers do not fight over cores (OpenMP spin-waits make oversubscription very slow).
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads()) // workers))
+    return max(1, min(2, os.cpu_count() or 1) // workers)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads(request: pytest.FixtureRequest) -> None:
+    """Tiny models run fastest on one thread (their matmuls are too small to split, and a second
+    thread only spins); real models get the cores."""
+    real = request.node.get_closest_marker("real") is not None
+    torch.set_num_threads(request.config.stash[THREADS] if real else 1)
 
 
 def _real_selected(config: pytest.Config) -> list[str]:

@@ -349,3 +349,34 @@ def test_sampling_test_catches_misreported_draft(sampling_pair, monkeypatch):
         sampling_pair, _sampling_settings("assisted", kw), range(10_000, 10_000 + SAMPLE_SEEDS)
     )
     assert min(_distribution_p_values(plain, biased)) < ALPHA
+
+
+# --------------------------------------------------------------------------- precision tiers
+
+TIER_PRECISIONS = ("fp32", "bf16", "w8abf16", "w4abf16")
+
+
+def _tier_check(
+    pair: LoadedPair, prompts: list[tasks.Prompt], new_tokens: int, table, cache, max_tokens=None
+):
+    s = settings_for("registered", 5, "constant", new_tokens)
+    cases = [run_equality_case(pair, p, "registered", s, False, cache, max_tokens) for p in prompts]
+    table.extend(pair.target_precision, cases)
+    for case in cases:
+        # fp32 must be token-exact; lower precisions may flip only a near-tied argmax.
+        assert case.acceptable, f"{pair.target_precision}: {case.explain()}"
+    assert sum(c.assisted.drafted for c in cases) > 0
+
+
+@pytest.mark.pairs(real=False)
+@pytest.mark.parametrize("target_precision", TIER_PRECISIONS)
+def test_precision_tier(pairs, plain_cache, divergence_table, pair_name, target_precision):
+    pair = pairs.get(pair_name, target_precision=target_precision)
+    _tier_check(pair, PROMPTS[:4], TINY_NEW_TOKENS, divergence_table, plain_cache, 64)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.parametrize("target_precision", TIER_PRECISIONS)
+def test_precision_tier_real(pairs, plain_cache, divergence_table, pair_name, real_prompts, target_precision):
+    pair = pairs.get(pair_name, target_precision=target_precision)
+    _tier_check(pair, PROMPTS[:real_prompts], REAL_NEW_TOKENS, divergence_table, plain_cache)
