@@ -1,0 +1,91 @@
+"""Device names are validated before any weights load, with errors that say what to do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from harness.devices import available_devices, check_device, place
+from harness.errors import HarnessError, UnsupportedError
+from harness.precision import apply_precision
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_cpu_is_always_available():
+    assert check_device("cpu") == torch.device("cpu")
+    assert check_device(" CPU ") == torch.device("cpu")
+    assert available_devices()[0] == "cpu"
+
+
+def test_available_devices_all_pass_check_device():
+    for name in available_devices():
+        assert check_device(name).type == name.split(":")[0]
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_cuda_says_why(name):
+    with pytest.raises(UnsupportedError) as info:
+        check_device(name)
+    message = str(info.value)
+    assert name in message and "cpu" in message
+    if torch.version.cuda is None:
+        assert "CPU-only build" in message and "no CUDA" in message
+    assert not any(d.startswith("cuda") for d in available_devices())
+
+
+@needs_cuda
+def test_cuda_index_out_of_range_is_refused():
+    count = torch.cuda.device_count()
+    assert check_device("cuda") == torch.device("cuda", 0)
+    with pytest.raises(UnsupportedError, match=f"has {count} CUDA device"):
+        check_device(f"cuda:{count}")
+
+
+@pytest.mark.parametrize("name", ["npu", "npu:0"])
+def test_npu_is_a_clear_extension_point(name):
+    with pytest.raises(UnsupportedError, match="no NPU backend is available on this machine") as info:
+        check_device(name)
+    assert "would need" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["tpu", "gpu", "cuda:x", ""])
+def test_unknown_device_lists_the_accepted_forms(name):
+    with pytest.raises(HarnessError, match="Unknown device") as info:
+        check_device(name)
+    assert "'cpu'" in str(info.value) and "cuda:N" in str(info.value)
+
+
+def test_place_moves_to_cpu_and_returns_model():
+    model = nn.Linear(4, 2)
+    assert place(model, "cpu") is model
+    assert model.weight.device.type == "cpu"
+
+
+@needs_no_cuda
+def test_place_checks_the_device_before_moving():
+    model = nn.Linear(4, 2)
+    with pytest.raises(UnsupportedError, match="not available"):
+        place(model, "cuda")
+    assert model.weight.device.type == "cpu"
+
+
+@needs_cuda
+def test_place_refuses_cpu_only_quantized_layers_on_cuda():
+    model = apply_precision(nn.Sequential(nn.Linear(64, 32)), "w8abf16")
+    with pytest.raises(UnsupportedError, match="CPU-only quantized"):
+        place(model, "cuda")
+
+
+@pytest.mark.parametrize(
+    ("precision", "cpu_only"), [("fp32", 0), ("bf16", 0), ("w8af32", 2), ("w4abf16", 2), ("w8abf16", 2)]
+)
+def test_cpu_only_layers_are_detected_for_every_quantized_precision(precision, cpu_only):
+    # What `place` refuses to move off the CPU; checked directly because this machine has no GPU.
+    from harness.devices import _cpu_only_modules
+
+    model = apply_precision(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)), precision)
+    assert len(_cpu_only_modules(model)) == cpu_only
