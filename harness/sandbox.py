@@ -1,0 +1,508 @@
+"""Run untrusted generated code (HumanEval completions) in a contained child process.
+
+`run_untrusted(program)` executes `program` in a fresh `python -I -S` child and reports whether it ran
+to the end. "Passed" means all three of: the trusted runner reached the line after the program, it
+reported that through a private status pipe with a per-run random nonce, and the interpreter exited
+with code 0. So `sys.exit(0)`, `os._exit(0)` or `quit()` in the middle of a check does not pass
+(human-eval's classic hole), and neither does printing a success marker to stdout.
+
+Two isolation levels; `isolation="auto"` picks the strongest that works on this machine
+(`available_isolation()`), and `protections()` lists what each one enforces.
+
+"namespaces" (needs root / CAP_SYS_ADMIN and util-linux `unshare` + `setpriv`; the level used here):
+  kernel-enforced
+    - network: a new network namespace with only a downed loopback, so even 127.0.0.1 on the host is
+      unreachable (connect fails with ENETUNREACH);
+    - processes: a new PID namespace; when the program (PID 1 there) exits or is killed, the kernel
+      kills every process it left behind, including ones that called setsid();
+    - identity: the program runs as a fresh random unprivileged uid/gid with no capabilities, no
+      supplementary groups and no_new_privs, so it cannot write or delete files it does not own
+      (everything of the host is owned by others) and cannot raise its resource limits;
+    - fork bombs: RLIMIT_NPROC counts processes per uid, and the uid is unique to this run, so the
+      limit is exact and does not starve other sandboxes running in parallel;
+    - filesystem: a private mount namespace with a size-capped tmpfs over /tmp, /var/tmp and /dev/shm
+      (the throwaway working directory is /tmp/work on it, gone when the namespace ends), and a tmpfs
+      over any non-world-readable ancestor of the Python installation (e.g. /root), so the caller's
+      home directory and its secrets are invisible; /proc shows only the sandbox's own processes;
+    - resources: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (largest file, which also caps
+      captured output), RLIMIT_NOFILE, RLIMIT_CORE=0;
+    - wall clock: the parent kills the whole process group on timeout, and the PID namespace takes
+      care of anything that escaped the group.
+  best-effort (Python level, defence in depth; `python_guard=True`)
+    - a prelude in the spirit of human-eval's `reliability_guard` replaces destructive or escaping
+      functions (os.fork/kill/system/remove/rename/chmod/exec*/spawn*, shutil.rmtree/move,
+      subprocess.Popen, socket.socket/create_connection, ...) with functions that raise
+      PermissionError. Code that imports C modules (`_posixsubprocess`, `_socket`) directly can
+      get around it; the kernel layers above are the real boundary;
+    - the success nonce lives only in the runner's frame; code that walks interpreter frames on
+      purpose could forge it. Generated code does not do that by accident, which is what HumanEval
+      scoring needs to survive.
+
+"basic" (any POSIX machine, no privileges needed): the same runner in a new session (process group
+  killed on timeout) in a throwaway temporary directory with a scrubbed environment and the same
+  rlimits. The rlimits are kernel-enforced when the caller is not root; for root RLIMIT_NPROC does not
+  apply and the child could raise its limits. Network, file-system protection and fork containment
+  are then best-effort only (the Python guard). Prefer "namespaces" wherever it is available.
+
+Untrusted code never reaches a command line: the program arrives on stdin, the runner is our own
+source (`_runner_main`, shipped via `-c`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import HarnessError, UnsupportedError
+
+STATUSES = ("passed", "failed", "timeout", "killed")
+ISOLATIONS = ("namespaces", "basic")
+_MINIMAL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# Random uids for "namespaces" mode come from a high range no distribution allocates to real users.
+_UID_LOW, _UID_SPAN = 1_500_000_000, 1_000_000_000
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one untrusted run."""
+
+    status: str  # one of STATUSES
+    detail: str  # human-eval style: "passed", "failed: AssertionError: ...", "timed out after 3.0 s"
+    duration_s: float
+    returncode: int | None  # of the outermost child; negative = killed by that signal
+    output: str  # stdout+stderr of the program, truncated to output_limit
+    isolation: str  # which of ISOLATIONS was used
+    pid: int  # of the outermost child (= its process group id)
+    uid: int | None  # uid the program ran as ("namespaces"), None when it ran as the caller
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+# ------------------------------------------------------------------------------------- child side
+
+
+def _runner_main() -> None:  # pragma: no cover - runs only inside the sandboxed child
+    """Trusted runner: executes the program from stdin, reports the outcome on the status fd.
+
+    Shipped as source via `python -c`, so it imports everything itself and must stay stdlib-only.
+    Whatever it needs after the guard is captured in locals first.
+    """
+    import builtins
+    import json
+    import os
+    import resource
+    import signal
+    import sys
+
+    payload = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # the program gets an empty stdin, not the payload
+    os.close(null)
+    status_fd = int(sys.argv[1])
+    nonce = payload.pop("nonce")
+    program = payload.pop("program")
+    write, getpid, exit_now, dumps = os.write, os.getpid, os._exit, json.dumps
+    me = getpid()
+
+    for name, value in payload["limits"].items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    # An over-long write should fail as an exception the report can name, not kill silently.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    if payload["guard"]:
+
+        def disabled(name: str):  # type: ignore[no-untyped-def]
+            def refuse(*args: object, **kwargs: object) -> None:
+                raise PermissionError(f"{name} is disabled inside the sandbox")
+
+            return refuse
+
+        import shutil
+        import socket
+        import subprocess
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os_names = (
+            "kill", "killpg", "system", "popen", "putenv", "remove", "removedirs", "rmdir", "unlink",
+            "rename", "renames", "replace", "truncate", "chmod", "fchmod", "lchmod", "chown", "fchown",
+            "lchown", "chroot", "chdir", "fchdir", "setuid", "setgid", "setsid", "fork", "forkpty",
+            "execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe", "spawnv",
+            "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "posix_spawn",
+            "posix_spawnp",
+        )  # fmt: skip
+        for attr in os_names:
+            if hasattr(os, attr):
+                setattr(os, attr, disabled(f"os.{attr}"))
+        for attr in ("rmtree", "move", "chown"):
+            setattr(shutil, attr, disabled(f"shutil.{attr}"))
+        for attr in ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"):
+            setattr(subprocess, attr, disabled(f"subprocess.{attr}"))
+        for attr in ("socket", "create_connection", "create_server", "socketpair", "fromfd"):
+            setattr(socket, attr, disabled(f"socket.{attr}"))
+        builtins.help = disabled("help")
+        for module in ("ipdb", "joblib", "resource", "psutil", "tkinter", "multiprocessing"):
+            sys.modules[module] = None  # import now raises ImportError
+
+    def report(status: str, detail: str) -> None:
+        flush_stdio()
+        if getpid() != me:
+            exit_now(1)  # a process the program forked never speaks for the run
+        write(status_fd, dumps({"status": status, "detail": detail, "nonce": nonce}).encode())
+
+    def flush_stdio() -> None:
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001,S110 - the program may have replaced or closed them
+                pass
+
+    try:
+        exec(compile(program, "<program>", "exec"), {"__name__": "__sandbox__"})  # noqa: S102
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: exiting early is not passing
+        report("failed", f"failed: {type(exc).__name__}: {exc}"[:2000])
+        exit_now(1)
+    report("passed", "passed")
+    exit_now(0)
+
+
+_RUNNER_SOURCE = inspect.getsource(_runner_main) + "\n_runner_main()\n"
+
+# Runs as root inside the fresh namespaces, then drops to the sandbox uid for good. Arguments come as
+# positional parameters, never interpolated: $1 tmpfs MiB, $2 directory to hide ("" for none),
+# $3 python prefix to keep visible, $4 uid, $5 python executable, $6 runner source, $7 status fd.
+_SETUP_SCRIPT = r"""
+set -eu
+for d in /tmp /var/tmp /dev/shm; do
+  if [ -d "$d" ]; then mount -t tmpfs -o "size=${1}m,mode=1777,nosuid,nodev" sandbox-tmp "$d"; fi
+done
+if [ -n "$2" ]; then
+  mkdir /tmp/.keep
+  mount --bind "$3" /tmp/.keep
+  mount -t tmpfs -o size=1m,mode=0755,nosuid,nodev sandbox-hide "$2"
+  mkdir -p "$3"
+  mount --move /tmp/.keep "$3"
+  rmdir /tmp/.keep
+fi
+mkdir -m 0700 /tmp/work
+chown "$4:$4" /tmp/work
+cd /tmp/work
+unset PWD OLDPWD
+exec setpriv --reuid="$4" --regid="$4" --clear-groups --inh-caps=-all --bounding-set=-all \
+  --no-new-privs -- "$5" -I -S -c "$6" "$7"
+"""
+
+
+# ------------------------------------------------------------------------------------ parent side
+
+
+def protections(isolation: str) -> dict[str, str]:
+    """What contains each hazard under `isolation`, and whether the kernel enforces it."""
+    if isolation not in ISOLATIONS:
+        raise HarnessError(f"unknown isolation {isolation!r}; use one of {', '.join(ISOLATIONS)} or 'auto'")
+    rlimits = "kernel: RLIMIT_AS/CPU/FSIZE/NOFILE/CORE" + (
+        "" if isolation == "namespaces" or os.geteuid() != 0 else " (root could raise them)"
+    )
+    if isolation == "namespaces":
+        return {
+            "network": "kernel: empty network namespace (loopback down)",
+            "processes": "kernel: PID namespace + process-group kill",
+            "fork bomb": "kernel: RLIMIT_NPROC on a per-run uid",
+            "file deletion outside the sandbox": "kernel: unprivileged per-run uid, no capabilities",
+            "disk filling": "kernel: RLIMIT_FSIZE + size-capped tmpfs",
+            "secrets in home": "kernel: tmpfs over non-world-readable ancestors of the interpreter",
+            "memory/cpu/files": rlimits,
+            "wall time": "kernel: SIGKILL to the process group from the parent",
+            "early sys.exit": "runner: nonce on a private pipe + exit code 0",
+            "python guard": "best-effort: dangerous functions replaced",
+        }
+    root = os.geteuid() == 0
+    return {
+        "network": "best-effort: python guard only",
+        "processes": "kernel: process-group kill (a setsid() child escapes it)",
+        "fork bomb": "best-effort: python guard" if root else "kernel: RLIMIT_NPROC for the caller's uid",
+        "file deletion outside the sandbox": "best-effort: python guard (runs as the caller)",
+        "disk filling": "kernel: RLIMIT_FSIZE per file",
+        "secrets in home": "best-effort: scrubbed environment only",
+        "memory/cpu/files": rlimits,
+        "wall time": "kernel: SIGKILL to the process group from the parent",
+        "early sys.exit": "runner: nonce on a private pipe + exit code 0",
+        "python guard": "best-effort: dangerous functions replaced",
+    }
+
+
+def _interpreter() -> tuple[str, str]:
+    """The real interpreter and its prefix: a venv's python is a symlink, and -S needs no venv."""
+    return os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
+
+
+def _hidden_ancestor(path: str) -> str:
+    """Topmost ancestor of `path` that other users cannot traverse ("" if none), e.g. /root."""
+    parts = Path(path).parts
+    for i in range(2, len(parts) + 1):
+        candidate = str(Path(*parts[:i]))
+        try:
+            mode = os.stat(candidate).st_mode
+        except OSError:
+            return ""
+        if not mode & stat.S_IXOTH:
+            return candidate
+    return ""
+
+
+def _limits(timeout_s: float, memory_mb: int, max_processes: int, disk_mb: int) -> dict[str, int]:
+    return {
+        "RLIMIT_AS": memory_mb * 1024 * 1024,
+        "RLIMIT_CPU": math.ceil(timeout_s) + 1,  # backstop; the wall clock normally fires first
+        "RLIMIT_FSIZE": disk_mb * 1024 * 1024,
+        "RLIMIT_NOFILE": 256,
+        "RLIMIT_NPROC": max_processes,
+        "RLIMIT_CORE": 0,
+    }
+
+
+@functools.cache  # a fact about this machine and process privileges; probing spawns processes
+def available_isolation() -> str:
+    """ "namespaces" when a trivial program runs and passes under it here, else "basic"."""
+    if os.geteuid() != 0 or not all(shutil.which(t, path=_MINIMAL_PATH) for t in ("unshare", "setpriv")):
+        return "basic"
+    try:
+        probe = _run("namespaces", "x = 1", timeout_s=10.0, memory_mb=512, max_processes=8, disk_mb=4)
+    except OSError:
+        return "basic"
+    return "namespaces" if probe.passed else "basic"
+
+
+def run_untrusted(
+    program: str,
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 1024,
+    max_processes: int = 32,
+    disk_mb: int = 64,
+    output_limit: int = 8192,
+    python_guard: bool = True,
+    isolation: str = "auto",
+) -> SandboxResult:
+    """Run `program` (Python source) contained; never raises for anything the program does.
+
+    `timeout_s` is wall time for the whole child including interpreter start-up (~0.1 s);
+    `memory_mb` caps its address space; `max_processes` caps processes (kernel-enforced only with
+    "namespaces"); `disk_mb` caps any single file, captured output included, and the sandbox tmpfs;
+    `output_limit` is how many bytes of stdout+stderr are kept in the result.
+    """
+    if timeout_s <= 0 or memory_mb <= 0 or max_processes <= 0 or disk_mb <= 0:
+        raise HarnessError(
+            "sandbox limits must be positive: got "
+            f"timeout_s={timeout_s}, memory_mb={memory_mb}, max_processes={max_processes}, disk_mb={disk_mb}"
+        )
+    if isolation == "auto":
+        isolation = available_isolation()
+    elif isolation == "namespaces" and available_isolation() != "namespaces":
+        raise UnsupportedError(
+            "isolation='namespaces' needs root and util-linux unshare/setpriv with working namespaces, "
+            "which this machine does not provide; use isolation='basic' (weaker, see harness.sandbox)"
+        )
+    elif isolation not in ISOLATIONS:
+        raise HarnessError(f"unknown isolation {isolation!r}; use 'auto', 'namespaces' or 'basic'")
+    return _run(
+        isolation,
+        program,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_processes=max_processes,
+        disk_mb=disk_mb,
+        output_limit=output_limit,
+        python_guard=python_guard,
+    )
+
+
+def run_many(programs: Sequence[str], *, workers: int = 2, **options: object) -> list[SandboxResult]:
+    """Run several programs, `workers` at a time (threads only wait on children), in input order."""
+    if workers < 1:
+        raise HarnessError(f"workers must be at least 1, got {workers}")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda p: run_untrusted(p, **options), programs))  # type: ignore[arg-type]
+
+
+def _run(
+    isolation: str,
+    program: str,
+    *,
+    timeout_s: float,
+    memory_mb: int,
+    max_processes: int,
+    disk_mb: int,
+    output_limit: int = 8192,
+    python_guard: bool = True,
+) -> SandboxResult:
+    nonce = secrets.token_hex(16)
+    payload = {
+        "program": program,
+        "nonce": nonce,
+        "guard": python_guard,
+        "limits": _limits(timeout_s, memory_mb, max_processes, disk_mb),
+    }
+    python, prefix = _interpreter()
+    env = {"PATH": _MINIMAL_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    uid: int | None = None
+    status_r, status_w = os.pipe()  # pass_fds keeps the number, so the child is told it on argv
+    with tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir:
+        if isolation == "namespaces":
+            uid = _UID_LOW + secrets.randbelow(_UID_SPAN)
+            env["HOME"] = "/tmp/work"
+            argv = [
+                "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--",
+                "/bin/sh", "-c", _SETUP_SCRIPT, "sandbox-setup",
+                str(disk_mb), _hidden_ancestor(prefix), prefix, str(uid), python, _RUNNER_SOURCE,
+                str(status_w),
+            ]  # fmt: skip
+        else:
+            env["HOME"] = workdir
+            argv = [python, "-I", "-S", "-c", _RUNNER_SOURCE, str(status_w)]
+        return _spawn(
+            argv, env, workdir, (status_r, status_w), payload, nonce, timeout_s, output_limit, isolation, uid
+        )
+
+
+def _spawn(
+    argv: list[str],
+    env: dict[str, str],
+    workdir: str,
+    status_pipe: tuple[int, int],
+    payload: dict[str, object],
+    nonce: str,
+    timeout_s: float,
+    output_limit: int,
+    isolation: str,
+    uid: int | None,
+) -> SandboxResult:
+    status_r, status_w = status_pipe
+    with tempfile.TemporaryFile(dir=workdir) as out, tempfile.TemporaryFile(dir=workdir) as stdin:
+        # Payload via a file, not a pipe: a child that never reads stdin cannot block the parent.
+        stdin.write(json.dumps(payload).encode("utf-8"))
+        stdin.seek(0)
+        start = time.perf_counter()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=stdin,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                env=env,
+                pass_fds=(status_w,),
+                start_new_session=True,  # own process group: one killpg reaches every descendant
+                close_fds=True,
+            )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_group(proc)
+        duration = time.perf_counter() - start
+        report = _read_report(status_r)
+        out.seek(0)
+        output = _truncate(out.read(output_limit + 1), output_limit, out.seek(0, os.SEEK_END))
+    return _classify(
+        proc.returncode, timed_out, report, nonce, timeout_s, duration, output, isolation, proc.pid, uid
+    )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's whole process group, reap the child, and repeat until the group is gone.
+
+    A killed but unreaped leader still counts as a member, so the child is reaped before checking
+    again; a fork bomb racing the first signal is caught by the next round.
+    """
+    for _ in range(200):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            break
+        if proc.poll() is None:
+            proc.wait()
+        else:
+            time.sleep(0.005)
+    proc.wait()
+
+
+def _read_report(fd: int) -> dict[str, str] | None:
+    """First JSON line the runner wrote, or None; never blocks (a stray holder may keep it open)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    try:
+        report = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _truncate(head: bytes, limit: int, total: int) -> str:
+    text = head[:limit].decode("utf-8", errors="replace")
+    if total > limit:
+        text += f"\n... [{total - limit} more bytes of output dropped]"
+    return text
+
+
+def _classify(
+    returncode: int,
+    timed_out: bool,
+    report: dict[str, str] | None,
+    nonce: str,
+    timeout_s: float,
+    duration: float,
+    output: str,
+    isolation: str,
+    pid: int,
+    uid: int | None,
+) -> SandboxResult:
+    def result(status: str, detail: str) -> SandboxResult:
+        return SandboxResult(status, detail, duration, returncode, output, isolation, pid, uid)
+
+    if timed_out:
+        return result("timeout", f"timed out after {timeout_s:g} s")
+    if returncode == -signal.SIGXCPU:
+        return result("timeout", f"CPU time limit of {math.ceil(timeout_s) + 1} s exceeded")
+    genuine = report is not None and report.get("nonce") == nonce
+    if genuine and report["status"] == "passed" and returncode == 0:
+        return result("passed", "passed")
+    if genuine and report["status"] == "failed":
+        return result("failed", report.get("detail", "failed"))
+    if returncode < 0:
+        return result("killed", f"killed by {signal.Signals(-returncode).name}")
+    return result("failed", f"failed: exited with code {returncode} before the program finished")

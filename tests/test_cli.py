@@ -1,0 +1,352 @@
+"""``python assisted_generation.py``: the seeds' table, JSON rows that resume, ``--compare``, and one
+clear line (exit 2) for every bad flag."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli, models, results
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED_HEADERS = [name for name, _ in results.SEED_COLUMNS]
+ACCEPTANCE_HEADERS = [name for name, _ in results.ACCEPTANCE_COLUMNS]
+TINY = ["--model_name", "tiny-llama", "--limit", "2", "--max_new_tokens", "8", "--no_progress"]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse's own errors and --help
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def tables(out: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every markdown table printed, as (header cells, body rows of cells)."""
+    lines = out.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if line.startswith("|--"):
+            body = []
+            for row in lines[i + 1 :]:
+                if not row.startswith("|"):
+                    break
+                body.append(_cells(row))
+            found.append((_cells(lines[i - 1]), body))
+    return found
+
+
+def table_headers(out: str) -> list[list[str]]:
+    return [headers for headers, _ in tables(out)]
+
+
+def read_json_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_plain_table_has_the_seeds_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, *TINY)
+    assert code == 0, err
+    (headers,) = table_headers(out)
+    assert headers == SEED_HEADERS
+    assert "python assisted_generation.py --model_name tiny-llama --task decode" in out
+    assert "speedup" not in out.lower()  # nothing assisted, nothing to claim
+
+
+def test_assisted_json_rows_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "rows.jsonl"
+    argv = [*TINY, "--compare", "--json", str(path)]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+
+    plain_headers, assisted_headers, compare_headers = table_headers(out)
+    assert plain_headers == SEED_HEADERS
+    assert assisted_headers[:7] == SEED_HEADERS
+    assert assisted_headers[7:] == ACCEPTANCE_HEADERS
+    assert "Speedup" in compare_headers
+
+    rows = read_json_rows(path)
+    assert sorted((r["example"], r["mode"]) for r in rows) == [
+        (1, "assisted"),
+        (1, "plain"),
+        (2, "assisted"),
+        (2, "plain"),
+    ]
+    wanted = {
+        "example", "assisted", "prompt_tokens", "new_tokens", "total_s", "prefill_ms",
+        "time_per_token_ms", "tokens_per_s", "drafted", "accepted", "target_forwards", "draft_ms",
+        "output_ids", "model", "target_model", "draft_model", "target_precision", "draft_precision",
+        "platform", "versions", "num_assistant_tokens", "assistant_schedule", "do_sample", "seed",
+        "max_new_tokens",
+    }  # fmt: skip
+    for row in rows:
+        assert wanted <= row.keys(), wanted - row.keys()
+        assert row["new_tokens"] == len(row["output_ids"]) == 8
+        assert row["model"] == "tiny-llama" and row["target_precision"] == "fp32"
+        assert row["versions"]["torch"] and row["versions"]["transformers"]
+        assert row["platform"]
+        settings = row["extra"]["settings"]
+        assert settings["max_new_tokens"] == 8 and settings["ignore_eos"] is False
+        if row["assisted"]:
+            assert row["draft_model"] == "tiny-llama-draft" and row["num_assistant_tokens"] == 5
+            assert row["accepted"] <= row["drafted"]
+        else:
+            assert row["draft_model"] is None and row["drafted"] == 0
+    assert len({r["run_id"] for r in rows}) == 1
+
+    # Rerunning the same command finds every row done: nothing is appended.
+    before = path.read_text()
+    code, out2, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert path.read_text() == before
+    assert len(table_headers(out2)) == 3  # still prints the tables, from the stored rows
+
+    # An interrupted run: the first row, then a row torn mid-write.
+    lines = before.splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][: len(lines[1]) // 2])
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    after = read_json_rows(path)
+    assert len(after) == 4
+    assert after[0] == json.loads(lines[0])  # the finished row was kept, not measured again
+    assert sorted((r["example"], r["mode"]) for r in after) == sorted((r["example"], r["mode"]) for r in rows)
+
+
+def test_compare_prints_speedup_per_prompt_and_overall(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(capsys, *TINY, "--compare")
+    assert code == 0, err
+    (_, plain), (_, assisted), (compare, body) = tables(out)
+    assert compare[:3] == SEED_HEADERS[:3]
+    assert {"Tokens/Sec (plain)", "Tokens/Sec (assisted)", "Speedup"} <= set(compare)
+    assert [row[0] for row in body] == ["1", "2"]  # one speedup per prompt
+    for row, p, a in zip(body, plain, assisted, strict=True):
+        speedup = float(row[compare.index("Speedup")].rstrip("x"))
+        # The speedup is the assisted row's tokens/s over the plain row's, from the tables above.
+        assert speedup == pytest.approx(float(a[6]) / float(p[6]), abs=0.006)
+    assert "Overall (2 prompts)" in out
+    summary = out.strip().splitlines()[-1]
+    assert "speedup over plain" in summary and "2 prompts paired" in summary
+
+    # Assisted alone: no plain rows from this run, so no speedup is claimed.
+    code, out, err = run_cli(capsys, *TINY, "--assisted_generation")
+    assert code == 0, err
+    summary = out.strip().splitlines()[-1]
+    assert "no speedup claimed" in summary and "speedup over plain" not in summary
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--num_assistant_tokens", "3", "--assistant_schedule", "heuristic"],
+        ["--assistant_schedule", "dynamic"],
+    ],
+)
+def test_printed_commands_are_valid_and_show_only_what_changed(
+    capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    code, out, err = run_cli(capsys, *TINY, "--limit", "1", "--assisted_generation", *extra)
+    assert code == 0, err
+    (command,) = {line.strip("`") for line in out.splitlines() if line.startswith("```python")}
+    argv = shlex.split(command)
+    assert argv[:2] == ["python", "assisted_generation.py"]
+    for flag, value in zip(extra[::2], extra[1::2], strict=True):
+        assert argv[argv.index(flag) + 1] == value
+    # Defaults stay out, as in the seeds' commands...
+    for flag in ("--target_precision", "--seed", "--top_p"):
+        assert flag not in argv
+    if "dynamic" not in extra:
+        assert "--assistant_confidence_threshold" not in argv
+    # ...and what is printed passes this CLI's own checks, giving back the run's settings.
+    parser = cli.build_parser()
+    args = parser.parse_args(argv[2:])
+    cli._check_flags(args)
+    settings = cli._settings(args, models.get_pair(args.model_name))
+    settings.validate()
+    reference = cli._settings(parser.parse_args([*TINY, *extra]), models.get_pair("tiny-llama"))
+    assert settings.num_assistant_tokens == reference.num_assistant_tokens
+    assert settings.assistant_schedule == reference.assistant_schedule
+    assert settings.assistant_confidence_threshold == reference.assistant_confidence_threshold
+
+
+def test_plain_and_assisted_runs_into_one_file_are_not_paired(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Separate runs have separate run ids, so their rows never make a speedup together."""
+    path = tmp_path / "rows.jsonl"
+    assert run_cli(capsys, *TINY, "--limit", "1", "--json", str(path))[0] == 0
+    assert run_cli(capsys, *TINY, "--limit", "1", "--assisted_generation", "--json", str(path))[0] == 0
+    rows = results.read_rows(path)
+    assert [r.mode for r in rows] == ["plain", "assisted"]
+    assert rows[0].run_id != rows[1].run_id
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--model_name", "nope-7b"], "unknown model 'nope-7b'"),
+        (["--num_assistant_tokens", "0"], "--num_assistant_tokens must be at least 1"),
+        (["--temperature", "0", "--do_sample"], "--temperature must be > 0"),
+        (["--prompt_lengths", "12,abc"], "'abc' in '12,abc' is not an integer"),
+        (["--prompts", "missing.txt"], "prompts file missing.txt does not exist"),
+        (["--limit", "0"], "--limit must be at least 1"),
+        (["--max_new_tokens", "0"], "--max_new_tokens must be at least 1"),
+        (["--prompt_lookup", "0"], "--prompt_lookup must be at least 1"),
+        (["--target_device", "npu"], "no NPU backend"),
+        (["--draft_device", "tpu"], "Unknown device 'tpu'"),
+        (["--target_precision", "fp8"], "invalid choice: 'fp8'"),
+        (["--prompt_lookup", "3", "--assisted_generation"], "alternatives"),
+        (["--assistant_schedule", "fast"], "invalid choice: 'fast'"),
+        (["--top_p", "1.5"], "--top_p must be in"),
+        (["--task", "translate"], "invalid choice: 'translate'"),
+        (["--min_new_tokens", "50", "--max_new_tokens", "8"], "min_new_tokens"),
+        (["--weights_dir", "no/such/folder"], "--weights_dir no/such/folder is not a folder"),
+        (["--limit", "two"], "invalid int value: 'two'"),
+    ],
+)
+def test_bad_flags_give_one_clear_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str], expected: str
+) -> None:
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad flag was rejected")
+
+    monkeypatch.setattr(models, "load_pair", no_load)
+    code, out, err = run_cli(capsys, "--model_name", "tiny-llama", *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("assisted_generation.py: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in err and out == ""
+
+
+def test_json_path_problems_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, *TINY, "--json", str(tmp_path))
+    assert code == 2 and "is a folder" in err
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text('{"example": 1}\nnot json\n{"example": 2}\n')
+    code, _, err = run_cli(capsys, *TINY, "--json", str(damaged))
+    assert code == 2 and f"cannot resume from {damaged}" in err and "fix or remove that line" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("content", "kept", "cut"),
+    [
+        ('{"a": 1}\n{"b": 2', '{"a": 1}\n', True),  # torn mid-row: cut
+        ('{"b": 2', "", True),  # the only row torn
+        ('{"a": 1}\n{"b": 2}', '{"a": 1}\n{"b": 2}\n', False),  # whole row, newline lost: kept
+        ('{"a": 1}\n', '{"a": 1}\n', False),  # intact
+    ],
+)
+def test_drop_torn_tail(tmp_path: Path, content: str, kept: str, cut: bool) -> None:
+    from harness import runner
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(content)
+    assert runner.drop_torn_tail(path) is cut
+    assert path.read_text() == kept
+
+
+def test_min_new_tokens_above_a_prompts_budget_is_rejected_before_decoding(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Decode prompts of this pair have a 30-token budget; the error names the prompt and the fix.
+    code, _, err = run_cli(capsys, "--model_name", "tiny-llama", "--no_progress", "--min_new_tokens", "40")
+    assert code == 2
+    assert "--min_new_tokens 40 exceeds the 30-token budget" in err and "--max_new_tokens" in err
+
+
+def test_fast_attention_is_accepted_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, *TINY, "--limit", "1", "--fast_attention")
+    assert code == 0
+    assert "--fast_attention" in err and "ignored" in err
+    assert table_headers(out)[0] == SEED_HEADERS
+
+
+def test_benchmark_task_on_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(
+        capsys,
+        "--model_name", "tiny-llama", "--task", "benchmark", "--prompt_lengths", "32", "--new_tokens", "4",
+        "--no_progress", "--compare",
+    )  # fmt: skip
+    assert code == 0, err
+    # plain row, assisted row, compare row: each a 32-token prompt decoding 4 new tokens
+    bodies = [body for _, body in tables(out)]
+    assert [len(b) for b in bodies] == [1, 1, 1]
+    for (row,) in bodies:
+        assert row[1:3] == ["32", "4"]
+
+
+def test_prompts_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text('"def add(a, b):\\n"\n"hello"\n"x = 1"\n')
+    code, out, err = run_cli(
+        capsys,
+        "--model_name",
+        "tiny-qwen2",
+        "--prompts",
+        str(prompts),
+        "--max_new_tokens",
+        "3",
+        "--no_progress",
+    )
+    assert code == 0, err
+    ((_, body),) = tables(out)
+    assert [row[0] for row in body] == ["1", "2", "3"]
+    assert body[1][1:3] == ["5", "3"]  # "hello": 5 byte tokens, 3 new tokens
+
+
+def test_default_model_is_the_offline_pair() -> None:
+    default = cli.build_parser().get_default("model_name")
+    assert default == models.DEFAULT_PAIR
+    spec = models.get_pair(default)
+    # Offline: both models come from PyPI packages, not a hub.
+    assert spec.target.packaged_key and spec.draft.packaged_key
+
+
+def test_console_script_is_declared() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["assisted-generation"] == "harness.cli:main"
+    assert callable(cli.main)
+
+
+def test_help_lists_every_flag_with_help_text(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The root script itself, run as __main__ (in-process: a subprocess would re-import torch and
+    # transformers, which costs more than the rest of this file).
+    monkeypatch.setattr(sys, "argv", ["assisted_generation.py", "--help"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_path(str(ROOT / "assisted_generation.py"), run_name="__main__")
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: assisted_generation.py")
+    for action in cli.build_parser()._actions:
+        if not action.option_strings:
+            continue
+        assert action.help, f"{action.option_strings} has no help text"
+        for option in action.option_strings:
+            assert option in text, option
+    for seed_flag in (
+        "--model_name",
+        "--task",
+        "--assisted_generation",
+        "--draft_precision",
+        "--fast_attention",
+    ):
+        assert seed_flag in text

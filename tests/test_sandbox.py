@@ -1,0 +1,324 @@
+"""Hostile programs must be contained, and the sandbox must carry on and score the next program.
+
+Every hostile case is followed by a correct program that must still pass. Cases that exercise the
+kernel layers with the Python guard switched off run only where "namespaces" isolation works (root
+with util-linux); the guarded variants run under every isolation level this machine offers.
+Network tests only ever touch loopback addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.errors import HarnessError, UnsupportedError
+from harness.humaneval import load_problems, program_for
+from harness.sandbox import (
+    ISOLATIONS,
+    SandboxResult,
+    available_isolation,
+    protections,
+    run_many,
+    run_untrusted,
+)
+
+NAMESPACES = available_isolation() == "namespaces"
+needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="namespace isolation needs root + util-linux")
+# "basic" always works; "namespaces" only where the probe passed.
+LEVELS = [i for i in ISOLATIONS if i == "basic" or NAMESPACES]
+
+
+@pytest.fixture(scope="module")
+def problem0() -> dict:
+    return load_problems(1)[0]
+
+
+@pytest.fixture(scope="module")
+def good_program(problem0: dict) -> str:
+    return program_for(problem0, problem0["canonical_solution"])
+
+
+def _processes_of(result: SandboxResult) -> list[int]:
+    """Live (non-zombie) processes still in the run's process group or running as its uid."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat_fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue  # exited while we looked
+        state, pgid = stat_fields[0], int(stat_fields[2])
+        uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+        if state != "Z" and (pgid == result.pid or (result.uid is not None and uid == result.uid)):
+            found.append(int(entry.name))
+    return found
+
+
+def _assert_contained_then_next_passes(result: SandboxResult, good_program: str, isolation: str) -> None:
+    assert not result.passed
+    assert result.status in ("failed", "timeout", "killed")
+    assert _processes_of(result) == []
+    after = run_untrusted(good_program, isolation=isolation, timeout_s=10)
+    assert after.passed, after.detail
+
+
+# ------------------------------------------------------------------------------------ correctness
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_canonical_solution_passes_and_wrong_one_fails(problem0: dict, isolation: str) -> None:
+    good = run_untrusted(program_for(problem0, problem0["canonical_solution"]), isolation=isolation)
+    assert good.passed and good.status == "passed" and good.returncode == 0
+    assert good.isolation == isolation
+    wrong = run_untrusted(program_for(problem0, "    return False\n"), isolation=isolation)
+    assert wrong.status == "failed"
+    assert "AssertionError" in wrong.detail
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+@pytest.mark.parametrize(
+    "escape",
+    [
+        "import sys\nsys.exit(0)",
+        "raise SystemExit(0)",
+        "import os\nos._exit(0)",
+        "quit()",
+        "print('passed')\nimport sys\nsys.exit(0)",
+    ],
+)
+def test_exiting_early_in_the_check_is_not_passing(problem0: dict, isolation: str, escape: str) -> None:
+    # The exit sits inside the function body, so it fires during check(), before any assert fails.
+    body = "    " + escape.replace("\n", "\n    ") + "\n"
+    result = run_untrusted(program_for(problem0, body), isolation=isolation)
+    assert result.status == "failed", result
+    assert not result.passed
+
+
+def test_output_is_captured(problem0: dict) -> None:
+    result = run_untrusted("print('hello from the sandbox')\nimport sys\nprint('err', file=sys.stderr)")
+    assert result.passed
+    assert "hello from the sandbox" in result.output and "err" in result.output
+
+
+def test_environment_is_scrubbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_TEST_SECRET", "s3cr3t")
+    result = run_untrusted(
+        "import os\nassert 'SANDBOX_TEST_SECRET' not in os.environ, 'leaked'\n"
+        "assert set(os.environ) <= {'PATH', 'HOME', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS'}, sorted(os.environ)"
+    )
+    assert result.passed, result.detail
+
+
+def test_bad_limits_and_isolation_raise_harness_errors() -> None:
+    with pytest.raises(HarnessError, match="positive"):
+        run_untrusted("x = 1", timeout_s=0)
+    with pytest.raises(HarnessError, match="unknown isolation"):
+        run_untrusted("x = 1", isolation="chroot")
+    if not NAMESPACES:
+        with pytest.raises(UnsupportedError, match="basic"):
+            run_untrusted("x = 1", isolation="namespaces")
+
+
+def test_protections_say_kernel_or_best_effort() -> None:
+    for level in ISOLATIONS:
+        table = protections(level)
+        assert table and all(v.split(":")[0] in ("kernel", "best-effort", "runner") for v in table.values())
+    assert protections("namespaces")["network"].startswith("kernel")
+    assert protections("basic")["network"].startswith("best-effort")
+
+
+# ------------------------------------------------------------------------------------------ hostile
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_infinite_loop_times_out_within_the_limit(good_program: str, isolation: str) -> None:
+    start = time.perf_counter()
+    result = run_untrusted("while True:\n    pass", isolation=isolation, timeout_s=1.5)
+    elapsed = time.perf_counter() - start
+    assert result.status == "timeout"
+    assert 1.5 <= result.duration_s < 1.5 + 1.0
+    assert elapsed < 1.5 + 2.0
+    _assert_contained_then_next_passes(result, good_program, isolation)
+
+
+@needs_namespaces
+def test_fork_bomb_is_stopped_by_the_kernel(good_program: str) -> None:
+    bomb = "import os\nwhile True:\n    os.fork()"
+    result = run_untrusted(bomb, isolation="namespaces", python_guard=False, timeout_s=5, max_processes=16)
+    assert result.uid is not None and result.uid != 0
+    _assert_contained_then_next_passes(result, good_program, "namespaces")
+
+
+@needs_namespaces
+def test_detached_children_die_with_the_sandbox(good_program: str) -> None:
+    # setsid() leaves the process group; the PID namespace still takes the child down.
+    program = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+    result = run_untrusted(program, isolation="namespaces", python_guard=False)
+    assert result.passed  # the parent finished normally...
+    time.sleep(0.2)
+    assert _processes_of(result) == []  # ...and nothing of it outlived the run
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_guarded_fork_bomb_fails_at_once(good_program: str, isolation: str) -> None:
+    result = run_untrusted("import os\nwhile True:\n    os.fork()", isolation=isolation, timeout_s=5)
+    assert result.status == "failed" and "disabled" in result.detail
+    _assert_contained_then_next_passes(result, good_program, isolation)
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+@pytest.mark.parametrize(
+    "hog",
+    ["x = bytearray(10**10)", "x = []\nwhile True:\n    x.append(bytearray(10**6))"],
+    ids=["one", "grow"],
+)
+def test_memory_hog_is_stopped_without_hurting_the_parent(
+    good_program: str, isolation: str, hog: str
+) -> None:
+    result = run_untrusted(hog, isolation=isolation, memory_mb=256, timeout_s=10)
+    assert result.status in ("failed", "killed"), result
+    if result.status == "failed":
+        assert "MemoryError" in result.detail
+    _assert_contained_then_next_passes(result, good_program, isolation)
+
+
+def _rmtree_program(target: Path) -> str:
+    return f"import shutil\nshutil.rmtree({str(target)!r})\n"
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_guarded_rmtree_outside_the_sandbox_is_refused(
+    tmp_path: Path, good_program: str, isolation: str
+) -> None:
+    victim = tmp_path / "keep"
+    victim.mkdir()
+    (victim / "data.txt").write_text("precious")
+    result = run_untrusted(_rmtree_program(victim), isolation=isolation)
+    assert (victim / "data.txt").read_text() == "precious"
+    _assert_contained_then_next_passes(result, good_program, isolation)
+
+
+@needs_namespaces
+def test_unguarded_deletion_outside_the_sandbox_is_refused_by_the_kernel(
+    tmp_path: Path, good_program: str
+) -> None:
+    victim = tmp_path / "keep"
+    victim.mkdir()
+    (victim / "data.txt").write_text("precious")
+    victim.chmod(0o777)  # even a world-writable directory of the host stays out of reach
+    (victim / "data.txt").chmod(0o666)
+    program = _rmtree_program(victim) + f"import os\nos.remove({str(victim / 'data.txt')!r})\n"
+    result = run_untrusted(program, isolation="namespaces", python_guard=False)
+    assert (victim / "data.txt").read_text() == "precious"
+    _assert_contained_then_next_passes(result, good_program, "namespaces")
+
+
+def _loopback_listener() -> socket.socket:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    return server
+
+
+def _connect_program(port: int) -> str:
+    return (
+        "import socket\n"
+        f"s = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+        "s.sendall(b'escaped')\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("isolation", "guard"),
+    [(level, True) for level in LEVELS] + ([("namespaces", False)] if NAMESPACES else []),
+)
+def test_no_connection_reaches_a_loopback_listener(good_program: str, isolation: str, guard: bool) -> None:
+    server = _loopback_listener()
+    try:
+        port = server.getsockname()[1]
+        result = run_untrusted(_connect_program(port), isolation=isolation, python_guard=guard)
+        readable, _, _ = select.select([server], [], [], 0.5)
+        assert readable == [], "a connection from the sandbox arrived"
+        assert result.status == "failed"
+    finally:
+        server.close()
+    _assert_contained_then_next_passes(result, good_program, isolation)
+
+
+def test_listener_helper_does_accept_a_real_connection() -> None:
+    # Guards the test above against passing because the listener could never see anything.
+    server = _loopback_listener()
+    try:
+        client = socket.create_connection(server.getsockname(), timeout=2)
+        readable, _, _ = select.select([server], [], [], 2)
+        assert readable == [server]
+        client.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_huge_file_is_limited(good_program: str, isolation: str) -> None:
+    program = "with open('big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * 10**6)\n"
+    result = run_untrusted(program, isolation=isolation, python_guard=False, disk_mb=8)
+    assert result.status == "failed" and "File too large" in result.detail
+    _assert_contained_then_next_passes(result, good_program, isolation)
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+def test_flood_of_output_is_truncated_without_hanging(good_program: str, isolation: str) -> None:
+    start = time.perf_counter()
+    result = run_untrusted(
+        "while True:\n    print('y' * 1000)", isolation=isolation, disk_mb=8, output_limit=500
+    )
+    assert time.perf_counter() - start < 10
+    assert result.status == "failed"
+    assert result.output.startswith("y" * 500)
+    assert "more bytes of output dropped" in result.output and len(result.output) < 600
+    # Output below the file limit is kept (truncated in the result) and does not fail the run.
+    chatty = run_untrusted(
+        "for _ in range(2000):\n    print('z' * 100)", isolation=isolation, output_limit=50
+    )
+    assert chatty.passed and chatty.output.startswith("z" * 50) and "dropped" in chatty.output
+    _assert_contained_then_next_passes(result, good_program, isolation)
+
+
+@needs_namespaces
+def test_sandbox_runs_unprivileged_and_blind_to_the_host() -> None:
+    program = (
+        "import os\n"
+        "assert os.getuid() != 0 and os.getgid() != 0 and os.getgroups() == []\n"
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "assert pids == ['1'], pids\n"  # only itself, as PID 1: host processes are hidden
+        "assert os.getcwd() == '/tmp/work'\n"
+        "open('scratch.txt', 'w').write('ok')\n"
+    )
+    result = run_untrusted(program, isolation="namespaces", python_guard=False)
+    assert result.passed, result.detail
+
+
+def test_runner_carries_on_after_hostile_programs_in_parallel(good_program: str, tmp_path: Path) -> None:
+    victim = tmp_path / "v.txt"
+    victim.write_text("keep")
+    programs = [
+        "while True:\n    pass",
+        "import os\nwhile True:\n    os.fork()",
+        "x = bytearray(10**10)",
+        f"import os\nos.remove({str(victim)!r})",
+        good_program,
+        "import sys\nsys.exit(0)",
+        good_program,
+    ]
+    results = run_many(programs, workers=2, timeout_s=2)
+    assert [r.passed for r in results] == [False, False, False, False, True, False, True]
+    assert results[0].status == "timeout"
+    assert victim.read_text() == "keep"
+    assert os.getpid() > 0 and all(_processes_of(r) == [] for r in results)
