@@ -8,6 +8,7 @@ they are absent. Loaded pairs are cached per session by the ``pairs`` fixture, n
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--real-prompts",
         type=int,
-        default=2,
+        default=1,
         help="prompts per real-weights case (CI keeps this short; raise it for a full run)",
     )
     group.addoption(
@@ -147,6 +148,11 @@ class PairCache:
         key = (name.lower(), target_precision, draft_precision, with_draft)
         if key not in self._loaded:
             self.require_weights(name)
+            if not models.get_pair(name).target.is_tiny:
+                # One real pair in memory at a time: a 1.5B fp32 pair is ~10 GB, a 7B one more.
+                for other in [k for k in self._loaded if not models.get_pair(k[0]).target.is_tiny]:
+                    del self._loaded[other]
+                gc.collect()
             self._loaded[key] = models.load_pair(
                 name,
                 target_precision=target_precision,
@@ -180,3 +186,49 @@ def real_prompts(pytestconfig: pytest.Config) -> int:
 @pytest.fixture
 def is_real(pair_name: str) -> bool:
     return pair_name in REAL
+
+
+# --------------------------------------------------------------------------- timed benchmarks (harness.bench)
+
+BENCH_RESULTS = pytest.StashKey[list]()
+
+
+def under_xdist(config: pytest.Config) -> bool:
+    """True inside a pytest-xdist worker (its env var, or the workerinput xdist gives each worker)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) or hasattr(config, "workerinput")
+
+
+@pytest.fixture(autouse=True)
+def _perf_runs_serially(request: pytest.FixtureRequest) -> None:
+    # Parallel workers share the cores, so every timing they took would measure each other.
+    if request.node.get_closest_marker("perf") is not None and under_xdist(request.config):
+        pytest.skip("perf benchmarks are timed and must run serially; run without -n")
+
+
+@pytest.fixture(scope="session")
+def bench_results(pytestconfig: pytest.Config) -> list:
+    """(CaseMeasurement, gate verdict) of every benchmark case; printed as one table at the end."""
+    return pytestconfig.stash.setdefault(BENCH_RESULTS, [])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
+    entries = config.stash.get(BENCH_RESULTS, None)
+    if entries:
+        from harness import bench
+
+        terminalreporter.section("benchmark: plain vs assisted decoding")
+        terminalreporter.write_line(bench.summary_table(entries))
+    if config.getoption("--regen-tables") and not under_xdist(config):
+        from harness import report, results
+
+        # After the tests, so rows this session wrote are in the tables; no model is run here.
+        terminalreporter.section("regenerated tables (--regen-tables)")
+        rows_dir = ROOT / "results" / "rows"
+        files = sorted(rows_dir.glob("*.jsonl"))
+        if not files:
+            terminalreporter.write_line(
+                f"no row files under {rows_dir}; run a benchmark, or the CLI with --json, first"
+            )
+            return
+        for path in report.regen_results(results.iter_rows(files), ROOT / "results"):
+            terminalreporter.write_line(str(path))

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
 
 from harness.errors import HarnessError
 from harness.models import LoadedPair
@@ -46,6 +46,10 @@ class GenerationSettings:
     seed: int = 0
     eos_token_id: int | None = None  # None: the tokenizer's
     ignore_eos: bool = False  # decode the whole budget even past an EOS
+    # Stop once the decoded text holds one of these (HumanEval's end-of-function markers). Assisted
+    # decoding checks after each verify step, so it may overshoot by a few tokens; callers that
+    # compare outputs cut both at the first stop string.
+    stop_strings: tuple[str, ...] = ()
 
     def validate(self) -> GenerationSettings:
         def bad(what: str) -> HarnessError:
@@ -193,6 +197,12 @@ def generate(
     prompt_len = int(ids.shape[1])
     config = generation_config(settings, pair)
     kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "generation_config": config}
+    if settings.stop_strings:
+        # As a criteria list, not config.stop_strings: the config is copied into the draft's own
+        # generate call, which has no tokenizer and would refuse it.
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [StopStringCriteria(tokenizer=pair.tokenizer, stop_strings=list(settings.stop_strings))]
+        )
     watched = {"target": pair.target}
     if settings.mode == "assisted":
         pin_assistant(pair.draft, settings)

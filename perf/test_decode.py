@@ -25,7 +25,7 @@ from harness.models import LoadedPair, get_pair
 KS = (1, 2, 5, 8)
 SCHEDULES = ("constant", "dynamic")
 TINY_NEW_TOKENS = 16
-REAL_NEW_TOKENS = 24
+REAL_NEW_TOKENS = 16
 
 
 def _grid() -> list:
