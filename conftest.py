@@ -64,6 +64,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="interleaved plain/assisted repetitions per benchmark case",
     )
     group.addoption(
+        "--humaneval-limit",
+        type=int,
+        default=2,
+        help="HumanEval problems for the real-pair pass@1 test (164 for the full run)",
+    )
+    group.addoption(
+        "--humaneval-out",
+        default=None,
+        help="folder for HumanEval rows (JSONL, resumable) and the speedup plot; default: a temp dir",
+    )
+    group.addoption(
         "--real-pairs",
         default="qwen2.5-coder-1.5b",
         help="comma-separated real pairs to include ('all' for every registered pair)",
