@@ -1,0 +1,545 @@
+"""Benchmark one case: interleaved plain/assisted repetitions -> speedup with CI, theory, rows, baseline.
+
+One repetition (a "round") decodes the same benchmark prompt plain and assisted, in alternating order
+from round to round, so a slow phase of a shared machine hits both modes alike and order effects
+(cache warmth, clock ramp) cancel over the rounds. The speedup is the paired ratio of mean tokens/s
+(``stats.speedup_ci``), and the measured acceptance and per-forward costs give the speedup that
+Leviathan et al.'s theory predicts, so a measured speedup can be read against what the draft could
+deliver at best.
+
+``inject_slowdown`` makes assisted runs genuinely slower (a busy-wait in a forward hook, on the
+machine's real clock), which is how the tests show the gate catches a regression of known size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tabulate import tabulate
+
+from harness import baselines, platforms, runner, stats, tasks
+from harness.errors import HarnessError
+from harness.generation import GenerationSettings, Measurement, generate
+from harness.models import LoadedPair
+from harness.results import append_row
+from harness.timing import Forward
+
+TASK = "benchmark"
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """Every setting of one benchmark case; ``key()`` is the baseline identity (``baselines.CaseKey``)."""
+
+    pair: str
+    prompt_tokens: int
+    new_tokens: int
+    target_precision: str = "fp32"
+    draft_precision: str = "fp32"
+    num_assistant_tokens: int = 5
+    schedule: str = "constant"
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    task: str = TASK
+
+    def key(self) -> baselines.CaseKey:
+        sampled = self.do_sample
+        return baselines.CaseKey(
+            model=self.pair,
+            task=self.task,
+            prompt_tokens=self.prompt_tokens,
+            new_tokens=self.new_tokens,
+            target_precision=self.target_precision,
+            draft_precision=self.draft_precision,
+            num_assistant_tokens=self.num_assistant_tokens,
+            schedule=self.schedule,
+            do_sample=sampled,
+            temperature=self.temperature if sampled else None,
+            top_p=self.top_p if sampled else None,
+            top_k=self.top_k if sampled else None,
+        )
+
+    @property
+    def case_id(self) -> str:
+        return self.key().case_id
+
+    def settings(self, mode: str) -> GenerationSettings:
+        # ignore_eos: both modes decode exactly new_tokens, so their tokens/s cover the same work.
+        return GenerationSettings(
+            mode=mode,
+            max_new_tokens=self.new_tokens,
+            num_assistant_tokens=self.num_assistant_tokens,
+            assistant_schedule=self.schedule,
+            do_sample=self.do_sample,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            ignore_eos=True,
+        ).validate()
+
+
+# --------------------------------------------------------------------------- per-forward analysis
+
+
+def _decode_forwards(forwards: Sequence[Forward]) -> list[Forward]:
+    # A forward onto an empty KV cache is a prefill (the whole prompt): it costs far more than a
+    # decode step and would inflate every per-step cost ratio.
+    return [f for f in forwards if f.cache_tokens > 0]
+
+
+def acceptance_steps(m: Measurement) -> tuple[int, int]:
+    """(accepted candidates, verify steps that rejected one) over an assisted run's verify forwards.
+
+    Reads the target's verify inputs the way ``generation.count_acceptance`` does, but keeps what
+    that total drops: whether each step ended on a rejection or ran out of candidates or budget.
+    That split is what the per-token acceptance probability needs (``alpha_mle``).
+    """
+    target = [f for f in m.forwards if f.role == "target"]
+    if not target:
+        return 0, 0
+    sequence = list(target[0].token_ids[: m.prompt_tokens]) + list(m.output_ids)
+    accepted = rejected = 0
+    for i, f in enumerate(target):
+        if i == 0:
+            candidates, start = f.token_ids[m.prompt_tokens :], m.prompt_tokens
+        else:
+            candidates, start = f.token_ids[1:], f.cache_tokens + 1
+        for offset, token in enumerate(candidates):
+            pos = start + offset
+            if pos >= len(sequence):
+                break  # cut by the token budget: not a rejection
+            if sequence[pos] != token:
+                rejected += 1
+                break
+            accepted += 1
+    return accepted, rejected
+
+
+def alpha_mle(accepted: int, rejected: int) -> float | None:
+    """Per-token acceptance probability, the alpha of Leviathan et al.: accepted / (accepted + rejected).
+
+    Each candidate is a Bernoulli trial that either passes (and the next one is tried) or fails (and
+    the step ends); steps that accept every candidate end without a failure. This is the maximum-
+    likelihood estimate under that geometric model. It differs from accepted/drafted (the rows'
+    ``acceptance_rate``), which also counts the candidates after a rejection that were never tried.
+    """
+    trials = accepted + rejected
+    return accepted / trials if trials else None
+
+
+def _mean_ms(forwards: Sequence[Forward]) -> float:
+    return statistics.fmean(f.ms for f in forwards) if forwards else math.nan
+
+
+# --------------------------------------------------------------------------- slowdown injection
+
+
+def _busy_wait(seconds: float) -> None:
+    # Spinning, not sleeping: the wait occupies a core like real compute would, so a slowed run
+    # behaves like a slower build on a shared machine rather than an idle pause.
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _check_fraction(fraction: float) -> None:
+    if not 0.0 <= fraction < 1.0:
+        raise HarnessError(f"inject_slowdown must be in [0, 1), got {fraction}; 0.15 means 15% slower")
+
+
+@contextlib.contextmanager
+def slowed(module: torch.nn.Module, fraction: float) -> Iterator[None]:
+    """Make decoding with ``module`` as target lose ``fraction`` of its tokens/s, for real.
+
+    After each target forward a hook spins for ``1/(1 - fraction) - 1`` times the wall time since the
+    previous target forward finished (draft steps and bookkeeping included), so the whole decode
+    loop stretches by that factor and tokens/s falls by ``fraction``.
+    """
+    _check_fraction(fraction)
+    if fraction == 0.0:
+        yield
+        return
+    factor = 1.0 / (1.0 - fraction) - 1.0
+    mark: list[float] = []
+
+    def pre(_m: torch.nn.Module, _args: tuple) -> None:
+        if not mark:
+            mark.append(time.perf_counter())
+
+    def post(_m: torch.nn.Module, _args: tuple, _out: object) -> None:
+        _busy_wait(factor * (time.perf_counter() - mark[0]))
+        mark[0] = time.perf_counter()
+
+    handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class CaseMeasurement:
+    """One case measured in ``repetitions`` interleaved rounds; lists hold one value per round."""
+
+    case: BenchCase
+    platform: str
+    run_id: str
+    inject_slowdown: float
+    threads: int
+    plain: list[Measurement] = field(repr=False)
+    assisted: list[Measurement] = field(repr=False)
+    rows_path: Path | None = None
+
+    # -- per-round samples
+    @property
+    def repetitions(self) -> int:
+        return len(self.plain)
+
+    @property
+    def plain_tps(self) -> list[float]:
+        return [m.tokens_per_s for m in self.plain]
+
+    @property
+    def assisted_tps(self) -> list[float]:
+        return [m.tokens_per_s for m in self.assisted]
+
+    # -- summaries
+    @property
+    def speedup(self) -> stats.Estimate:
+        return stats.speedup_ci(self.plain_tps, self.assisted_tps, paired=True)
+
+    def mean(self, mode: str, attr: str) -> float:
+        return statistics.fmean(getattr(m, attr) for m in getattr(self, mode))
+
+    def non_forward_share(self, mode: str) -> float:
+        """Share of wall time outside both models' forwards (Python, sampling, cache bookkeeping)."""
+        return statistics.fmean(m.other_ms / (m.total_s * 1000.0) for m in getattr(self, mode))
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted, pooled over rounds (the rows' acceptance column)."""
+        drafted = sum(m.drafted for m in self.assisted)
+        return sum(m.accepted for m in self.assisted) / drafted if drafted else None
+
+    @property
+    def alpha(self) -> float | None:
+        steps = [acceptance_steps(m) for m in self.assisted]
+        return alpha_mle(sum(a for a, _ in steps), sum(r for _, r in steps))
+
+    @property
+    def target_forward_ms(self) -> float:
+        """Mean one-token target forward (plain decode steps): the unit of the theory's costs."""
+        return _mean_ms([f for m in self.plain for f in _decode_forwards(m.forwards) if f.role == "target"])
+
+    @property
+    def verify_forward_ms(self) -> float:
+        """Mean target verify forward of the assisted runs (K+1 tokens), first (prefill) one excluded."""
+        return _mean_ms(
+            [f for m in self.assisted for f in _decode_forwards(m.forwards) if f.role == "target"]
+        )
+
+    @property
+    def draft_forward_ms(self) -> float:
+        """Mean draft forward per draft forward, the draft's prompt prefill excluded."""
+        return _mean_ms([f for m in self.assisted for f in _decode_forwards(m.forwards) if f.role == "draft"])
+
+    @property
+    def c(self) -> float:
+        return self.draft_forward_ms / self.target_forward_ms
+
+    @property
+    def v(self) -> float:
+        return self.verify_forward_ms / self.target_forward_ms
+
+    def _predict(self, v: float) -> float | None:
+        alpha, c = self.alpha, self.c
+        if alpha is None or not (math.isfinite(c) and math.isfinite(v)) or v <= 0:
+            return None
+        return stats.leviathan_speedup_verify(alpha, self.case.num_assistant_tokens, c, v)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """Leviathan's prediction with a verify forward costing one target forward (memory-bound)."""
+        return self._predict(1.0)
+
+    @property
+    def predicted_speedup_verify(self) -> float | None:
+        """The prediction with the measured verify cost v (a CPU is compute-bound: v grows with K)."""
+        return self._predict(self.v)
+
+    @property
+    def identical_outputs(self) -> bool:
+        first = self.plain[0].output_ids
+        return all(m.output_ids == first for m in self.plain + self.assisted)
+
+    def summary(self) -> dict[str, Any]:
+        """Flat numbers for pytest-benchmark's extra_info, the session table and reports."""
+        sp = self.speedup
+        return {
+            "case_id": self.case.case_id,
+            "pair": self.case.pair,
+            "platform": self.platform,
+            "run_id": self.run_id,
+            "repetitions": self.repetitions,
+            "threads": self.threads,
+            "inject_slowdown": self.inject_slowdown,
+            "num_assistant_tokens": self.case.num_assistant_tokens,
+            "plain_tokens_per_s": self.mean("plain", "tokens_per_s"),
+            "assisted_tokens_per_s": self.mean("assisted", "tokens_per_s"),
+            "plain_tokens_per_s_samples": self.plain_tps,
+            "assisted_tokens_per_s_samples": self.assisted_tps,
+            "speedup": sp.value,
+            "speedup_low": sp.low,
+            "speedup_high": sp.high,
+            "plain_time_per_token_ms": self.mean("plain", "time_per_token_ms"),
+            "assisted_time_per_token_ms": self.mean("assisted", "time_per_token_ms"),
+            "plain_prefill_ms": self.mean("plain", "prefill_ms"),
+            "assisted_prefill_ms": self.mean("assisted", "prefill_ms"),
+            "acceptance_rate": self.acceptance_rate,
+            "alpha": self.alpha,
+            "tokens_per_target_forward": self.mean("assisted", "tokens_per_target_forward"),
+            "target_forward_ms": self.target_forward_ms,
+            "verify_forward_ms": self.verify_forward_ms,
+            "draft_forward_ms": self.draft_forward_ms,
+            "c": self.c,
+            "v": self.v,
+            "predicted_speedup": self.predicted_speedup,
+            "predicted_speedup_verify": self.predicted_speedup_verify,
+            "plain_non_forward_share": self.non_forward_share("plain"),
+            "assisted_non_forward_share": self.non_forward_share("assisted"),
+            "identical_outputs": self.identical_outputs,
+        }
+
+    def record(self) -> baselines.BaselineRecord:
+        """The baseline record of this measurement (samples kept, so the gate can use Mann-Whitney)."""
+        s = self.summary()
+        keep = (
+            "alpha",
+            "c",
+            "v",
+            "predicted_speedup",
+            "predicted_speedup_verify",
+            "assisted_non_forward_share",
+            "plain_non_forward_share",
+            "repetitions",
+            "threads",
+            "run_id",
+        )
+        return baselines.make_record(
+            self.case.key(),
+            self.plain_tps,
+            self.assisted_tps,
+            time_per_token_ms={
+                "plain": s["plain_time_per_token_ms"],
+                "assisted": s["assisted_time_per_token_ms"],
+            },
+            prefill_ms={"plain": s["plain_prefill_ms"], "assisted": s["assisted_prefill_ms"]},
+            acceptance=self.acceptance_rate,
+            extra={k: baselines.rounded(s[k]) if isinstance(s[k], float) else s[k] for k in keep},
+        )
+
+    def gate(self, root: str | os.PathLike[str], platform: str | None = None) -> dict[str, stats.GateResult]:
+        """Speedup and tokens/s gates against ``root/<platform>/<pair>/<case_id>.json``."""
+        return baselines.compare_to_baseline(
+            root, platform or self.platform, self.case.key(), self.plain_tps, self.assisted_tps
+        )
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def default_rows_path(platform: str, results_dir: str | os.PathLike[str] = "results") -> Path:
+    """Where benchmark rows go by default; ``--regen-tables`` reads ``results/rows/*.jsonl``."""
+    return Path(results_dir) / "rows" / f"{TASK}-{platform}.jsonl"
+
+
+def _check_pair(pair: LoadedPair, case: BenchCase) -> None:
+    if pair.spec.name.lower() != case.pair.lower():
+        raise HarnessError(f"case is for {case.pair} but pair {pair.spec.name} was passed; load {case.pair}")
+    if pair.draft is None:
+        raise HarnessError(f"{pair.spec.name} was loaded without a draft; a benchmark needs both models")
+    got = (pair.target_precision, pair.draft_precision)
+    if got != (case.target_precision, case.draft_precision):
+        raise HarnessError(
+            f"case {case.case_id} wants target/draft precision {case.target_precision}/"
+            f"{case.draft_precision}, the loaded pair has {got[0]}/{got[1]}; load it with those precisions"
+        )
+
+
+def _run_id(pair: LoadedPair, case: BenchCase, platform: str, arm: str) -> str:
+    # The configuration hash says what ran; the time makes each measurement its own run, so report
+    # tables never pair a plain round of one measurement with an assisted round of another.
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    base = runner.run_id_for(pair, case.task, case.settings("assisted"), platform)
+    return f"{base}-{stamp}" + (f"-{arm}" if arm else "")
+
+
+def measure_arms(
+    pair: LoadedPair,
+    case: BenchCase,
+    arms: Mapping[str, float],
+    repetitions: int,
+    warmup: int = 1,
+    *,
+    rows_path: str | os.PathLike[str] | None = None,
+    write_rows: bool = True,
+    platform: str | None = None,
+) -> dict[str, CaseMeasurement]:
+    """Measure several variants ("arms", name -> injected slowdown) of one case in shared rounds.
+
+    Every round runs each arm once (plain and assisted), rotating the arms' order and alternating
+    plain/assisted from round to round, so machine drift spreads over all arms alike. This is how
+    two measurements taken in one run can be compared fairly (A/B in the same run).
+    """
+    if repetitions < 2:
+        raise HarnessError(f"repetitions must be at least 2 for a confidence interval (got {repetitions})")
+    if warmup < 0:
+        raise HarnessError(f"warmup must be >= 0 (got {warmup})")
+    if not arms:
+        raise HarnessError("measure_arms needs at least one arm")
+    _check_pair(pair, case)
+    for fraction in arms.values():
+        _check_fraction(fraction)
+    platform = platform or platforms.detect().name
+    path = Path(rows_path) if rows_path is not None else default_rows_path(platform)
+    prompt = tasks.benchmark_prompts(pair.tokenizer, (case.prompt_tokens,), (case.new_tokens,))[0]
+    ids = list(prompt.input_ids or ())
+    names = list(arms)
+    run_ids = {a: _run_id(pair, case, platform, a) for a in names}
+    got: dict[str, dict[str, list[Measurement]]] = {a: {"plain": [], "assisted": []} for a in names}
+
+    def once(arm: str, mode: str) -> Measurement:
+        fraction = arms[arm] if mode == "assisted" else 0.0
+        with slowed(pair.target, fraction):
+            return generate(pair, ids, case.settings(mode))
+
+    for _ in range(warmup):
+        for arm in names:
+            once(arm, "plain")
+            once(arm, "assisted")
+    for r in range(repetitions):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for i, arm in enumerate(order):
+            modes = ("plain", "assisted") if (r + i) % 2 == 0 else ("assisted", "plain")
+            for mode in modes:
+                m = once(arm, mode)
+                got[arm][mode].append(m)
+                if write_rows:
+                    row = runner.make_row(
+                        pair,
+                        m,
+                        case.settings(mode),
+                        example=r + 1,
+                        task=case.task,
+                        label=prompt.label,
+                        platform=platform,
+                        run_id=run_ids[arm],
+                    )
+                    row.extra["bench"] = {
+                        "case_id": case.case_id,
+                        "repetition": r + 1,
+                        "order": "-".join(modes),
+                        "arm": arm,
+                        "inject_slowdown": arms[arm],
+                    }
+                    append_row(path, row)
+    return {
+        arm: CaseMeasurement(
+            case=case,
+            platform=platform,
+            run_id=run_ids[arm],
+            inject_slowdown=arms[arm],
+            threads=torch.get_num_threads(),
+            plain=got[arm]["plain"],
+            assisted=got[arm]["assisted"],
+            rows_path=path if write_rows else None,
+        )
+        for arm in names
+    }
+
+
+def measure_case(
+    pair: LoadedPair,
+    case: BenchCase,
+    repetitions: int,
+    warmup: int = 1,
+    *,
+    inject_slowdown: float = 0.0,
+    rows_path: str | os.PathLike[str] | None = None,
+    write_rows: bool = True,
+    platform: str | None = None,
+) -> CaseMeasurement:
+    """Warm up, then ``repetitions`` interleaved plain/assisted rounds of one case; rows are appended
+    to ``rows_path`` (default ``results/rows/benchmark-<platform>.jsonl``) as each run finishes."""
+    return measure_arms(
+        pair,
+        case,
+        {"": inject_slowdown},
+        repetitions,
+        warmup,
+        rows_path=rows_path,
+        write_rows=write_rows,
+        platform=platform,
+    )[""]
+
+
+# --------------------------------------------------------------------------- presentation
+
+SUMMARY_HEADERS = (
+    "Case",
+    "Plain tok/s",
+    "Assisted tok/s",
+    "Speedup [95% CI]",
+    "Acceptance",
+    "alpha",
+    "K",
+    "Predicted (v=1)",
+    "Predicted (measured v)",
+    "Non-forward share",
+    "Gate",
+)
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def summary_table(entries: Sequence[tuple[CaseMeasurement, str]]) -> str:
+    """One line per measured case (with its gate verdict), GitHub markdown via tabulate."""
+    body = []
+    for m, verdict in entries:
+        s = m.summary()
+        body.append(
+            [
+                f"{s['pair']} {s['case_id']}",
+                _f(s["plain_tokens_per_s"], ".2f"),
+                _f(s["assisted_tokens_per_s"], ".2f"),
+                f"{_f(s['speedup'], '.2f')}x [{_f(s['speedup_low'], '.2f')}-{_f(s['speedup_high'], '.2f')}]",
+                _f(s["acceptance_rate"], ".2f"),
+                _f(s["alpha"], ".2f"),
+                s["num_assistant_tokens"],
+                _f(s["predicted_speedup"], ".2f"),
+                _f(s["predicted_speedup_verify"], ".2f"),
+                _f(s["assisted_non_forward_share"], ".1%"),
+                verdict,
+            ]
+        )
+    return tabulate(body, headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True)

@@ -1,0 +1,193 @@
+"""harness.bench: case identity, acceptance analysis, the injected slowdown, and the measurement's wiring.
+
+Timing-free except for lower bounds that only noise can raise (a busy-wait waits at least as long as
+asked), so these run anywhere, in parallel, in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import pytest
+import torch
+
+from harness import baselines, bench, equivalence, stats
+from harness.errors import HarnessError
+from harness.generation import GenerationSettings, generate
+from harness.results import read_rows
+from harness.timing import Forward
+
+SMALL = bench.BenchCase("tiny-llama", prompt_tokens=24, new_tokens=12, num_assistant_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def tiny(pairs):
+    return pairs.get("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def measured(tiny, tmp_path_factory):
+    path = tmp_path_factory.mktemp("rows") / "bench.jsonl"
+    m = bench.measure_case(tiny, SMALL, repetitions=2, rows_path=path, platform="test-box-2c")
+    return m, path
+
+
+def test_case_key_names_every_speed_setting():
+    case = bench.BenchCase("qwen2.5-coder-1.5b", 128, 32)
+    assert case.case_id == "benchmark-p128-n32-t_fp32-d_fp32-k5-constant-greedy"
+    assert case.key() == baselines.CaseKey(
+        "qwen2.5-coder-1.5b", "benchmark", 128, 32, "fp32", "fp32", 5, "constant"
+    )
+    sampled = dataclasses.replace(case, do_sample=True, temperature=0.7, top_p=0.9, top_k=50)
+    assert sampled.case_id.endswith("sample-t0.7-topp0.9-topk50")
+    # Greedy cases do not vary with sampling knobs that have no effect.
+    assert dataclasses.replace(case, temperature=0.3).case_id == case.case_id
+
+
+def test_case_settings_decode_the_whole_budget_in_both_modes():
+    for mode in ("plain", "assisted"):
+        s = SMALL.settings(mode)
+        assert (s.mode, s.max_new_tokens, s.num_assistant_tokens, s.ignore_eos) == (mode, 12, 4, True)
+    with pytest.raises(HarnessError, match="num_assistant_tokens"):
+        dataclasses.replace(SMALL, num_assistant_tokens=0).settings("assisted")
+
+
+def test_alpha_mle():
+    assert bench.alpha_mle(0, 0) is None
+    assert bench.alpha_mle(9, 0) == 1.0
+    assert bench.alpha_mle(0, 4) == 0.0
+    assert bench.alpha_mle(6, 2) == pytest.approx(0.75)
+
+
+def _verify(ids: list[int], cached: int) -> Forward:
+    return Forward("target", 0.0, 0.001, len(ids), cached, tuple(ids))
+
+
+def test_acceptance_steps_tells_rejections_from_budget_cuts():
+    from harness.generation import Measurement
+
+    prompt = [1, 2, 3]
+    out = [10, 11, 12, 13, 14, 15]
+    forwards = [
+        _verify(prompt + [10, 11, 99], 0),  # 2 accepted, then a rejection (target said 12)
+        _verify([12, 13, 14], 5),  # bonus 12, candidates 13, 14 both accepted
+        _verify([15, 16, 17], 8),  # bonus 15; budget ends, candidates cut, not rejected
+    ]
+    m = Measurement(3, out, 1.0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 7, 4, forwards)
+    assert bench.acceptance_steps(m) == (4, 1)
+
+
+def test_acceptance_steps_agrees_with_the_runs_own_counts(tiny):
+    ids = list(range(5, 40))
+    m = generate(tiny, ids, GenerationSettings(mode="assisted", max_new_tokens=20, ignore_eos=True))
+    accepted, rejected = bench.acceptance_steps(m)
+    assert accepted == m.accepted and m.drafted > 0
+    assert 0 <= rejected <= m.target_forwards
+
+
+@pytest.mark.parametrize("strategy,alpha", [("self", 1.0), ("random", 0.0)])
+def test_alpha_is_one_for_the_target_itself_and_chance_for_noise(tiny, strategy, alpha):
+    pair = equivalence.draft_for(tiny, strategy)
+    m = bench.measure_case(pair, SMALL, repetitions=2, write_rows=False, platform="test-box-2c")
+    assert m.alpha == pytest.approx(alpha, abs=0.05)  # 512-token vocab: chance is a few percent
+    assert m.identical_outputs
+    if strategy == "self":
+        # Every candidate accepted: each verify yields K+1 tokens, as the theory's best case.
+        k = SMALL.num_assistant_tokens
+        assert m.predicted_speedup == pytest.approx(stats.leviathan_speedup(1.0, k, m.c))
+        assert stats.expected_tokens_per_forward(m.alpha, k) == k + 1
+
+
+class _Spin(torch.nn.Module):
+    """Takes a fixed 2 ms per forward (spinning), so a slowed run's extra time is known."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+        return x
+
+
+def test_slowed_stretches_wall_time_by_the_asked_fraction():
+    module, x, calls = _Spin(), torch.zeros(1), 20
+    with bench.slowed(module, 0.5):  # lose half the speed: every interval takes twice as long
+        start = time.perf_counter()
+        for _ in range(calls):
+            module(x)
+        elapsed = time.perf_counter() - start
+    # A lower bound only: noise can add time, never remove the spin the hook added.
+    assert elapsed >= 2 * 0.002 * calls
+    assert not module._forward_hooks and not module._forward_pre_hooks, "hooks left behind"
+    with bench.slowed(module, 0.0):
+        assert not module._forward_hooks  # no slowdown, no hook
+    for bad in (-0.1, 1.0):
+        with pytest.raises(HarnessError, match="inject_slowdown"), bench.slowed(module, bad):
+            pass
+
+
+def test_measure_case_rejects_bad_input_before_decoding(tiny):
+    with pytest.raises(HarnessError, match="repetitions"):
+        bench.measure_case(tiny, SMALL, repetitions=1, write_rows=False)
+    with pytest.raises(HarnessError, match="tiny-opt"):
+        bench.measure_case(tiny, dataclasses.replace(SMALL, pair="tiny-opt"), 2, write_rows=False)
+    with pytest.raises(HarnessError, match="bf16"):
+        bench.measure_case(tiny, dataclasses.replace(SMALL, target_precision="bf16"), 2, write_rows=False)
+    with pytest.raises(HarnessError, match="inject_slowdown"):
+        bench.measure_case(tiny, SMALL, 2, inject_slowdown=1.5, write_rows=False)
+
+
+def test_measurement_holds_paired_rounds(measured):
+    m, _ = measured
+    s = m.summary()
+    assert m.repetitions == 2 and len(m.plain_tps) == len(m.assisted_tps) == 2
+    assert s["speedup"] == pytest.approx(sum(m.assisted_tps) / sum(m.plain_tps))
+    assert s["c"] == pytest.approx(s["draft_forward_ms"] / s["target_forward_ms"])
+    assert s["v"] == pytest.approx(s["verify_forward_ms"] / s["target_forward_ms"])
+    assert s["predicted_speedup_verify"] == pytest.approx(
+        stats.leviathan_speedup_verify(s["alpha"], SMALL.num_assistant_tokens, s["c"], s["v"])
+    )
+    assert all(math.isfinite(s[k]) for k in ("plain_non_forward_share", "assisted_non_forward_share"))
+
+
+def test_rows_record_each_round_in_order(measured):
+    m, path = measured
+    rows = read_rows(path)
+    assert [(r.example, r.mode) for r in rows] == [
+        (1, "plain"),
+        (1, "assisted"),
+        (2, "assisted"),  # the order alternates from round to round
+        (2, "plain"),
+    ]
+    assert {r.run_id for r in rows} == {m.run_id} and {r.task for r in rows} == {"benchmark"}
+    assert [r.tokens_per_s for r in rows if r.mode == "plain"] == m.plain_tps
+    assert all(r.extra["bench"]["case_id"] == SMALL.case_id for r in rows)
+    assert all(r.platform == "test-box-2c" and r.prompt_tokens == 24 for r in rows)
+
+
+def test_record_round_trips_and_gates_itself(measured, tmp_path):
+    m, _ = measured
+    with pytest.raises(baselines.MissingBaselineError, match="update-baselines"):
+        m.gate(tmp_path)
+    baselines.save_baseline(tmp_path, m.platform, SMALL.key(), m.record())
+    stored = baselines.load_baseline(tmp_path, m.platform, SMALL.key())
+    assert stored.tokens_per_s["plain"]["samples"] == m.plain_tps
+    assert stored.extra["threads"] == m.threads and stored.acceptance == pytest.approx(m.acceptance_rate)
+    gates = m.gate(tmp_path)
+    assert set(gates) == {"speedup", "assisted_tokens_per_s", "plain_tokens_per_s"}
+    assert all(g.status == "pass" and g.ratio == pytest.approx(1.0) for g in gates.values())
+
+
+def test_arms_share_rounds_but_not_runs(tiny):
+    arms = bench.measure_arms(tiny, SMALL, {"a": 0.0, "b": 0.0}, 2, warmup=0, write_rows=False)
+    assert set(arms) == {"a", "b"} and arms["a"].run_id != arms["b"].run_id
+    assert all(len(m.plain) == len(m.assisted) == 2 for m in arms.values())
+
+
+def test_summary_table_has_one_line_per_case(measured):
+    m, _ = measured
+    table = bench.summary_table([(m, "tiny: not gated"), (m, "pass")])
+    lines = table.splitlines()
+    assert len(lines) == 4 and "Speedup [95% CI]" in lines[0] and "Predicted (v=1)" in lines[0]
+    assert SMALL.case_id in lines[2] and lines[3].rstrip("| ").endswith("pass")
