@@ -155,8 +155,9 @@ class PairCache:
         target_precision: str | None = None,
         draft_precision: str | None = None,
         with_draft: bool = True,
+        target_kernels: str = "stock",
     ) -> models.LoadedPair:
-        key = (name.lower(), target_precision, draft_precision, with_draft)
+        key = (name.lower(), target_precision, draft_precision, with_draft, target_kernels)
         if key not in self._loaded:
             self.require_weights(name)
             if not models.get_pair(name).target.is_tiny:
@@ -170,6 +171,7 @@ class PairCache:
                 draft_precision=draft_precision,
                 with_draft=with_draft,
                 weights_dir=self.weights_dir,
+                target_kernels=target_kernels,
             )
         return self._loaded[key]
 

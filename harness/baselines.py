@@ -73,6 +73,7 @@ class CaseKey:
     top_k: int | None = None
     backend: str = "torch"
     draft: str | None = None
+    kernels: str = "stock"  # target kernels: "stock" or "invariant" (harness.invariant)
 
     @property
     def sampling(self) -> str:
@@ -103,6 +104,8 @@ class CaseKey:
         parts.append(self.sampling)
         if self.backend != "torch":
             parts.append(_part(self.backend))
+        if self.kernels != "stock":
+            parts.append(_part(self.kernels))
         if self.draft is not None:
             parts.append(f"draft_{_part(self.draft)}")
         return "-".join(parts)

@@ -54,6 +54,7 @@ class BenchCase:
     top_k: int = 0
     seed: int = 0
     task: str = TASK
+    target_kernels: str = "stock"
 
     def key(self) -> baselines.CaseKey:
         sampled = self.do_sample
@@ -70,6 +71,7 @@ class BenchCase:
             temperature=self.temperature if sampled else None,
             top_p=self.top_p if sampled else None,
             top_k=self.top_k if sampled else None,
+            kernels=self.target_kernels,
         )
 
     @property
@@ -95,7 +97,8 @@ class BenchCase:
 # --------------------------------------------------------------------------- per-forward analysis
 
 
-def _decode_forwards(forwards: Sequence[Forward]) -> list[Forward]:
+def decode_forwards(forwards: Sequence[Forward]) -> list[Forward]:
+    """The forwards onto a non-empty KV cache: decode steps (plain) or verify/draft steps (assisted)."""
     # A forward onto an empty KV cache is a prefill (the whole prompt): it costs far more than a
     # decode step and would inflate every per-step cost ratio.
     return [f for f in forwards if f.cache_tokens > 0]
@@ -143,6 +146,17 @@ def alpha_mle(accepted: int, rejected: int) -> float | None:
 
 def _mean_ms(forwards: Sequence[Forward]) -> float:
     return statistics.fmean(f.ms for f in forwards) if forwards else math.nan
+
+
+def predict_speedup(alpha: float | None, k: int, c: float, v: float = 1.0) -> float | None:
+    """Leviathan et al.'s expected speedup for measured alpha, K, cost ratio c and verify cost v.
+
+    None when an input was not measured (no candidate was ever tried, or a mode without the forwards
+    a ratio needs): a missing prediction reads as "-" in tables rather than a made-up number.
+    """
+    if alpha is None or not (math.isfinite(c) and math.isfinite(v)) or v <= 0:
+        return None
+    return stats.leviathan_speedup_verify(alpha, k, c, v)
 
 
 # --------------------------------------------------------------------------- slowdown injection
@@ -247,19 +261,19 @@ class CaseMeasurement:
     @property
     def target_forward_ms(self) -> float:
         """Mean one-token target forward (plain decode steps): the unit of the theory's costs."""
-        return _mean_ms([f for m in self.plain for f in _decode_forwards(m.forwards) if f.role == "target"])
+        return _mean_ms([f for m in self.plain for f in decode_forwards(m.forwards) if f.role == "target"])
 
     @property
     def verify_forward_ms(self) -> float:
         """Mean target verify forward of the assisted runs (K+1 tokens), first (prefill) one excluded."""
         return _mean_ms(
-            [f for m in self.assisted for f in _decode_forwards(m.forwards) if f.role == "target"]
+            [f for m in self.assisted for f in decode_forwards(m.forwards) if f.role == "target"]
         )
 
     @property
     def draft_forward_ms(self) -> float:
         """Mean draft forward per draft forward, the draft's prompt prefill excluded."""
-        return _mean_ms([f for m in self.assisted for f in _decode_forwards(m.forwards) if f.role == "draft"])
+        return _mean_ms([f for m in self.assisted for f in decode_forwards(m.forwards) if f.role == "draft"])
 
     @property
     def c(self) -> float:
@@ -270,10 +284,7 @@ class CaseMeasurement:
         return self.verify_forward_ms / self.target_forward_ms
 
     def _predict(self, v: float) -> float | None:
-        alpha, c = self.alpha, self.c
-        if alpha is None or not (math.isfinite(c) and math.isfinite(v)) or v <= 0:
-            return None
-        return stats.leviathan_speedup_verify(alpha, self.case.num_assistant_tokens, c, v)
+        return predict_speedup(self.alpha, self.case.num_assistant_tokens, self.c, v)
 
     @property
     def predicted_speedup(self) -> float | None:
@@ -381,6 +392,11 @@ def _check_pair(pair: LoadedPair, case: BenchCase) -> None:
         raise HarnessError(
             f"case {case.case_id} wants target/draft precision {case.target_precision}/"
             f"{case.draft_precision}, the loaded pair has {got[0]}/{got[1]}; load it with those precisions"
+        )
+    if pair.target_kernels != case.target_kernels:
+        raise HarnessError(
+            f"case {case.case_id} wants {case.target_kernels} target kernels, the loaded pair has "
+            f"{pair.target_kernels}; load it with target_kernels={case.target_kernels!r}"
         )
 
 

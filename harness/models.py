@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from harness import devices, precision, tiny, vocab, weights
-from harness.errors import UnknownModelError
+from harness import devices, invariant, precision, tiny, vocab, weights
+from harness.errors import UnknownModelError, UnsupportedError
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,7 @@ class LoadedPair:
     target_device: str
     draft_device: str | None
     origins: dict[str, str] = field(default_factory=dict)  # role -> where the weights came from
+    target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -202,12 +203,19 @@ def load_pair(
     draft_device: str = "cpu",
     with_draft: bool = True,
     weights_dir: str | None = None,
+    target_kernels: str = "stock",
 ) -> LoadedPair:
     """Load target (and draft) with their precisions on their devices; validate everything first."""
     spec = get_pair(name)
     target_precision = target_precision or spec.target_precision
     draft_precision = (draft_precision or spec.draft_precision) if with_draft else None
     precision.check_precision(target_precision)
+    invariant.check_kernels(target_kernels)
+    if target_kernels == "invariant" and target_device != "cpu":
+        raise UnsupportedError(
+            f"--target_kernels invariant runs on the CPU only (target device {target_device!r}); "
+            "use --target_kernels stock there"
+        )
     if draft_precision:
         precision.check_precision(draft_precision)
     t_dev = devices.check_device(target_device)
@@ -245,7 +253,11 @@ def load_pair(
         origins = {"target": str(target_path), "draft": str(draft_path) if draft_path else ""}
 
     _pin_generation_config(target, tokenizer)
-    target = devices.place(precision.apply_precision(target, target_precision), t_dev)
+    if target_kernels == "invariant":
+        target = invariant.apply_precision(target, target_precision)
+    else:
+        target = precision.apply_precision(target, target_precision)
+    target = devices.place(target, t_dev)
     if draft is not None:
         _pin_generation_config(draft, tokenizer)
         draft = precision.apply_precision(draft, draft_precision)
@@ -261,6 +273,7 @@ def load_pair(
         target_device=str(t_dev),
         draft_device=str(d_dev) if d_dev is not None else None,
         origins=origins,
+        target_kernels=target_kernels,
     )
 
 

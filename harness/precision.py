@@ -460,7 +460,7 @@ def describe(model: nn.Module) -> dict[str, dict[str, int]]:
     return {"linear": dict(linear), "embedding": dict(embedding), "other_params": dict(other)}
 
 
-def _untie_output_embeddings(model: nn.Module) -> bool:
+def untie_output_embeddings(model: nn.Module) -> bool:
     """Give lm_head its own weight if it shares the input embedding's; True if it did.
 
     Quantizing lm_head replaces its module, and converting the rest casts the embedding: with one
@@ -525,7 +525,7 @@ def apply_precision(model: nn.Module, name: str, *, group_size: int = DEFAULT_GR
             f"Precision {name!r} quantizes nn.Linear layers and this model "
             f"({type(model).__name__}) has none; use fp32 or bf16 for it."
         )
-    _untie_output_embeddings(model)
+    untie_output_embeddings(model)
     if name == "w8af32":
         return _quantize_dynamic(model.to(torch.float32))
     if name == "w4abf16":

@@ -85,6 +85,7 @@ class Row:
     output_ids: list[int]
     # Where and with what
     platform: str = ""
+    target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
     prompt_label: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     run_id: str = ""

@@ -53,7 +53,9 @@ def run_id_for(
             settings.to_dict(),
             platform,
             list(modes),
-        ],
+        ]
+        # Appended only when not stock, so the ids of runs made before kernels existed still match.
+        + ([pair.target_kernels] if pair.target_kernels != "stock" else []),
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -81,6 +83,7 @@ def make_row(
         target_model=pair.spec.target.hf_id or pair.spec.target.name,
         draft_model=(pair.spec.draft.hf_id or pair.spec.draft.name) if uses_draft else None,
         target_precision=pair.target_precision,
+        target_kernels=pair.target_kernels,
         draft_precision=pair.draft_precision if uses_draft else None,
         target_device=pair.target_device,
         draft_device=pair.draft_device if uses_draft else None,

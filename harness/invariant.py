@@ -1,0 +1,317 @@
+"""Batch-invariant target kernels: every row of a K+1-token verification equals a one-token step.
+
+Why a hand-written path: with stock kernels a forward over M tokens does not compute a row the way
+a forward over one token does. BLAS switches from gemv (M=1) to gemm (M>1), which sums in another
+order, so an argmax that is nearly tied flips between plain decoding and assisted verification
+(measured by ``row_divergence``; see the README). No library offers CPU kernels whose reduction
+order is independent of M (the batch-invariant kernels published for GPUs are Triton), so this
+module provides them:
+
+- linear layers (every projection and the output layer): ``harness/kernels/invariant.cpp``, one
+  fixed reduction order per output element for fp32, bf16, int8 and int4 weights, float32
+  accumulation; compiled once with torch's C++ extension loader and cached;
+- attention: each query row attends to its own prefix with the one-query SDPA call a decode step
+  makes, so a verification row runs exactly the decode step's attention;
+- everything else in a decoder layer (norms, rotary, activations, residuals) is row-wise already;
+  ``row_divergence`` measures that instead of assuming it.
+
+``make_batch_invariant`` converts a model after its precision was applied, keeping the precision's
+weights (the same bf16 values, int8 codes or int4 codes and scales) so only the arithmetic order
+changes. The plain reference of a converted target is its own one-token decoding, which is what
+the invariant path reproduces exactly; how far that reference moves from the stock kernels' output
+is measured, not assumed (``perf/test_decode.py`` and the README).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from harness import packaged, precision
+from harness.errors import HarnessError, UnsupportedError
+
+KERNELS = ("stock", "invariant")
+ATTENTION_NAME = "batch_invariant_sdpa"
+_SOURCE = Path(__file__).with_name("kernels") / "invariant.cpp"
+# The int4 kernel dequantizes 16 codes per step (two nibbles per byte, see _pack_int4).
+_INT4_STEP = 16
+
+
+def check_kernels(name: str) -> str:
+    if name not in KERNELS:
+        raise HarnessError(f"unknown --target_kernels {name!r}; choose one of {', '.join(KERNELS)}")
+    if name == "invariant":
+        flags = _cpu_flags()
+        if flags is not None and not {"avx2", "fma"} <= flags:
+            raise UnsupportedError(
+                "--target_kernels invariant needs a CPU with AVX2 and FMA (this one lacks them); "
+                "use --target_kernels stock"
+            )
+    return name
+
+
+def _cpu_flags() -> set[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None  # not Linux: let the compiler or the first call tell
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
+@functools.cache
+def extension():
+    """The compiled kernels (built on first use, ~1-2 min, then loaded from the cache in ~1 s)."""
+    from torch.utils import cpp_extension
+
+    build = packaged.cache_root() / "kernels" / f"torch-{torch.__version__}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(
+            name="assisted_generation_invariant",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            verbose=bool(os.environ.get("ASSISTED_GENERATION_VERBOSE_BUILD")),
+        )
+    except (RuntimeError, OSError, ImportError) as exc:
+        raise UnsupportedError(
+            f"could not build the batch-invariant kernels ({str(exc).splitlines()[0]}): they need a C++ "
+            "compiler (g++) and the `ninja` package; install them or use --target_kernels stock"
+        ) from exc
+
+
+# --------------------------------------------------------------------------- linear layers
+
+
+def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """[N, K] codes 0..15 -> [N, K/2] bytes; in every run of 16 codes, byte i holds code i (low
+    nibble) and code i+8 (high nibble), so the kernel unpacks 8 + 8 lanes with one load."""
+    n, k = codes.shape
+    c = codes.to(torch.uint8).reshape(n, k // _INT4_STEP, 2, 8)
+    return (c[:, :, 0, :] | (c[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+
+
+@dataclass
+class _Weights:
+    kind: str  # "f32" | "bf16" | "i8" | "i4"
+    data: torch.Tensor
+    scale: torch.Tensor | None = None  # i8: [N]; i4: [N, K/group]
+    offset: torch.Tensor | None = None  # i4: [N, K/group], zero - 8 * scale
+    group_size: int = 0
+
+
+class InvariantLinear(nn.Module):
+    """nn.Linear replacement running the batch-invariant kernel; returns the input's dtype."""
+
+    def __init__(
+        self, in_features: int, out_features: int, weights: _Weights, bias: torch.Tensor | None
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.kind = weights.kind
+        self.group_size = weights.group_size
+        self.padded_in = weights.data.shape[1] * (2 if weights.kind == "i4" else 1)
+        self.register_buffer("weight_data", weights.data)
+        self.register_buffer("weight_scale", weights.scale)
+        self.register_buffer("weight_offset", weights.offset)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead, dtype = x.shape[:-1], x.dtype
+        x2 = x.reshape(-1, self.in_features).float()
+        if self.padded_in != self.in_features:
+            x2 = torch.nn.functional.pad(x2, (0, self.padded_in - self.in_features))
+        x2 = x2.contiguous()
+        ext = extension()
+        if self.kind == "f32":
+            y = ext.linear_f32(x2, self.weight_data)
+        elif self.kind == "bf16":
+            y = ext.linear_bf16(x2, self.weight_data)
+        elif self.kind == "i8":
+            y = ext.linear_i8(x2, self.weight_data, self.weight_scale)
+        else:
+            y = ext.linear_i4(x2, self.weight_data, self.weight_scale, self.weight_offset, self.group_size)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.kind}"
+
+
+def _invariant_linear(linear: nn.Linear, name: str, group_size: int) -> InvariantLinear:
+    """The invariant twin of a float linear layer at precision ``name``, quantized with the same
+    functions as the stock precision (``harness.precision``), so the weight values are the stock
+    ones (w8af32 aside: see ``apply_precision``)."""
+    w = linear.weight.detach()
+    if name == "fp32":
+        weights = _Weights("f32", w.float().contiguous())
+    elif name == "bf16":
+        weights = _Weights("bf16", w.to(torch.bfloat16).contiguous())
+    elif name in ("w8abf16", "w8af32"):
+        q, scale = precision.quantize_int8_per_channel(w)
+        weights = _Weights("i8", q, scale.contiguous())
+    elif name == "w4abf16":
+        codes = precision.quantize_int4_groupwise(w, group_size)
+        n = linear.out_features
+        scale = codes.scale[:n].contiguous()
+        weights = _Weights(
+            "i4",
+            _pack_int4(codes.q[:n]),
+            scale,
+            (codes.zero[:n] - 8 * scale).contiguous(),
+            group_size,
+        )
+    else:
+        raise UnsupportedError(f"no batch-invariant kernel for precision {name!r}")
+    return InvariantLinear(linear.in_features, linear.out_features, weights, linear.bias)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Row by row, each query attends to its own prefix with a one-query SDPA: the call a decode
+    step makes. Batch size 1 without padding (what assisted generation runs), so the mask is implied
+    by the positions and not read."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[0] != 1:
+        raise UnsupportedError("batch-invariant attention runs one sequence at a time (batch size 1)")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    rows = []
+    for i in range(q_len):
+        end = kv_len - q_len + i + 1
+        out, _ = sdpa_attention_forward(
+            module,
+            query[:, :, i : i + 1],
+            key[:, :, :end],
+            value[:, :, :end],
+            None,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=False,
+        )
+        rows.append(out)
+    return torch.cat(rows, dim=1), None
+
+
+@functools.cache
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, _attention)
+    # The mask is not read (see _attention), but transformers builds one per forward by name.
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+def apply_precision(
+    model: nn.Module, name: str, *, group_size: int = precision.DEFAULT_GROUP_SIZE
+) -> nn.Module:
+    """Convert a float model (in place) to precision ``name`` on the batch-invariant path.
+
+    Weights are quantized exactly as the stock precision does (same codes and scales), activations
+    between layers keep the precision's dtype. One difference, by design: stock w8af32 rounds
+    activations to int8 with one scale per call, which makes every row depend on the others in
+    the call; the invariant w8af32 keeps float32 activations and per-channel int8 weights (the
+    codes of w8abf16)."""
+    precision.check_precision(name)
+    if name == "w4abf16":
+        precision.check_group_size(group_size)
+    extension()  # build or load before touching the model, so a missing compiler fails cleanly
+    # lm_head becomes an InvariantLinear: a shared Parameter would tie it back to the embedding.
+    precision.untie_output_embeddings(model)
+    # Quantize from the weights as loaded (float32 for the best accuracy, as the stock path does),
+    # cast the rest of the model, then put the twins in: casting after would round their float32
+    # scales to the activation dtype.
+    twins = [
+        (parent, child_name, _invariant_linear(child, name, group_size))
+        for parent in model.modules()
+        for child_name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
+    if not twins:
+        raise UnsupportedError(f"{type(model).__name__} has no linear layers to make batch-invariant")
+    model.to(precision.PRECISIONS[name].torch_dtype)
+    for parent, child_name, twin in twins:
+        setattr(parent, child_name, twin)
+    _register_attention()
+    model.set_attn_implementation(ATTENTION_NAME)
+    return model
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+@dataclass(frozen=True)
+class OpDivergence:
+    op: str  # module class name, e.g. "Linear", "Qwen2Attention", "Qwen2RMSNorm"
+    m: int  # tokens in the batched forward
+    max_abs: float  # largest |batched row - one-token row| over all positions and modules of the op
+    exact: bool
+
+
+def row_divergence(model: nn.Module, ids: list[int], m: int) -> list[OpDivergence]:
+    """Forward the last ``m`` tokens of ``ids`` once (after a prefill of the rest) and one at a
+    time, and compare, per op type, the outputs the two produce for the same token.
+
+    Each module's output for a token is captured by forward hooks; an op is exact only if every
+    module of that type gives bit-identical rows (logits included, under "logits").
+    """
+    from transformers import DynamicCache
+
+    if not 1 <= m < len(ids):
+        raise HarnessError(f"need 1 <= m < len(ids) (got m={m}, {len(ids)} ids)")
+    prefix = torch.tensor([ids[:-m]])
+    tail = torch.tensor([ids[-m:]])
+
+    def run(chunks: list[torch.Tensor]) -> tuple[dict[str, list[torch.Tensor]], torch.Tensor]:
+        captured: dict[str, list[torch.Tensor]] = {}
+        handles = []
+        for name, mod in model.named_modules():
+            if not name:
+                continue
+
+            def hook(mod, args, out, name=name):
+                t = out[0] if isinstance(out, tuple) else out
+                if isinstance(t, torch.Tensor) and t.dim() >= 2:
+                    captured.setdefault(name, []).append(t.detach().float().reshape(-1, t.shape[-1]))
+
+            handles.append(mod.register_forward_hook(hook))
+        cache = DynamicCache()
+        logits = []
+        try:
+            with torch.inference_mode():
+                model(prefix, past_key_values=cache, use_cache=True)
+                captured.clear()
+                for chunk in chunks:
+                    out = model(chunk, past_key_values=cache, use_cache=True)
+                    logits.append(out.logits[0].float())
+        finally:
+            for h in handles:
+                h.remove()
+        return {k: torch.cat(v) for k, v in captured.items()}, torch.cat(logits)
+
+    batched, batched_logits = run([tail])
+    single, single_logits = run([tail[:, i : i + 1] for i in range(m)])
+    types = {name: type(mod).__name__ for name, mod in model.named_modules()}
+    worst: dict[str, float] = {}
+    for name, rows in batched.items():
+        other = single.get(name)
+        if other is None or other.shape != rows.shape:
+            continue
+        op = types[name]
+        worst[op] = max(worst.get(op, 0.0), float((rows - other).abs().max()))
+    worst["logits"] = float((batched_logits - single_logits).abs().max())
+    return [OpDivergence(op, m, d, d == 0.0) for op, d in sorted(worst.items())]
