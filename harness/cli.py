@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from tabulate import tabulate
 
-from harness import devices, generation, models, platforms, precision, report, results, runner, tasks
+from harness import devices, generation, models, platforms, precision, report, results, runner, sweep, tasks
 from harness.errors import HarnessError
 
 EXIT_USAGE = 2
@@ -43,7 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("what to run")
     g.add_argument("--model_name", default=models.DEFAULT_PAIR, help="registered pair (see --list-models)")
-    g.add_argument("--task", default="decode", choices=tasks.TASKS, help="prompt set to decode")
+    g.add_argument(
+        "--task",
+        default="decode",
+        choices=(*tasks.TASKS, "sweep"),
+        help="prompt set to decode; 'sweep' measures the --sweep configurations on HumanEval prompts",
+    )
+    g.add_argument(
+        "--sweep",
+        metavar="SPEC",
+        help="with --task sweep: configurations separated by ';', each key=value items separated by "
+        "',' (t=target precision, d=draft precision, mode=assisted|prompt_lookup, k=K, "
+        "sched=constant|dynamic|heuristic, kernels=stock|invariant), e.g. "
+        "'t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10'; "
+        f"default: '{sweep.DEFAULT_SPEC}'. Prints plain/assisted tok/s, speedup [95%% CI], acceptance, "
+        "predicted speedup and more per configuration; writes results/<platform>/sweep-<model>.md/.png",
+    )
     g.add_argument(
         "--list-models", "--list_models", action="store_true", help="list registered pairs and exit"
     )
@@ -53,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rebuild results/<platform>/<model>.md and plots from stored JSONL rows, then exit",
     )
-    g.add_argument("--results_dir", default="results", help="output folder for --regen-tables")
+    g.add_argument(
+        "--results_dir", default="results", help="output folder for --regen-tables and --task sweep"
+    )
     g.add_argument(
         "--rows",
         nargs="*",
@@ -61,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSONL row files for --regen-tables (default: results/rows/*.jsonl)",
     )
     g.add_argument("--prompts", help="your own prompts: one JSON string per line, or plain text lines")
-    g.add_argument("--limit", type=int, help="decode only the first N prompts")
+    g.add_argument(
+        "--limit", type=int, help=f"decode only the first N prompts (--task sweep: {sweep.DEFAULT_LIMIT})"
+    )
     g.add_argument(
         "--prompt_lengths",
         type=_int_list,
@@ -78,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_new_tokens",
         type=int,
         help=f"override every prompt's new-token budget (decode: 30 general / 200 code; benchmark: "
-        f"--new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: {PROMPTS_FILE_NEW_TOKENS})",
+        f"--new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: {PROMPTS_FILE_NEW_TOKENS}; "
+        f"sweep: {sweep.DEFAULT_NEW_TOKENS})",
     )
     g.add_argument("--min_new_tokens", type=int, default=0, help="decode at least this many tokens")
     g.add_argument("--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
@@ -277,6 +299,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.regen_tables:
         return regen(args)
+    if args.task == "sweep" or args.sweep is not None:
+        return run_sweep(args)
     spec = models.get_pair(args.model_name)
     modes = _modes(args)
     _check_flags(args)
@@ -336,6 +360,96 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         print(report.compare_table(rows, defaults))
     print(report.summary_line(rows, defaults))
+    return 0
+
+
+# Flags that set one decoding configuration; a sweep takes its configurations from --sweep instead.
+_NOT_FOR_SWEEP = (
+    ("assisted_generation", "--assisted_generation"),
+    ("compare", "--compare"),
+    ("prompt_lookup", "--prompt_lookup"),
+    ("num_assistant_tokens", "--num_assistant_tokens"),
+    ("target_precision", "--target_precision"),
+    ("draft_precision", "--draft_precision"),
+)
+
+
+def _sweep_configs(args: argparse.Namespace) -> list[sweep.SweepConfig]:
+    """Check every sweep flag and configuration before any model loads."""
+    if args.task != "sweep":
+        raise HarnessError(f"--sweep is used with --task sweep, not --task {args.task}; add --task sweep")
+    for attr, flag in _NOT_FOR_SWEEP:
+        if getattr(args, attr) not in (None, False):
+            raise HarnessError(
+                f"{flag} does not apply to --task sweep: each configuration sets it in --sweep "
+                "(e.g. --sweep 't=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10')"
+            )
+    if args.assistant_schedule != "constant":
+        raise HarnessError("--assistant_schedule does not apply to --task sweep: write sched=... in --sweep")
+    if args.do_sample:
+        # Greedy only: whether assistance changed the output is one of the things a sweep reports.
+        raise HarnessError(
+            "--task sweep decodes greedily (it checks outputs equal plain greedy); drop --do_sample"
+        )
+    _check_flags(args)
+    if args.max_new_tokens is not None and args.max_new_tokens < 2:
+        raise HarnessError(f"--task sweep needs --max_new_tokens of at least 2 (got {args.max_new_tokens})")
+    configs = sweep.parse_configs(sweep.DEFAULT_SPEC if args.sweep is None else args.sweep)
+    for config in configs:
+        precision.check_precision(config.target_precision, args.target_device)
+        if config.draft_precision is not None and config.mode == "assisted":
+            precision.check_precision(config.draft_precision, args.draft_device)
+    sweep.check_kernels(configs)
+    return configs
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """``--task sweep``: measure every --sweep configuration, print the table, write .md/.png and rows."""
+    configs = _sweep_configs(args)
+    spec = models.get_pair(args.model_name)
+    new_tokens = args.max_new_tokens or sweep.DEFAULT_NEW_TOKENS
+    limit = args.limit or sweep.DEFAULT_LIMIT
+    if args.prompts:
+        prompts = tasks.load_prompts_file(args.prompts, new_tokens)[:limit]
+    else:
+        prompts = sweep.humaneval_prompts(limit, new_tokens)
+    platform = args.platform or platforms.detect().name
+    rows_path = (
+        Path(args.json) if args.json else sweep.default_rows_path(args.results_dir, platform, spec.name)
+    )
+    command = ["python", "assisted_generation.py", "--model_name", spec.name, "--task", "sweep"]
+    command += ["--sweep", sweep.DEFAULT_SPEC if args.sweep is None else args.sweep]
+    command += ["--limit", str(limit), "--max_new_tokens", str(new_tokens)]
+    if args.prompts:
+        command += ["--prompts", args.prompts]
+    models.offline_env()
+    loader = functools.partial(
+        sweep.load_target_group,
+        weights_dir=args.weights_dir,
+        target_device=args.target_device,
+        draft_device=args.draft_device,
+    )
+    try:
+        result = sweep.run_sweep(
+            spec.name,
+            configs,
+            prompts,
+            new_tokens,
+            rows_path,
+            loader=loader,
+            progress=not args.no_progress,
+            platform=platform,
+            command=shlex.join(command),
+        )
+    except KeyboardInterrupt:
+        print(
+            f"interrupted; finished runs are in {rows_path}; rerun the same command to resume",
+            file=sys.stderr,
+        )
+        return 130
+    md_path, png_path = sweep.write_sweep(result, args.results_dir)
+    print(sweep.sweep_table(result))
+    print(f"\nwrote {md_path} and {png_path}; rows in {rows_path}")
     return 0
 
 

@@ -1,0 +1,854 @@
+"""Configuration sweep: which precision, draft, K and schedule make assisted generation pay off here?
+
+One command measures several assisted-generation configurations on the same workload (greedy, the
+first N HumanEval prompts, a fixed number of new tokens with EOS ignored so every mode decodes the
+same tokens) and prints, per configuration, plain and assisted tokens/s, the paired speedup with its
+95% CI, acceptance, the speedup Leviathan et al.'s theory predicts from the measured acceptance and
+cost ratio, the share of time spent outside both models' forwards, and whether every assisted output
+equalled plain greedy.
+
+How it measures, and why:
+
+* Configurations are grouped by target (precision, kernels): each target is loaded once, all its
+  configurations run, and it is freed before the next target loads, so one real target is in memory
+  at a time. The drafts a group needs are loaded beside it (they are small).
+* For every prompt, plain decoding runs once per target and each configuration's assisted run
+  follows, the order of these arms rotating from prompt to prompt: a slow phase of a shared machine
+  then hits every arm alike instead of always the first one.
+* Every finished run is appended to a JSONL row file before the next starts; a rerun with the same
+  file skips finished runs (a target whose runs are all finished is not even loaded). The per-forward
+  numbers the summary needs (acceptance steps, decode-forward costs) are stored in the row, so
+  resumed rows summarise exactly like fresh ones.
+
+Spec syntax (``parse_configs``, ``--sweep``): configurations separated by ``;``, each a comma-separated
+list of ``key=value``:
+
+    t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10
+
+=========  ==========================================================  ===========================
+key        meaning                                                     default
+=========  ==========================================================  ===========================
+t          target precision (fp32, bf16, w8af32, w4abf16, w8abf16)     fp32
+d          draft precision (draft-model assistance only)               fp32
+mode       ``assisted`` (draft model) or ``prompt_lookup``             assisted
+k          K: draft tokens per step (prompt lookup: tokens proposed)   5 (prompt_lookup: 10)
+sched      ``constant``, ``dynamic`` or ``heuristic`` (assisted only)  constant
+kernels    target kernels: ``stock`` or ``invariant``                  stock
+=========  ==========================================================  ===========================
+
+Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import inspect
+import io
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tabulate import tabulate
+from tqdm import tqdm
+
+from harness import bench, devices, models, platforms, precision, report, runner, stats, tiny, vocab, weights
+from harness.errors import HarnessError
+from harness.generation import SCHEDULES, GenerationSettings, Measurement, generate
+from harness.results import Row, append_row, read_rows
+from harness.tasks import Prompt
+
+TASK = "sweep"
+MODES = ("assisted", "prompt_lookup")
+KERNELS = ("stock", "invariant")
+DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
+DEFAULT_LIMIT = 20  # HumanEval prompts
+DEFAULT_NEW_TOKENS = 128
+# What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
+# quantized, and prompt lookup (no draft at all) on both targets.
+DEFAULT_SPEC = (
+    "t=fp32,d=fp32,k=5;"
+    "t=fp32,d=w8af32,k=3;"
+    "t=w8af32,d=w8af32,k=3;"
+    "t=fp32,mode=prompt_lookup,k=10;"
+    "t=w8af32,mode=prompt_lookup,k=10"
+)
+# Tokens of the unrecorded warm-up run of every arm after a target loads: enough to take one-time
+# costs (allocations, quantized kernels' first call) out of the first measured prompt, short enough
+# to cost little next to a 128-token run.
+WARMUP_TOKENS = 4
+
+_KEYS = {
+    "t": "target_precision",
+    "target": "target_precision",
+    "d": "draft_precision",
+    "draft": "draft_precision",
+    "mode": "mode",
+    "k": "num_assistant_tokens",
+    "sched": "schedule",
+    "schedule": "schedule",
+    "kernels": "target_kernels",
+    "target_kernels": "target_kernels",
+}
+_SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode, k, sched, kernels)"
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One assisted configuration; ``label`` names it in rows, tables and plots."""
+
+    target_precision: str = "fp32"
+    draft_precision: str | None = "fp32"  # None for prompt lookup (no draft model)
+    mode: str = "assisted"
+    num_assistant_tokens: int = 5  # K; for prompt lookup the number of tokens proposed
+    schedule: str = "constant"
+    target_kernels: str = "stock"
+
+    @property
+    def label(self) -> str:
+        if self.mode == "prompt_lookup":
+            # Matches the issue's example (t_w8af32-prompt_lookup-K10); the kernels only show when
+            # they are not the stock ones.
+            suffix = "" if self.target_kernels == "stock" else f"-{self.target_kernels}"
+            return f"t_{self.target_precision}-prompt_lookup-K{self.num_assistant_tokens}{suffix}"
+        return (
+            f"t_{self.target_precision}-d_{self.draft_precision}-K{self.num_assistant_tokens}"
+            f"-{self.schedule}-{self.target_kernels}"
+        )
+
+    @property
+    def target_key(self) -> tuple[str, str]:
+        """What loads one target: configurations sharing it are measured against the same plain runs."""
+        return (self.target_precision, self.target_kernels)
+
+    def settings(self, new_tokens: int) -> GenerationSettings:
+        # ignore_eos: plain and assisted decode exactly new_tokens, so their tokens/s cover the same work.
+        return GenerationSettings(
+            mode=self.mode,
+            max_new_tokens=new_tokens,
+            num_assistant_tokens=self.num_assistant_tokens,
+            assistant_schedule=self.schedule,
+            prompt_lookup_num_tokens=self.num_assistant_tokens,
+            ignore_eos=True,
+        ).validate()
+
+
+def plain_label(target_precision: str, target_kernels: str = "stock") -> str:
+    """The label of a target's plain runs (the baseline of every configuration on that target)."""
+    return f"t_{target_precision}-plain" + ("" if target_kernels == "stock" else f"-{target_kernels}")
+
+
+def _plain_settings(new_tokens: int) -> GenerationSettings:
+    return GenerationSettings(mode="plain", max_new_tokens=new_tokens, ignore_eos=True).validate()
+
+
+def _parse_entry(entry: str, where: str) -> SweepConfig:
+    values: dict[str, str] = {}
+    for item in entry.split(","):
+        item = item.strip()
+        if not item:
+            raise HarnessError(f"{where}: empty item in {entry!r}; separate key=value items by single commas")
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key or not value:
+            raise HarnessError(f"{where}: {item!r} is not key=value; write e.g. {_SYNTAX}")
+        field = _KEYS.get(key.lower())
+        if field is None:
+            raise HarnessError(f"{where}: unknown key {key!r}; known keys: t, d, mode, k, sched, kernels")
+        if field in values:
+            raise HarnessError(f"{where}: {key!r} is given twice; give each key once per configuration")
+        values[field] = value
+
+    mode = values.pop("mode", "assisted").lower()
+    if mode not in MODES:
+        raise HarnessError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
+    k_text = values.pop("num_assistant_tokens", str(DEFAULT_K[mode]))
+    try:
+        k = int(k_text)
+    except ValueError:
+        raise HarnessError(f"{where}: k={k_text!r} is not an integer; write e.g. k=5") from None
+    if k < 1:
+        raise HarnessError(f"{where}: k must be at least 1 (got {k})")
+    schedule = values.pop("schedule", None)
+    draft = values.pop("draft_precision", None)
+    if mode == "prompt_lookup":
+        # Silently ignoring these would print a configuration that did not run as written.
+        if draft is not None:
+            raise HarnessError(f"{where}: prompt_lookup uses no draft model; remove d={draft}")
+        if schedule is not None and schedule != "constant":
+            raise HarnessError(
+                f"{where}: sched applies to draft-model assistance only; remove sched={schedule}"
+            )
+        schedule = "constant"
+    else:
+        draft = draft or "fp32"
+        schedule = (schedule or "constant").lower()
+        if schedule not in SCHEDULES:
+            raise HarnessError(f"{where}: sched {schedule!r} is not one of {', '.join(SCHEDULES)}")
+    kernels = values.pop("target_kernels", "stock").lower()
+    if kernels not in KERNELS:
+        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join(KERNELS)}")
+    target = values.pop("target_precision", "fp32")
+    for name in (target, draft):
+        if name is not None:
+            try:
+                precision.check_precision(name)
+            except HarnessError as exc:
+                raise HarnessError(f"{where}: {exc}") from None
+    return SweepConfig(target, draft, mode, k, schedule, kernels)
+
+
+def parse_configs(spec: str) -> list[SweepConfig]:
+    """Parse the compact ``--sweep`` syntax (see the module docstring) into configurations.
+
+    Configurations are separated by ``;`` (a trailing one is fine), their items by ``,``. Every
+    mistake raises a HarnessError naming the configuration and what to write instead.
+    """
+    entries = [e.strip() for e in str(spec).split(";")]
+    if entries and not entries[-1]:
+        entries.pop()  # "a;b;" is a habit, not a mistake
+    if not any(entries):
+        raise HarnessError(f"--sweep is empty; give at least one configuration, e.g. {_SYNTAX}")
+    configs: list[SweepConfig] = []
+    seen: dict[str, int] = {}
+    for n, entry in enumerate(entries, 1):
+        where = f"--sweep configuration {n}"
+        if not entry:
+            raise HarnessError(f"{where} is empty; remove the extra ';'")
+        config = _parse_entry(entry, where)
+        if config.label in seen:
+            # Labels key the rows: a duplicate would be measured once and reported twice.
+            raise HarnessError(
+                f"{where} repeats configuration {seen[config.label]} ({config.label}); remove one"
+            )
+        seen[config.label] = n
+        configs.append(config)
+    return configs
+
+
+def group_configs(configs: Sequence[SweepConfig]) -> dict[tuple[str, str], list[SweepConfig]]:
+    """Configurations by target (precision, kernels), targets in order of first appearance."""
+    groups: dict[tuple[str, str], list[SweepConfig]] = {}
+    for config in configs:
+        groups.setdefault(config.target_key, []).append(config)
+    return groups
+
+
+# --------------------------------------------------------------------------- loading
+
+
+Loader = Callable[..., Mapping[str | None, models.LoadedPair]]
+
+
+def kernels_supported() -> bool:
+    """Whether this checkout's ``models.load_pair`` takes ``target_kernels`` (being added separately)."""
+    return "target_kernels" in inspect.signature(models.load_pair).parameters
+
+
+def check_kernels(configs: Sequence[SweepConfig]) -> None:
+    wanted = sorted({c.target_kernels for c in configs if c.target_kernels != "stock"})
+    if wanted and not kernels_supported():
+        raise HarnessError(
+            f"kernels={wanted[0]} needs harness.models.load_pair(target_kernels=...), which this checkout "
+            "does not have yet; use kernels=stock (the default) or update the checkout"
+        )
+
+
+def _extra_draft(pair: models.LoadedPair, draft_precision: str, weights_dir: str | None, device: str) -> Any:
+    """Another draft for a loaded pair, made the way ``load_pair`` makes one, without reloading the target."""
+    spec = pair.spec
+    if spec.draft.is_tiny:
+        # Tiny drafts are copied from the float target's first layers; rebuilding it takes milliseconds.
+        draft = tiny.build_draft(spec.name.lower())
+    else:
+        path = weights.resolve(spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir)
+        draft = models._load_hf(path)
+    models._pin_generation_config(draft, pair.tokenizer)
+    draft = precision.apply_precision(draft, draft_precision)
+    # After the precision change, so a padding hook sits on the final output layer (as in load_pair).
+    draft = vocab.pad_draft_vocab(draft, vocab.vocab_size(pair.target))
+    return devices.place(draft, devices.check_device(device))
+
+
+def load_target_group(
+    pair_name: str,
+    *,
+    target_precision: str,
+    draft_precisions: Sequence[str],
+    target_kernels: str = "stock",
+    weights_dir: str | None = None,
+    target_device: str = "cpu",
+    draft_device: str = "cpu",
+) -> dict[str | None, models.LoadedPair]:
+    """Load one target once with every draft precision its configurations need.
+
+    Returns draft precision -> pair; all pairs share the one target module. With no draft needed
+    (prompt lookup only) the single pair, keyed None, has no draft.
+    """
+    # Passed only when not stock, so this works before and after load_pair learns the keyword.
+    extra: dict[str, Any] = {} if target_kernels == "stock" else {"target_kernels": target_kernels}
+    check_kernels([SweepConfig(target_precision, target_kernels=target_kernels)])
+    drafts = list(dict.fromkeys(draft_precisions))
+    first = models.load_pair(
+        pair_name,
+        target_precision=target_precision,
+        draft_precision=drafts[0] if drafts else None,
+        with_draft=bool(drafts),
+        target_device=target_device,
+        draft_device=draft_device,
+        weights_dir=weights_dir,
+        **extra,
+    )
+    if not drafts:
+        return {None: first}
+    pairs: dict[str | None, models.LoadedPair] = {drafts[0]: first}
+    for name in drafts[1:]:
+        draft = _extra_draft(first, name, weights_dir, draft_device)
+        pairs[name] = dataclasses.replace(first, draft=draft, draft_precision=name)
+    return pairs
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    """One configuration summarised over the prompts (each paired with its target's plain run)."""
+
+    config: SweepConfig
+    prompts: int
+    plain_tokens_per_s: float
+    assisted_tokens_per_s: float
+    speedup: stats.Estimate
+    vs_best_plain: float | None  # assisted tok/s over the fastest plain decoder of the sweep
+    acceptance_rate: float | None  # accepted / drafted, pooled over prompts
+    alpha: float | None  # per-token acceptance probability (bench.alpha_mle)
+    c: float  # draft decode-forward ms / target one-token forward ms (0 for prompt lookup)
+    v: float  # target verify forward ms / target one-token forward ms
+    predicted_speedup: float | None  # Leviathan with v = 1 (memory-bound verify)
+    predicted_speedup_verify: float | None  # with the measured v (a CPU is compute-bound)
+    non_forward_share: float  # assisted wall time outside both models' forwards / total
+    identical: bool  # every assisted output equal to the plain greedy output of its prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["label"] = self.config.label
+        d["speedup"] = self.speedup.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Everything a sweep table and plot show: the machine, the workload and one result per config."""
+
+    pair: str
+    platform: str
+    machine: platforms.PlatformInfo
+    threads: int
+    versions: dict[str, str]
+    prompt_labels: tuple[str, ...]
+    new_tokens: int
+    rows_path: Path
+    results: tuple[ConfigResult, ...]
+    best_plain: tuple[str, float] | None  # (target label, mean plain tok/s) of the fastest target
+    command: str = ""
+
+    def result(self, label: str) -> ConfigResult:
+        for r in self.results:
+            if r.config.label == label:
+                return r
+        raise KeyError(label)
+
+
+def _sweep_extra(row: Row) -> dict[str, Any]:
+    return row.extra.get("sweep") or {}
+
+
+def _prompt_digest(prompt: Prompt) -> str:
+    # A prompt's identity without a tokenizer, so finished groups can be recognised before loading.
+    blob = json.dumps(list(prompt.input_ids) if prompt.input_ids is not None else prompt.text)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _run_id(pair: str, target_key: tuple[str, str], new_tokens: int, platform: str, threads: int) -> str:
+    # One id per target and workload: plain and assisted rows of a target share it (so report tables
+    # pair them), and a resumed run continues the same id. Thread count is part of it: rows measured
+    # with other threads are a different run and must not be mixed in.
+    blob = json.dumps([pair, TASK, *target_key, new_tokens, platform, threads])
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _key(run_id: str, arm: str, example: int, digest: str) -> tuple[str, str, int, str]:
+    return (run_id, arm, example, digest)
+
+
+def _row_key(row: Row) -> tuple[str, str, int, str] | None:
+    s = _sweep_extra(row)
+    if row.task != TASK or not s:
+        return None
+    return _key(row.run_id, s.get("config", ""), int(s.get("example", row.example)), s.get("prompt_sha", ""))
+
+
+def _forward_numbers(m: Measurement) -> dict[str, float | int]:
+    """What the summary needs from a run's forwards, kept in its row so resumed rows carry it too."""
+    decode = bench.decode_forwards(m.forwards)
+    target = [f for f in decode if f.role == "target"]
+    draft = [f for f in decode if f.role == "draft"]
+    accepted, rejected = bench.acceptance_steps(m)
+    return {
+        "accepted_steps": accepted,
+        "rejected_steps": rejected,
+        "target_decode_ms": sum(f.ms for f in target),
+        "target_decode_forwards": len(target),
+        "draft_decode_ms": sum(f.ms for f in draft),
+        "draft_decode_forwards": len(draft),
+    }
+
+
+def _pooled_ms(rows: Sequence[Row], what: str) -> float:
+    # Pooled over all forwards of all runs (sum / count), as bench's per-forward means are.
+    total = sum(_sweep_extra(r).get(f"{what}_ms", 0.0) for r in rows)
+    count = sum(_sweep_extra(r).get(f"{what}_forwards", 0) for r in rows)
+    return total / count if count else math.nan
+
+
+def summarize(
+    config: SweepConfig, plain: Mapping[int, Row], assisted: Mapping[int, Row], best_plain: float | None
+) -> ConfigResult:
+    """One configuration's numbers from its rows and its target's plain rows (example -> row)."""
+    examples = sorted(set(plain) & set(assisted))
+    if not examples:
+        raise HarnessError(f"{config.label}: no prompt has both a plain and an assisted row to pair")
+    p = [plain[e] for e in examples]
+    a = [assisted[e] for e in examples]
+    plain_tps = [r.tokens_per_s for r in p]
+    assisted_tps = [r.tokens_per_s for r in a]
+    drafted = sum(r.drafted for r in a)
+    steps = [_sweep_extra(r) for r in a]
+    alpha = bench.alpha_mle(
+        sum(s.get("accepted_steps", 0) for s in steps), sum(s.get("rejected_steps", 0) for s in steps)
+    )
+    target_ms = _pooled_ms(p, "target_decode")
+    # Prompt lookup has no draft model: its proposal cost is Python time, counted in the non-forward
+    # share, so its c is 0 rather than undefined.
+    c = 0.0 if config.mode == "prompt_lookup" else _pooled_ms(a, "draft_decode") / target_ms
+    v = _pooled_ms(a, "target_decode") / target_ms
+    assisted_mean = statistics.fmean(assisted_tps)
+    return ConfigResult(
+        config=config,
+        prompts=len(examples),
+        plain_tokens_per_s=statistics.fmean(plain_tps),
+        assisted_tokens_per_s=assisted_mean,
+        speedup=stats.speedup_ci(plain_tps, assisted_tps, paired=True),
+        vs_best_plain=assisted_mean / best_plain if best_plain else None,
+        acceptance_rate=sum(r.accepted for r in a) / drafted if drafted else None,
+        alpha=alpha,
+        c=c,
+        v=v,
+        predicted_speedup=bench.predict_speedup(alpha, config.num_assistant_tokens, c, 1.0),
+        predicted_speedup_verify=bench.predict_speedup(alpha, config.num_assistant_tokens, c, v),
+        non_forward_share=statistics.fmean(r.other_ms / (r.total_s * 1000.0) for r in a),
+        identical=all(list(plain[e].output_ids) == list(assisted[e].output_ids) for e in examples),
+    )
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _read_done(path: Path) -> dict[tuple[str, str, int, str], Row]:
+    try:
+        stored = read_rows(path)
+    except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
+        raise HarnessError(f"cannot resume from {path}: {exc}") from exc
+    runner.drop_torn_tail(path)
+    done: dict[tuple[str, str, int, str], Row] = {}
+    for row in stored:
+        key = _row_key(row)
+        if key is not None:
+            done[key] = row  # a later row of the same run and arm wins, as in report tables
+    return done
+
+
+def _rotated(arms: Sequence[Any], index: int) -> list[Any]:
+    shift = index % len(arms)
+    return list(arms[shift:]) + list(arms[:shift])
+
+
+def _measure_group(
+    pair_name: str,
+    target_key: tuple[str, str],
+    jobs: Sequence[tuple[int, Prompt, SweepConfig | None, int]],
+    *,
+    loader: Loader,
+    new_tokens: int,
+    run_id: str,
+    platform: str,
+    threads: int,
+    rows_path: Path,
+    bar: Any,
+    warmup_tokens: int,
+) -> dict[tuple[str, str, int, str], Row]:
+    """Load one target, run its pending jobs (already in rotated order), write each row as it finishes.
+
+    A function of its own so every reference to the models dies when it returns and the caller can
+    free the target before loading the next.
+    """
+    target_precision, kernels = target_key
+    draft_precisions = sorted(
+        {c.draft_precision for _, _, c, _ in jobs if c is not None and c.mode == "assisted"} - {None}
+    )
+    pairs = loader(
+        pair_name,
+        target_precision=target_precision,
+        draft_precisions=tuple(draft_precisions),
+        target_kernels=kernels,
+    )
+    any_pair = next(iter(pairs.values()))
+
+    def pair_for(config: SweepConfig | None) -> models.LoadedPair:
+        if config is not None and config.mode == "assisted":
+            return pairs[config.draft_precision]
+        return any_pair
+
+    def settings_for(config: SweepConfig | None, tokens: int) -> GenerationSettings:
+        return _plain_settings(tokens) if config is None else config.settings(tokens)
+
+    if warmup_tokens > 0 and jobs:
+        ids = runner.prompt_ids(any_pair, jobs[0][1])
+        for config in dict.fromkeys(c for _, _, c, _ in jobs):
+            generate(pair_for(config), ids, settings_for(config, min(warmup_tokens, new_tokens)))
+
+    written: dict[tuple[str, str, int, str], Row] = {}
+    for example, prompt, config, position in jobs:
+        pair = pair_for(config)
+        arm = plain_label(*target_key) if config is None else config.label
+        settings = settings_for(config, new_tokens)
+        m = generate(pair, runner.prompt_ids(pair, prompt), settings)
+        row = runner.make_row(
+            pair,
+            m,
+            settings,
+            example=example,
+            task=TASK,
+            label=prompt.label,
+            platform=platform,
+            run_id=run_id,
+        )
+        row.extra["sweep"] = {
+            "config": arm,
+            "target_kernels": kernels,
+            "prompt": prompt.label,
+            "prompt_sha": _prompt_digest(prompt),
+            "example": example,
+            "position": position,  # place of this arm in the prompt's rotated order
+            "threads": threads,
+            **_forward_numbers(m),
+        }
+        append_row(rows_path, row)
+        written[_key(run_id, arm, example, row.extra["sweep"]["prompt_sha"])] = row
+        bar.update(1)
+        bar.set_postfix(arm=arm, tok_s=f"{row.tokens_per_s:.2f}")
+    return written
+
+
+def run_sweep(
+    pair_name: str,
+    configs: Sequence[SweepConfig],
+    prompts: Sequence[Prompt],
+    new_tokens: int,
+    rows_path: str | Path,
+    loader: Loader = load_target_group,
+    progress: bool = True,
+    *,
+    platform: str | None = None,
+    warmup_tokens: int = WARMUP_TOKENS,
+    command: str = "",
+) -> SweepResult:
+    """Measure every configuration on every prompt (plain once per target and prompt) and summarise.
+
+    ``loader(pair_name, target_precision=, draft_precisions=, target_kernels=)`` returns draft
+    precision -> LoadedPair sharing one target (``load_target_group``); it is called once per target
+    that still has unfinished runs. Rows go to ``rows_path`` as each run finishes; rows already there
+    for the same run are reused, not re-measured.
+    """
+    spec = models.get_pair(pair_name)
+    configs = list(configs)
+    prompts = list(prompts)
+    if not configs:
+        raise HarnessError("a sweep needs at least one configuration")
+    labels = [c.label for c in configs]
+    if len(set(labels)) != len(labels):
+        raise HarnessError(f"configurations repeat a label ({', '.join(labels)}); remove the duplicates")
+    if not prompts:
+        raise HarnessError("a sweep needs at least one prompt")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
+        # Tokens/s is measured after the first token, so it needs at least two.
+        raise HarnessError(f"new_tokens must be an integer of at least 2 (got {new_tokens!r})")
+    platform = platform or platforms.detect().name
+    threads = torch.get_num_threads()
+    rows_path = Path(rows_path)
+    done = _read_done(rows_path)
+    groups = group_configs(configs)
+    digests = [_prompt_digest(p) for p in prompts]
+
+    plans: list[tuple[tuple[str, str], str, list[tuple[int, Prompt, SweepConfig | None, int]]]] = []
+    for target_key, group in groups.items():
+        run_id = _run_id(spec.name, target_key, new_tokens, platform, threads)
+        arms: list[SweepConfig | None] = [None, *group]
+        jobs = []
+        for i, prompt in enumerate(prompts):
+            for position, config in enumerate(_rotated(arms, i)):
+                arm = plain_label(*target_key) if config is None else config.label
+                if _key(run_id, arm, i + 1, digests[i]) not in done:
+                    jobs.append((i + 1, prompt, config, position))
+        plans.append((target_key, run_id, jobs))
+
+    bar = tqdm(
+        total=sum(len(jobs) for _, _, jobs in plans),
+        desc=f"{spec.name} sweep",
+        unit="run",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    try:
+        for target_key, run_id, jobs in plans:
+            if not jobs:
+                continue  # everything of this target is in the rows already: do not even load it
+            bar.set_description(f"{spec.name} target {target_key[0]} ({target_key[1]} kernels)")
+            done.update(
+                _measure_group(
+                    spec.name,
+                    target_key,
+                    jobs,
+                    loader=loader,
+                    new_tokens=new_tokens,
+                    run_id=run_id,
+                    platform=platform,
+                    threads=threads,
+                    rows_path=rows_path,
+                    bar=bar,
+                    warmup_tokens=warmup_tokens,
+                )
+            )
+            # The group's models are unreachable now; collect them before the next target loads.
+            gc.collect()
+    finally:
+        bar.close()
+
+    def rows_of(run_id: str, arm: str) -> dict[int, Row]:
+        return {
+            i + 1: done[key]
+            for i in range(len(prompts))
+            if (key := _key(run_id, arm, i + 1, digests[i])) in done
+        }
+
+    plain_by_target: dict[tuple[str, str], dict[int, Row]] = {}
+    for target_key, run_id, _ in plans:
+        plain_by_target[target_key] = rows_of(run_id, plain_label(*target_key))
+    plain_means = {
+        key: statistics.fmean(r.tokens_per_s for r in rows.values())
+        for key, rows in plain_by_target.items()
+        if rows
+    }
+    best = max(plain_means.items(), key=lambda kv: kv[1]) if plain_means else None
+    run_ids = {target_key: run_id for target_key, run_id, _ in plans}
+    results = tuple(
+        summarize(
+            c,
+            plain_by_target[c.target_key],
+            rows_of(run_ids[c.target_key], c.label),
+            best[1] if best else None,
+        )
+        for c in configs
+    )
+    return SweepResult(
+        pair=spec.name,
+        platform=platform,
+        machine=platforms.detect(),
+        threads=threads,
+        versions=platforms.library_versions(),
+        prompt_labels=tuple(p.label for p in prompts),
+        new_tokens=new_tokens,
+        rows_path=rows_path,
+        results=results,
+        best_plain=(plain_label(*best[0]), best[1]) if best else None,
+        command=command,
+    )
+
+
+def humaneval_prompts(limit: int = DEFAULT_LIMIT, new_tokens: int = DEFAULT_NEW_TOKENS) -> list[Prompt]:
+    """The first ``limit`` HumanEval prompts as raw completions (the harness's default prompt style).
+
+    Text only: each loaded pair's tokenizer turns them into ids, so prompts exist before any model
+    loads and a finished target can be recognised without loading it.
+    """
+    from harness import humaneval
+
+    return [
+        Prompt(p["task_id"], humaneval.build_prompt(p, None, "completion"), new_tokens)
+        for p in humaneval.load_problems(limit)
+    ]
+
+
+# --------------------------------------------------------------------------- presentation
+
+TABLE_HEADERS = (
+    "Config",
+    "Plain tok/s",
+    "Assisted tok/s",
+    "Speedup [95% CI]",
+    "vs best plain",
+    "Acceptance",
+    "alpha",
+    "K",
+    "c",
+    "Predicted (v=1)",
+    "Predicted (measured v)",
+    "Non-forward share",
+    "Identical",
+)
+
+
+def _f(x: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec) + suffix
+
+
+def header_lines(result: SweepResult) -> list[str]:
+    """Where and on what the sweep ran, llama-bench style: enough to tell whether two tables compare."""
+    m = result.machine
+    v = result.versions
+    labels = result.prompt_labels
+    span = labels[0] if len(labels) == 1 else f"{labels[0]} .. {labels[-1]}"
+    lines = [
+        f"- machine: `{result.platform}` ({m.cpu}, {m.cores} cores, accelerator {m.accelerator}; {m.system})",
+        f"- threads: {result.threads}; torch {v.get('torch', '?')}, "
+        f"transformers {v.get('transformers', '?')}, python {v.get('python', '?')}",
+        f"- workload: {len(labels)} prompts ({span}), {result.new_tokens} new tokens each, greedy, EOS "
+        "ignored; plain and every configuration interleaved per prompt in rotating order",
+        f"- rows: `{result.rows_path}`",
+    ]
+    if result.command:
+        lines.insert(0, f"- command: `{result.command}`")
+    return lines
+
+
+def sweep_table(result: SweepResult) -> str:
+    """The header block and one GitHub-markdown line per configuration (tabulate), with a legend."""
+    body = []
+    for r in result.results:
+        sp = r.speedup
+        ci = f" [{_f(sp.low, '.2f')}-{_f(sp.high, '.2f')}]" if math.isfinite(sp.low) else ""
+        body.append(
+            [
+                r.config.label,
+                _f(r.plain_tokens_per_s, ".2f"),
+                _f(r.assisted_tokens_per_s, ".2f"),
+                f"{_f(sp.value, '.2f')}x{ci}",
+                _f(r.vs_best_plain, ".2f", "x"),
+                _f(r.acceptance_rate, ".2f"),
+                _f(r.alpha, ".2f"),
+                r.config.num_assistant_tokens,
+                _f(r.c, ".3f"),
+                _f(r.predicted_speedup, ".2f", "x"),
+                _f(r.predicted_speedup_verify, ".2f", "x"),
+                _f(r.non_forward_share, ".1%"),
+                "yes" if r.identical else "NO",
+            ]
+        )
+    table = tabulate(body, headers=TABLE_HEADERS, tablefmt="github", disable_numparse=True)
+    best = (
+        f"the fastest plain decoder here is {result.best_plain[0]} at {result.best_plain[1]:.2f} tok/s"
+        if result.best_plain
+        else "no plain run"
+    )
+    legend = [
+        "Speedup: mean assisted tok/s over mean plain tok/s of the same target, paired per prompt "
+        "(95% bootstrap CI). vs best plain: assisted tok/s over " + best + ", so a value above 1 means "
+        "assistance beats every plain configuration measured. Acceptance: accepted / drafted. alpha: "
+        "per-token acceptance (accepted / tried). c: draft forward / target one-token forward (0 for "
+        "prompt lookup, whose proposal cost is in the non-forward share). Predicted: Leviathan et al. "
+        "(1 - alpha^(K+1)) / ((1 - alpha)(K c + v)) with v = 1, and with v the measured verify / "
+        "one-token forward cost (for dynamic and heuristic schedules K is the starting K). Non-forward "
+        "share: assisted wall time outside both models' forwards. Identical: every assisted output "
+        "equals plain greedy.",
+    ]
+    title = f"# Configuration sweep - {result.pair}"
+    return "\n".join([title, "", *header_lines(result), "", table, "", *legend])
+
+
+def plot_sweep(result: SweepResult, path: str | Path) -> Path:
+    """Speedup per configuration with its 95% CI, the theory's prediction, and a line at 1.0 (PNG)."""
+    # A bare Figure on the Agg canvas, as report.py does: no pyplot global state.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    rs = list(result.results)
+    xs = list(range(len(rs)))
+    values = [r.speedup.value for r in rs]
+    lows = [r.speedup.value - r.speedup.low if math.isfinite(r.speedup.low) else 0.0 for r in rs]
+    highs = [r.speedup.high - r.speedup.value if math.isfinite(r.speedup.high) else 0.0 for r in rs]
+    fig = Figure(figsize=(max(6.0, 1.3 * len(rs) + 2.0), 4.8))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    colors = ["tab:green" if v >= 1.0 else "tab:red" for v in values]
+    ax.bar(xs, values, color=colors, alpha=0.75, label="measured speedup")
+    ax.errorbar(xs, values, yerr=[lows, highs], fmt="none", ecolor="black", capsize=4, label="95% CI")
+    predicted = [(x, r.predicted_speedup) for x, r in zip(xs, rs, strict=True) if r.predicted_speedup]
+    if predicted:
+        ax.scatter(
+            *zip(*predicted, strict=True), marker="x", color="tab:blue", zorder=3, label="predicted (v=1)"
+        )
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no speedup")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([r.config.label for r in rs], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("assisted / plain tokens/s")
+    ax.set_title(
+        f"{result.pair} on {result.platform}: {len(result.prompt_labels)} prompts, "
+        f"{result.new_tokens} new tokens, {result.threads} thread{'s' if result.threads != 1 else ''}",
+        fontsize=10,
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    report._atomic_write(path, buf.getvalue())
+    return path
+
+
+def output_paths(results_dir: str | Path, platform: str, pair: str) -> tuple[Path, Path]:
+    """``results/<platform>/sweep-<pair>.md`` and ``.png``."""
+    folder = Path(results_dir) / report._file_name(platform)
+    stem = f"sweep-{report._file_name(pair)}"
+    return folder / f"{stem}.md", folder / f"{stem}.png"
+
+
+def default_rows_path(results_dir: str | Path, platform: str, pair: str) -> Path:
+    # In a folder of their own: --regen-tables reads results/rows/*.jsonl into the per-model tables,
+    # where a sweep's many configurations would add sections whose printed commands do not reproduce them.
+    return (
+        Path(results_dir)
+        / "rows"
+        / "sweep"
+        / f"{report._file_name(pair)}-{report._file_name(platform)}.jsonl"
+    )
+
+
+def write_sweep(result: SweepResult, results_dir: str | Path) -> tuple[Path, Path]:
+    """Write the markdown table (linking the plot) and the PNG beside it; return both paths."""
+    md_path, png_path = output_paths(results_dir, result.platform, result.pair)
+    plot_sweep(result, png_path)
+    text = sweep_table(result) + f"\n\n![Speedup per configuration](./{png_path.name})\n"
+    report._atomic_write(md_path, text.encode("utf-8"))
+    return md_path, png_path

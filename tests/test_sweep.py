@@ -1,0 +1,388 @@
+"""harness.sweep and ``--task sweep``: spec parsing, one load per target, rows per run, resume, and the
+table, plot and command line, on the tiny qwen2 pair with a few HumanEval prompts and 8 new tokens.
+
+Timings are printed, never asserted: only the arithmetic that ties the columns together is checked.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+
+import pytest
+
+from harness import cli, models, sweep
+from harness.errors import HarnessError
+from harness.results import read_rows
+
+PAIR = "tiny-qwen2"
+NEW_TOKENS = 8
+# Two targets: fp32 with three configurations (two draft precisions and prompt lookup), w8af32 with one.
+SPEC = (
+    "t=fp32,d=fp32,k=3;t=fp32,d=w8af32,k=2;t=w8af32,d=w8af32,k=2,sched=dynamic;t=fp32,mode=prompt_lookup,k=4"
+)
+
+
+class CountingLoader:
+    """``sweep.load_target_group`` that records each call and checks the previous target was freed."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[str, ...], str]] = []
+        self._previous: list[weakref.ref] = []
+
+    def __call__(self, pair_name, *, target_precision, draft_precisions, target_kernels):
+        gc.collect()
+        assert all(ref() is None for ref in self._previous), "the previous target is still in memory"
+        self.calls.append((target_precision, tuple(draft_precisions), target_kernels))
+        pairs = sweep.load_target_group(
+            pair_name,
+            target_precision=target_precision,
+            draft_precisions=draft_precisions,
+            target_kernels=target_kernels,
+        )
+        self._previous = [weakref.ref(p.target) for p in pairs.values()]
+        return pairs
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return sweep.humaneval_prompts(2, NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def swept(prompts, tmp_path_factory):
+    path = tmp_path_factory.mktemp("sweep") / "rows.jsonl"
+    loader = CountingLoader()
+    configs = sweep.parse_configs(SPEC)
+    result = sweep.run_sweep(
+        PAIR, configs, prompts, NEW_TOKENS, path, loader=loader, progress=False, platform="test-box-2c"
+    )
+    return result, loader, path
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_parse_the_issue_example():
+    configs = sweep.parse_configs(
+        "t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10"
+    )
+    assert configs == [
+        sweep.SweepConfig("fp32", "fp32", "assisted", 5, "constant", "stock"),
+        sweep.SweepConfig("w8af32", "w8af32", "assisted", 3, "dynamic", "stock"),
+        sweep.SweepConfig("fp32", None, "prompt_lookup", 10, "constant", "stock"),
+    ]
+    assert [c.label for c in configs] == [
+        "t_fp32-d_fp32-K5-constant-stock",
+        "t_w8af32-d_w8af32-K3-dynamic-stock",
+        "t_fp32-prompt_lookup-K10",
+    ]
+
+
+def test_parse_defaults_long_names_spaces_and_a_trailing_semicolon():
+    (a, b, c) = sweep.parse_configs(
+        " t = w8af32 ; target=fp32, draft=w8af32, schedule=heuristic ; mode=prompt_lookup ;"
+    )
+    assert a == sweep.SweepConfig("w8af32", "fp32", "assisted", 5, "constant", "stock")
+    assert b == sweep.SweepConfig("fp32", "w8af32", "assisted", 5, "heuristic", "stock")
+    assert c.label == "t_fp32-prompt_lookup-K10"  # prompt lookup's own default K
+    inv = sweep.parse_configs(
+        "t=w8af32,mode=prompt_lookup,kernels=invariant;t=fp32,d=w8af32,target_kernels=invariant"
+    )
+    assert [x.label for x in inv] == [
+        "t_w8af32-prompt_lookup-K10-invariant",
+        "t_fp32-d_w8af32-K5-constant-invariant",
+    ]
+
+
+def test_default_spec_is_the_documented_list():
+    assert [c.label for c in sweep.parse_configs(sweep.DEFAULT_SPEC)] == [
+        "t_fp32-d_fp32-K5-constant-stock",
+        "t_fp32-d_w8af32-K3-constant-stock",
+        "t_w8af32-d_w8af32-K3-constant-stock",
+        "t_fp32-prompt_lookup-K10",
+        "t_w8af32-prompt_lookup-K10",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("", "--sweep is empty"),
+        (" ; ", "--sweep is empty"),
+        ("t=fp32;;t=bf16", "configuration 2 is empty"),
+        ("t=fp8", "Unknown precision 'fp8'"),
+        ("t=fp32,d=int3", "Unknown precision 'int3'"),
+        ("k=0", "k must be at least 1"),
+        ("k=two", "k='two' is not an integer"),
+        ("x=1", "unknown key 'x'"),
+        ("t", "'t' is not key=value"),
+        ("t=", "'t=' is not key=value"),
+        ("t=fp32,,k=3", "empty item"),
+        ("t=fp32,t=bf16", "'t' is given twice"),
+        ("mode=beam", "mode 'beam' is not one of assisted, prompt_lookup"),
+        ("sched=fast", "sched 'fast' is not one of"),
+        ("mode=prompt_lookup,d=fp32", "prompt_lookup uses no draft model"),
+        ("mode=prompt_lookup,sched=dynamic", "sched applies to draft-model assistance only"),
+        ("kernels=magic", "kernels 'magic' is not one of stock, invariant"),
+        ("t=fp32,k=3;t=fp32,d=fp32,k=3", "configuration 2 repeats configuration 1"),
+    ],
+)
+def test_parse_rejects_bad_specs_with_a_clear_message(spec, expected):
+    with pytest.raises(HarnessError) as info:
+        sweep.parse_configs(spec)
+    assert expected in str(info.value)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def test_each_target_is_loaded_once_with_every_draft_it_needs(swept):
+    _, loader, _ = swept
+    # fp32: plain + three configurations (drafts fp32 and w8af32, prompt lookup); w8af32: one.
+    assert loader.calls == [("fp32", ("fp32", "w8af32"), "stock"), ("w8af32", ("w8af32",), "stock")]
+
+
+def test_a_row_per_run_with_the_config_and_prompt_named(swept, prompts):
+    result, _, path = swept
+    rows = read_rows(path)
+    arms = {"fp32": 4, "w8af32": 2}  # plain + configurations per target
+    assert len(rows) == len(prompts) * sum(arms.values())
+    for row in rows:
+        s = row.extra["sweep"]
+        assert row.task == "sweep" and row.new_tokens == NEW_TOKENS
+        assert s["prompt"] == row.prompt_label == prompts[row.example - 1].label
+        assert s["config"] in {c.config.label for c in result.results} | {"t_fp32-plain", "t_w8af32-plain"}
+        assert {"accepted_steps", "target_decode_ms", "draft_decode_forwards"} <= set(s)
+    # Plain and assisted rows of one target share a run id (so report tables pair them); targets do not.
+    ids = {
+        row.target_precision: {r.run_id for r in rows if r.target_precision == row.target_precision}
+        for row in rows
+    }
+    assert all(len(v) == 1 for v in ids.values()) and ids["fp32"] != ids["w8af32"]
+
+
+def test_arm_order_rotates_from_prompt_to_prompt(swept):
+    _, _, path = swept
+    fp32 = [r for r in read_rows(path) if r.target_precision == "fp32"]
+    order = {e: [r.extra["sweep"]["config"] for r in fp32 if r.example == e] for e in (1, 2)}
+    assert order[1][0] == "t_fp32-plain"
+    assert order[2] == order[1][1:] + order[1][:1]
+    assert [r.extra["sweep"]["position"] for r in fp32 if r.example == 2] == [0, 1, 2, 3]
+
+
+def test_summary_columns_are_consistent(swept):
+    result, _, _ = swept
+    assert [r.config.label for r in result.results] == [c.label for c in sweep.parse_configs(SPEC)]
+    best_label, best = result.best_plain
+    assert best == max(r.plain_tokens_per_s for r in result.results)
+    assert best_label in ("t_fp32-plain", "t_w8af32-plain")
+    for r in result.results:
+        assert r.prompts == 2
+        assert r.speedup.value == pytest.approx(r.assisted_tokens_per_s / r.plain_tokens_per_s)
+        assert r.vs_best_plain == pytest.approx(r.assisted_tokens_per_s / best)
+        assert r.acceptance_rate is not None and 0.0 <= r.acceptance_rate <= 1.0
+        assert 0.0 < r.non_forward_share < 1.0
+        assert r.predicted_speedup is not None and r.predicted_speedup > 0
+    lookup = result.result("t_fp32-prompt_lookup-K4")
+    assert lookup.c == 0.0 and lookup.config.num_assistant_tokens == 4
+    assert math.isfinite(result.result("t_fp32-d_fp32-K3-constant-stock").c)
+
+
+def test_fp32_target_outputs_are_identical_to_plain_greedy(swept):
+    result, _, _ = swept
+    for label in (
+        "t_fp32-d_fp32-K3-constant-stock",
+        "t_fp32-d_w8af32-K2-constant-stock",
+        "t_fp32-prompt_lookup-K4",
+    ):
+        assert result.result(label).identical, label
+
+
+def test_resume_skips_finished_runs_and_finished_targets(prompts, tmp_path):
+    path = tmp_path / "rows.jsonl"
+    configs = sweep.parse_configs(SPEC)
+    first = CountingLoader()
+    # A run stopped after its first configuration: plain and config 1 on both prompts.
+    sweep.run_sweep(
+        PAIR, configs[:1], prompts, NEW_TOKENS, path, loader=first, progress=False, platform="box"
+    )
+    assert len(read_rows(path)) == 4 and len(first.calls) == 1
+    kept = path.read_text()
+
+    full = CountingLoader()
+    result = sweep.run_sweep(
+        PAIR, configs, prompts, NEW_TOKENS, path, loader=full, progress=False, platform="box"
+    )
+    assert path.read_text().startswith(kept)  # nothing finished was rewritten
+    rows = read_rows(path)
+    assert len(rows) == 12  # the 4 finished ones + 2 more fp32 configurations + w8af32 plain and config, x2
+    keys = [(r.run_id, r.extra["sweep"]["config"], r.example) for r in rows]
+    assert len(keys) == len(set(keys)), "a finished run was measured again"
+    # fp32 still had runs to do, so it loaded once, needing only the drafts of its unfinished configs.
+    assert full.calls == [("fp32", ("w8af32",), "stock"), ("w8af32", ("w8af32",), "stock")]
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished sweep loaded a model")
+
+    again = sweep.run_sweep(
+        PAIR, configs, prompts, NEW_TOKENS, path, loader=never, progress=False, platform="box"
+    )
+    assert len(read_rows(path)) == 12
+    assert [r.to_dict() for r in again.results] == [r.to_dict() for r in result.results]
+
+
+def test_bad_run_input_is_rejected_before_loading(prompts, tmp_path):
+    def never(*args, **kwargs):
+        raise AssertionError("loaded before rejecting")
+
+    configs = sweep.parse_configs("t=fp32")
+    cases = [
+        (dict(configs=[]), "at least one configuration"),
+        (dict(prompts=[]), "at least one prompt"),
+        (dict(new_tokens=1), "new_tokens must be an integer of at least 2"),
+        (dict(configs=configs * 2), "repeat a label"),
+    ]
+    for change, message in cases:
+        kw = dict(configs=configs, prompts=prompts, new_tokens=NEW_TOKENS) | change
+        with pytest.raises(HarnessError, match=message):
+            sweep.run_sweep(PAIR, rows_path=tmp_path / "r.jsonl", loader=never, progress=False, **kw)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text('{"x": 1}\nnot json\n{"x": 2}\n')
+    with pytest.raises(HarnessError, match="cannot resume from"):
+        sweep.run_sweep(PAIR, configs, prompts, NEW_TOKENS, damaged, loader=never, progress=False)
+
+
+def test_kernels_are_passed_only_when_not_stock(monkeypatch):
+    seen: list[dict] = []
+
+    def with_kernels(name, *, target_kernels="stock", **kw):
+        seen.append({"target_kernels": target_kernels} if target_kernels != "stock" else {})
+        return real(name, **kw)
+
+    def without_kernels(name, **kw):
+        assert "target_kernels" not in kw
+        seen.append({})
+        return real(name, **kw)
+
+    real = models.load_pair
+    monkeypatch.setattr(models, "load_pair", with_kernels)
+    sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=(), target_kernels="invariant")
+    assert seen == [{"target_kernels": "invariant"}]
+    monkeypatch.setattr(models, "load_pair", without_kernels)
+    pairs = sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=("fp32",))
+    assert list(pairs) == ["fp32"] and seen[-1] == {}
+    with pytest.raises(HarnessError, match="kernels=invariant needs"):
+        sweep.load_target_group(
+            PAIR, target_precision="fp32", draft_precisions=(), target_kernels="invariant"
+        )
+
+
+def test_group_pairs_share_one_target():
+    pairs = sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=("fp32", "w8af32"))
+    assert set(pairs) == {"fp32", "w8af32"}
+    assert pairs["fp32"].target is pairs["w8af32"].target
+    assert (pairs["fp32"].draft_precision, pairs["w8af32"].draft_precision) == ("fp32", "w8af32")
+    assert pairs["fp32"].draft is not pairs["w8af32"].draft
+    assert sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=())[None].draft is None
+
+
+# --------------------------------------------------------------------------- presentation
+
+
+def test_table_names_the_machine_the_workload_and_every_config(swept):
+    result, _, _ = swept
+    text = sweep.sweep_table(result)
+    for label in (r.config.label for r in result.results):
+        assert label in text
+    for header in sweep.TABLE_HEADERS:
+        assert header in text
+    for fact in (
+        "machine: `test-box-2c`",
+        "threads: 1",
+        "torch ",
+        "transformers ",
+        "2 prompts",
+        "8 new tokens",
+    ):
+        assert fact in text, fact
+    # GitHub markdown: a header row, a separator row, one row per configuration.
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert table[1].startswith("|--") and len(table) == 2 + len(result.results)
+
+
+def test_plot_and_markdown_are_written_side_by_side(swept, tmp_path):
+    result, _, _ = swept
+    md, png = sweep.write_sweep(result, tmp_path)
+    assert (md.parent, md.name, png.name) == (
+        tmp_path / "test-box-2c",
+        "sweep-tiny-qwen2.md",
+        "sweep-tiny-qwen2.png",
+    )
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "](./sweep-tiny-qwen2.png)" in md.read_text()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _cli(capsys, *argv):
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_task_sweep_end_to_end_and_rerun_resumes(tmp_path, capsys, monkeypatch):
+    argv = [
+        "--model_name", PAIR, "--task", "sweep", "--sweep", "t=fp32,d=fp32,k=3;t=fp32,mode=prompt_lookup,k=4",
+        "--limit", "2", "--max_new_tokens", str(NEW_TOKENS), "--results_dir", str(tmp_path),
+        "--platform", "test-box-2c", "--no_progress",
+    ]  # fmt: skip
+    code, out, err = _cli(capsys, *argv)
+    assert code == 0, err
+    assert "t_fp32-d_fp32-K3-constant-stock" in out and "t_fp32-prompt_lookup-K4" in out
+    assert "--task sweep --sweep" in out  # the command that reproduces the table
+    folder = tmp_path / "test-box-2c"
+    assert (folder / "sweep-tiny-qwen2.md").is_file() and (folder / "sweep-tiny-qwen2.png").is_file()
+    rows = tmp_path / "rows" / "sweep" / "tiny-qwen2-test-box-2c.jsonl"
+    assert len(read_rows(rows)) == 2 * 3
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the rerun loaded a model although every run was finished")
+
+    monkeypatch.setattr(models, "load_pair", no_load)
+    code, out2, err = _cli(capsys, *argv)
+    assert code == 0, err
+    assert len(read_rows(rows)) == 2 * 3
+    assert "t_fp32-prompt_lookup-K4" in out2
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--task", "sweep", "--sweep", "t=fp8"], "Unknown precision 'fp8'"),
+        (["--task", "sweep", "--sweep", "k=0"], "k must be at least 1"),
+        (["--sweep", "t=fp32"], "--sweep is used with --task sweep"),
+        (["--task", "sweep", "--compare"], "--compare does not apply to --task sweep"),
+        (["--task", "sweep", "--target_precision", "bf16"], "--target_precision does not apply"),
+        (["--task", "sweep", "--do_sample"], "decodes greedily"),
+        (["--task", "sweep", "--max_new_tokens", "1"], "at least 2"),
+        (["--task", "sweep", "--limit", "0"], "--limit must be at least 1"),
+        (["--task", "sweep", "--weights_dir", "no/such/folder"], "is not a folder"),
+    ],
+)
+def test_cli_sweep_bad_input_is_one_line_exit_2(capsys, monkeypatch, argv, expected):
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was rejected")
+
+    monkeypatch.setattr(models, "load_pair", no_load)
+    code, out, err = _cli(capsys, "--model_name", PAIR, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("assisted_generation.py: error: "), err
+    assert expected in lines[0]
+    assert out == ""
