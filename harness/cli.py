@@ -17,7 +17,19 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from harness import devices, generation, models, platforms, precision, report, results, runner, sweep, tasks
+from harness import (
+    devices,
+    generation,
+    invariant,
+    models,
+    platforms,
+    precision,
+    report,
+    results,
+    runner,
+    sweep,
+    tasks,
+)
 from harness.errors import HarnessError
 
 EXIT_USAGE = 2
@@ -144,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--target_precision", choices=tuple(precision.PRECISIONS), help="default: the pair's")
     m.add_argument("--draft_precision", choices=tuple(precision.PRECISIONS), help="default: the pair's")
     m.add_argument("--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
+    m.add_argument(
+        "--target_kernels",
+        choices=invariant.KERNELS,
+        default="stock",
+        help="target kernels: stock (torch/BLAS) or invariant (batch-invariant: every verification row "
+        "equals the one-token decode step bit for bit, so assisted == plain at every precision)",
+    )
     m.add_argument("--draft_device", default="cpu", help="cpu, cuda[:N]")
     m.add_argument("--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
     m.add_argument(
@@ -327,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
         draft_device=args.draft_device,
         with_draft="assisted" in modes,
         weights_dir=args.weights_dir,
+        target_kernels=args.target_kernels,
     )
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name

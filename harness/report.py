@@ -244,6 +244,8 @@ def command_for(row: Row, defaults: Mapping[str, Any] | None = None) -> str:
             args += ["--draft_precision", str(row.draft_precision)]
     if wanted("target_precision", row.target_precision):
         args += ["--target_precision", str(row.target_precision)]
+    if row.target_kernels != "stock":
+        args += ["--target_kernels", row.target_kernels]
     if row.do_sample:
         args.append("--do_sample")
         # The seeds always spell out the temperature when sampling, default or not.

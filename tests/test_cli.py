@@ -350,3 +350,29 @@ def test_help_lists_every_flag_with_help_text(
         "--fast_attention",
     ):
         assert seed_flag in text
+
+
+def test_invariant_kernels_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--target_kernels invariant reaches the model, the rows and the printed reproduce command, and
+    assisted output equals plain output."""
+    path = tmp_path / "rows.jsonl"
+    code, out, err = run_cli(
+        capsys,
+        *TINY,
+        "--compare",
+        "--target_precision",
+        "bf16",
+        "--target_kernels",
+        "invariant",
+        "--json",
+        str(path),
+    )
+    assert code == 0, err
+    rows = read_json_rows(path)
+    assert {r["target_kernels"] for r in rows} == {"invariant"}
+    by_mode = {(r["example"], r["mode"]): r["output_ids"] for r in rows}
+    for example in (1, 2):
+        assert by_mode[(example, "plain")] == by_mode[(example, "assisted")]
+    assert "--target_kernels invariant" in out
+    code, _, err = run_cli(capsys, *TINY, "--target_kernels", "fastest")
+    assert code == 2 and "--target_kernels" in err
