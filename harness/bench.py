@@ -266,9 +266,7 @@ class CaseMeasurement:
     @property
     def verify_forward_ms(self) -> float:
         """Mean target verify forward of the assisted runs (K+1 tokens), first (prefill) one excluded."""
-        return _mean_ms(
-            [f for m in self.assisted for f in decode_forwards(m.forwards) if f.role == "target"]
-        )
+        return _mean_ms([f for m in self.assisted for f in decode_forwards(m.forwards) if f.role == "target"])
 
     @property
     def draft_forward_ms(self) -> float:

@@ -168,6 +168,7 @@ class LoadedPair:
     draft_device: str | None
     origins: dict[str, str] = field(default_factory=dict)  # role -> where the weights came from
     target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
+    draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -194,6 +195,27 @@ def _load_hf(path: Path) -> PreTrainedModel:
     return model
 
 
+def prepare_draft(
+    draft: PreTrainedModel,
+    tokenizer: Any,
+    target_vocab: int,
+    draft_precision: str,
+    device: torch.device | str = "cpu",
+    draft_vocab: int | None = None,
+) -> PreTrainedModel:
+    """A freshly loaded float draft made ready to assist: pinned generation config, optional
+    vocabulary restriction, precision, padding to the target's vocabulary, device."""
+    _pin_generation_config(draft, tokenizer)
+    if draft_vocab is not None:
+        # Special tokens (EOS among them) sit after the BPE vocabulary; keep them proposable.
+        added = [i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i >= draft_vocab]
+        vocab.restrict_draft_vocab(draft, draft_vocab, min(added) if added else None)
+    draft = precision.apply_precision(draft, draft_precision)
+    # After the precision change, so the padding hook sits on the final output layer.
+    draft = vocab.pad_draft_vocab(draft, target_vocab)
+    return devices.place(draft, devices.check_device(str(device)))
+
+
 def load_pair(
     name: str = DEFAULT_PAIR,
     *,
@@ -204,6 +226,7 @@ def load_pair(
     with_draft: bool = True,
     weights_dir: str | None = None,
     target_kernels: str = "stock",
+    draft_vocab: int | None = None,
 ) -> LoadedPair:
     """Load target (and draft) with their precisions on their devices; validate everything first."""
     spec = get_pair(name)
@@ -259,10 +282,7 @@ def load_pair(
         target = precision.apply_precision(target, target_precision)
     target = devices.place(target, t_dev)
     if draft is not None:
-        _pin_generation_config(draft, tokenizer)
-        draft = precision.apply_precision(draft, draft_precision)
-        # After the precision change, so the padding hook sits on the final output layer.
-        draft = devices.place(vocab.pad_draft_vocab(draft, vocab.vocab_size(target)), d_dev)
+        draft = prepare_draft(draft, tokenizer, vocab.vocab_size(target), draft_precision, d_dev, draft_vocab)
     return LoadedPair(
         spec=spec,
         target=target,
@@ -274,6 +294,7 @@ def load_pair(
         draft_device=str(d_dev) if d_dev is not None else None,
         origins=origins,
         target_kernels=target_kernels,
+        draft_vocab=draft_vocab if with_draft else None,
     )
 
 

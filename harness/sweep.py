@@ -34,9 +34,10 @@ mode       ``assisted`` (draft model) or ``prompt_lookup``             assisted
 k          K: draft tokens per step (prompt lookup: tokens proposed)   5 (prompt_lookup: 10)
 sched      ``constant``, ``dynamic`` or ``heuristic`` (assisted only)  constant
 kernels    target kernels: ``stock`` or ``invariant``                  stock
+dv         draft scores only the first N token ids (+ special tokens)  whole vocabulary
 =========  ==========================================================  ===========================
 
-Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``.
+Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import inspect
 import io
 import json
 import math
@@ -59,7 +59,7 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from harness import bench, devices, models, platforms, precision, report, runner, stats, tiny, vocab, weights
+from harness import bench, models, platforms, precision, report, runner, stats, tiny, vocab, weights
 from harness.errors import HarnessError
 from harness.generation import SCHEDULES, GenerationSettings, Measurement, generate
 from harness.results import Row, append_row, read_rows
@@ -96,8 +96,10 @@ _KEYS = {
     "schedule": "schedule",
     "kernels": "target_kernels",
     "target_kernels": "target_kernels",
+    "dv": "draft_vocab",
+    "draft_vocab": "draft_vocab",
 }
-_SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode, k, sched, kernels)"
+_SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode, k, sched, kernels, dv)"
 
 
 # --------------------------------------------------------------------------- configurations
@@ -113,6 +115,12 @@ class SweepConfig:
     num_assistant_tokens: int = 5  # K; for prompt lookup the number of tokens proposed
     schedule: str = "constant"
     target_kernels: str = "stock"
+    draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
+
+    @property
+    def draft_key(self) -> tuple[str | None, int | None]:
+        """What loads one draft: precision and vocabulary restriction."""
+        return (self.draft_precision, self.draft_vocab)
 
     @property
     def label(self) -> str:
@@ -124,6 +132,7 @@ class SweepConfig:
         return (
             f"t_{self.target_precision}-d_{self.draft_precision}-K{self.num_assistant_tokens}"
             f"-{self.schedule}-{self.target_kernels}"
+            + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
         )
 
     @property
@@ -163,7 +172,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
             raise HarnessError(f"{where}: {item!r} is not key=value; write e.g. {_SYNTAX}")
         field = _KEYS.get(key.lower())
         if field is None:
-            raise HarnessError(f"{where}: unknown key {key!r}; known keys: t, d, mode, k, sched, kernels")
+            raise HarnessError(f"{where}: unknown key {key!r}; known keys: t, d, mode, k, sched, kernels, dv")
         if field in values:
             raise HarnessError(f"{where}: {key!r} is given twice; give each key once per configuration")
         values[field] = value
@@ -180,10 +189,21 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
         raise HarnessError(f"{where}: k must be at least 1 (got {k})")
     schedule = values.pop("schedule", None)
     draft = values.pop("draft_precision", None)
+    dv_text = values.pop("draft_vocab", None)
+    draft_vocab = None
+    if dv_text is not None:
+        try:
+            draft_vocab = int(dv_text)
+        except ValueError:
+            raise HarnessError(f"{where}: dv={dv_text!r} is not an integer; write e.g. dv=32768") from None
+        if draft_vocab < 1:
+            raise HarnessError(f"{where}: dv must be at least 1 (got {draft_vocab})")
     if mode == "prompt_lookup":
         # Silently ignoring these would print a configuration that did not run as written.
         if draft is not None:
             raise HarnessError(f"{where}: prompt_lookup uses no draft model; remove d={draft}")
+        if draft_vocab is not None:
+            raise HarnessError(f"{where}: prompt_lookup uses no draft model; remove dv={draft_vocab}")
         if schedule is not None and schedule != "constant":
             raise HarnessError(
                 f"{where}: sched applies to draft-model assistance only; remove sched={schedule}"
@@ -204,7 +224,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
                 precision.check_precision(name)
             except HarnessError as exc:
                 raise HarnessError(f"{where}: {exc}") from None
-    return SweepConfig(target, draft, mode, k, schedule, kernels)
+    return SweepConfig(target, draft, mode, k, schedule, kernels, draft_vocab)
 
 
 def parse_configs(spec: str) -> list[SweepConfig]:
@@ -249,21 +269,10 @@ def group_configs(configs: Sequence[SweepConfig]) -> dict[tuple[str, str], list[
 Loader = Callable[..., Mapping[str | None, models.LoadedPair]]
 
 
-def kernels_supported() -> bool:
-    """Whether this checkout's ``models.load_pair`` takes ``target_kernels`` (being added separately)."""
-    return "target_kernels" in inspect.signature(models.load_pair).parameters
+DraftKey = tuple[str, int | None]  # (draft precision, draft vocabulary restriction or None)
 
 
-def check_kernels(configs: Sequence[SweepConfig]) -> None:
-    wanted = sorted({c.target_kernels for c in configs if c.target_kernels != "stock"})
-    if wanted and not kernels_supported():
-        raise HarnessError(
-            f"kernels={wanted[0]} needs harness.models.load_pair(target_kernels=...), which this checkout "
-            "does not have yet; use kernels=stock (the default) or update the checkout"
-        )
-
-
-def _extra_draft(pair: models.LoadedPair, draft_precision: str, weights_dir: str | None, device: str) -> Any:
+def _extra_draft(pair: models.LoadedPair, key: DraftKey, weights_dir: str | None, device: str) -> Any:
     """Another draft for a loaded pair, made the way ``load_pair`` makes one, without reloading the target."""
     spec = pair.spec
     if spec.draft.is_tiny:
@@ -272,48 +281,50 @@ def _extra_draft(pair: models.LoadedPair, draft_precision: str, weights_dir: str
     else:
         path = weights.resolve(spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir)
         draft = models._load_hf(path)
-    models._pin_generation_config(draft, pair.tokenizer)
-    draft = precision.apply_precision(draft, draft_precision)
-    # After the precision change, so a padding hook sits on the final output layer (as in load_pair).
-    draft = vocab.pad_draft_vocab(draft, vocab.vocab_size(pair.target))
-    return devices.place(draft, devices.check_device(device))
+    draft_precision, draft_vocab = key
+    return models.prepare_draft(
+        draft, pair.tokenizer, vocab.vocab_size(pair.target), draft_precision, device, draft_vocab
+    )
+
+
+def _draft_key(item: str | DraftKey) -> DraftKey:
+    return (item, None) if isinstance(item, str) else (item[0], item[1])
 
 
 def load_target_group(
     pair_name: str,
     *,
     target_precision: str,
-    draft_precisions: Sequence[str],
+    draft_precisions: Sequence[str | DraftKey],
     target_kernels: str = "stock",
     weights_dir: str | None = None,
     target_device: str = "cpu",
     draft_device: str = "cpu",
-) -> dict[str | None, models.LoadedPair]:
-    """Load one target once with every draft precision its configurations need.
+) -> dict[DraftKey | None, models.LoadedPair]:
+    """Load one target once with every draft its configurations need (a draft precision, or a
+    (precision, draft vocabulary) pair).
 
-    Returns draft precision -> pair; all pairs share the one target module. With no draft needed
+    Returns draft key -> pair; all pairs share the one target module. With no draft needed
     (prompt lookup only) the single pair, keyed None, has no draft.
     """
-    # Passed only when not stock, so this works before and after load_pair learns the keyword.
-    extra: dict[str, Any] = {} if target_kernels == "stock" else {"target_kernels": target_kernels}
-    check_kernels([SweepConfig(target_precision, target_kernels=target_kernels)])
-    drafts = list(dict.fromkeys(draft_precisions))
+    drafts = list(dict.fromkeys(_draft_key(d) for d in draft_precisions))
     first = models.load_pair(
         pair_name,
         target_precision=target_precision,
-        draft_precision=drafts[0] if drafts else None,
+        draft_precision=drafts[0][0] if drafts else None,
         with_draft=bool(drafts),
         target_device=target_device,
         draft_device=draft_device,
         weights_dir=weights_dir,
-        **extra,
+        draft_vocab=drafts[0][1] if drafts else None,
+        target_kernels=target_kernels,
     )
     if not drafts:
         return {None: first}
-    pairs: dict[str | None, models.LoadedPair] = {drafts[0]: first}
-    for name in drafts[1:]:
-        draft = _extra_draft(first, name, weights_dir, draft_device)
-        pairs[name] = dataclasses.replace(first, draft=draft, draft_precision=name)
+    pairs: dict[DraftKey | None, models.LoadedPair] = {drafts[0]: first}
+    for key in drafts[1:]:
+        draft = _extra_draft(first, key, weights_dir, draft_device)
+        pairs[key] = dataclasses.replace(first, draft=draft, draft_precision=key[0], draft_vocab=key[1])
     return pairs
 
 
@@ -503,20 +514,23 @@ def _measure_group(
     free the target before loading the next.
     """
     target_precision, kernels = target_key
-    draft_precisions = sorted(
-        {c.draft_precision for _, _, c, _ in jobs if c is not None and c.mode == "assisted"} - {None}
+    draft_keys = sorted(
+        {c.draft_key for _, _, c, _ in jobs if c is not None and c.mode == "assisted"},
+        key=lambda k: (str(k[0]), k[1] or 0),
     )
     pairs = loader(
         pair_name,
         target_precision=target_precision,
-        draft_precisions=tuple(draft_precisions),
+        draft_precisions=tuple(draft_keys),
         target_kernels=kernels,
     )
     any_pair = next(iter(pairs.values()))
 
     def pair_for(config: SweepConfig | None) -> models.LoadedPair:
         if config is not None and config.mode == "assisted":
-            return pairs[config.draft_precision]
+            # Loaders keyed by precision alone (no vocabulary restriction) are accepted too.
+            key = config.draft_key
+            return pairs[key] if key in pairs else pairs[config.draft_precision]
         return any_pair
 
     def settings_for(config: SweepConfig | None, tokens: int) -> GenerationSettings:

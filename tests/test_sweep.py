@@ -141,7 +141,10 @@ def test_parse_rejects_bad_specs_with_a_clear_message(spec, expected):
 def test_each_target_is_loaded_once_with_every_draft_it_needs(swept):
     _, loader, _ = swept
     # fp32: plain + three configurations (drafts fp32 and w8af32, prompt lookup); w8af32: one.
-    assert loader.calls == [("fp32", ("fp32", "w8af32"), "stock"), ("w8af32", ("w8af32",), "stock")]
+    assert loader.calls == [
+        ("fp32", (("fp32", None), ("w8af32", None)), "stock"),
+        ("w8af32", (("w8af32", None),), "stock"),
+    ]
 
 
 def test_a_row_per_run_with_the_config_and_prompt_named(swept, prompts):
@@ -221,7 +224,7 @@ def test_resume_skips_finished_runs_and_finished_targets(prompts, tmp_path):
     keys = [(r.run_id, r.extra["sweep"]["config"], r.example) for r in rows]
     assert len(keys) == len(set(keys)), "a finished run was measured again"
     # fp32 still had runs to do, so it loaded once, needing only the drafts of its unfinished configs.
-    assert full.calls == [("fp32", ("w8af32",), "stock"), ("w8af32", ("w8af32",), "stock")]
+    assert full.calls == [("fp32", (("w8af32", None),), "stock"), ("w8af32", (("w8af32", None),), "stock")]
 
     def never(*args, **kwargs):
         raise AssertionError("a finished sweep loaded a model")
@@ -254,37 +257,13 @@ def test_bad_run_input_is_rejected_before_loading(prompts, tmp_path):
         sweep.run_sweep(PAIR, configs, prompts, NEW_TOKENS, damaged, loader=never, progress=False)
 
 
-def test_kernels_are_passed_only_when_not_stock(monkeypatch):
-    seen: list[dict] = []
-
-    def with_kernels(name, *, target_kernels="stock", **kw):
-        seen.append({"target_kernels": target_kernels} if target_kernels != "stock" else {})
-        return real(name, **kw)
-
-    def without_kernels(name, **kw):
-        assert "target_kernels" not in kw
-        seen.append({})
-        return real(name, **kw)
-
-    real = models.load_pair
-    monkeypatch.setattr(models, "load_pair", with_kernels)
-    sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=(), target_kernels="invariant")
-    assert seen == [{"target_kernels": "invariant"}]
-    monkeypatch.setattr(models, "load_pair", without_kernels)
-    pairs = sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=("fp32",))
-    assert list(pairs) == ["fp32"] and seen[-1] == {}
-    with pytest.raises(HarnessError, match="kernels=invariant needs"):
-        sweep.load_target_group(
-            PAIR, target_precision="fp32", draft_precisions=(), target_kernels="invariant"
-        )
-
-
 def test_group_pairs_share_one_target():
     pairs = sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=("fp32", "w8af32"))
-    assert set(pairs) == {"fp32", "w8af32"}
-    assert pairs["fp32"].target is pairs["w8af32"].target
-    assert (pairs["fp32"].draft_precision, pairs["w8af32"].draft_precision) == ("fp32", "w8af32")
-    assert pairs["fp32"].draft is not pairs["w8af32"].draft
+    fp32, w8 = ("fp32", None), ("w8af32", None)
+    assert set(pairs) == {fp32, w8}
+    assert pairs[fp32].target is pairs[w8].target
+    assert (pairs[fp32].draft_precision, pairs[w8].draft_precision) == ("fp32", "w8af32")
+    assert pairs[fp32].draft is not pairs[w8].draft
     assert sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=())[None].draft is None
 
 

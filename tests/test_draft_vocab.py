@@ -1,0 +1,70 @@
+"""A draft that scores only part of the vocabulary: faster drafts, never another output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import models, sweep, vocab
+from harness.errors import HarnessError
+from harness.generation import GenerationSettings, generate
+
+IDS = list(range(3, 40))
+
+
+@pytest.mark.parametrize("draft_precision", ["fp32", "w8af32"])
+def test_restricted_draft_keeps_output_and_still_drafts(draft_precision):
+    full = models.load_pair("tiny-qwen2", draft_precision=draft_precision)
+    cut = models.load_pair("tiny-qwen2", draft_precision=draft_precision, draft_vocab=100)
+    s = GenerationSettings(mode="assisted", max_new_tokens=16, ignore_eos=True)
+    plain = generate(full, IDS, GenerationSettings(max_new_tokens=16, ignore_eos=True))
+    a, b = generate(full, IDS, s), generate(cut, IDS, s)
+    assert a.output_ids == b.output_ids == plain.output_ids
+    assert b.drafted > 0
+    assert isinstance(cut.draft.get_output_embeddings(), vocab.VocabSubsetHead)
+
+
+def test_restricted_draft_never_scores_a_dropped_token():
+    pair = models.load_pair("tiny-llama", draft_vocab=50)
+    with torch.inference_mode():
+        logits = pair.draft(torch.tensor([IDS])).logits[0]
+    size = int(pair.target.config.vocab_size)
+    assert logits.shape[-1] == size
+    floor = torch.finfo(logits.dtype).min
+    assert bool((logits[:, 50:] == floor).all())
+    assert bool((logits[:, :50] > floor).all())
+    assert int(logits[-1].argmax()) < 50
+
+
+def test_special_tokens_stay_proposable():
+    pair = models.load_pair("tiny-llama")
+    draft = vocab.restrict_draft_vocab(pair.draft, 40, specials_from=500)
+    with torch.inference_mode():
+        logits = draft(torch.tensor([IDS])).logits[0]
+    floor = torch.finfo(logits.dtype).min
+    assert bool((logits[:, 500:] > floor).all()) and bool((logits[:, 40:500] == floor).all())
+
+
+@pytest.mark.parametrize("keep", [0, 10**6])
+def test_bad_draft_vocab_is_a_clear_error(keep):
+    with pytest.raises(HarnessError, match="--draft_vocab"):
+        models.load_pair("tiny-qwen2", draft_vocab=keep)
+
+
+def test_sweep_spec_takes_dv():
+    (config,) = sweep.parse_configs("t=fp32,d=w8af32,k=3,dv=32768")
+    assert config.draft_vocab == 32768 and config.label.endswith("-dv32768")
+    with pytest.raises(HarnessError, match="dv"):
+        sweep.parse_configs("t=fp32,mode=prompt_lookup,dv=100")
+    with pytest.raises(HarnessError, match="dv"):
+        sweep.parse_configs("t=fp32,dv=lots")
+
+
+def test_sweep_loads_a_restricted_draft_beside_a_full_one():
+    pairs = sweep.load_target_group(
+        "tiny-qwen2", target_precision="fp32", draft_precisions=[("fp32", None), ("fp32", 64)]
+    )
+    assert set(pairs) == {("fp32", None), ("fp32", 64)}
+    assert pairs[("fp32", 64)].draft_vocab == 64
+    assert isinstance(pairs[("fp32", 64)].draft.get_output_embeddings(), vocab.VocabSubsetHead)
+    assert pairs[("fp32", None)].target is pairs[("fp32", 64)].target
