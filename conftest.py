@@ -156,8 +156,9 @@ class PairCache:
         draft_precision: str | None = None,
         with_draft: bool = True,
         target_kernels: str = "stock",
+        draft_vocab: int | None = None,
     ) -> models.LoadedPair:
-        key = (name.lower(), target_precision, draft_precision, with_draft, target_kernels)
+        key = (name.lower(), target_precision, draft_precision, with_draft, target_kernels, draft_vocab)
         if key not in self._loaded:
             self.require_weights(name)
             if not models.get_pair(name).target.is_tiny:
@@ -172,6 +173,7 @@ class PairCache:
                 with_draft=with_draft,
                 weights_dir=self.weights_dir,
                 target_kernels=target_kernels,
+                draft_vocab=draft_vocab,
             )
         return self._loaded[key]
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from harness import equivalence, tasks, tiny
+from harness import equivalence, sweep, tasks, tiny
 from harness.generation import GenerationSettings, generate, generation_config
 from harness.models import LoadedPair, get_pair
 
@@ -48,8 +48,10 @@ GRID = _grid()
 
 def _prompt_texts() -> list[tasks.Prompt]:
     general, code = tasks.decode_prompts("general"), tasks.decode_prompts("code")
-    # Alternate so a short run still covers both the decode and the code prompts.
-    return [p for pair in zip(general, code, strict=False) for p in pair]
+    # Alternate so a short run still covers both the decode and the code prompts; the longer
+    # list's tail follows.
+    n = min(len(general), len(code))
+    return [p for pair in zip(general[:n], code[:n], strict=True) for p in pair] + general[n:] + code[n:]
 
 
 PROMPTS = _prompt_texts()
@@ -411,6 +413,15 @@ def test_precision_tier(pairs, plain_cache, divergence_table, pair_name, target_
     _tier_check(pair, PROMPTS[:4], TINY_NEW_TOKENS, divergence_table, plain_cache, 64)
 
 
+def real_tier_prompts(n: int) -> list[tasks.Prompt]:
+    """The first ``n`` of: the decode and code prompts (alternating), then the HumanEval prompts
+    (raw completions), so ``--real-prompts 186`` covers every prompt the suites use."""
+    prompts = list(PROMPTS)
+    if n > len(prompts):
+        prompts += sweep.humaneval_prompts(n - len(prompts), REAL_NEW_TOKENS)
+    return prompts[:n]
+
+
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.parametrize("kernels", TIER_KERNELS)
 @pytest.mark.parametrize("target_precision", TIER_PRECISIONS)
@@ -418,4 +429,4 @@ def test_precision_tier_real(
     pairs, plain_cache, divergence_table, pair_name, real_prompts, target_precision, kernels
 ):
     pair = pairs.get(pair_name, target_precision=target_precision, target_kernels=kernels)
-    _tier_check(pair, PROMPTS[:real_prompts], REAL_NEW_TOKENS, divergence_table, plain_cache)
+    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, plain_cache)
