@@ -42,15 +42,15 @@ _SOURCE = Path(__file__).with_name("kernels") / "invariant.cpp"
 _INT4_STEP = 16
 
 
-def check_kernels(name: str) -> str:
+def check_kernels(name: str, flag: str = "--target_kernels") -> str:
     if name not in KERNELS:
-        raise HarnessError(f"unknown --target_kernels {name!r}; choose one of {', '.join(KERNELS)}")
+        raise HarnessError(f"unknown {flag} {name!r}; choose one of {', '.join(KERNELS)}")
     if name == "invariant":
-        flags = _cpu_flags()
-        if flags is not None and not {"avx2", "fma"} <= flags:
+        cpu = _cpu_flags()
+        if cpu is not None and not {"avx2", "fma"} <= cpu:
             raise UnsupportedError(
-                "--target_kernels invariant needs a CPU with AVX2 and FMA (this one lacks them); "
-                "use --target_kernels stock"
+                f"{flag} invariant needs a CPU with AVX2 and FMA (this one lacks them); "
+                f"use {flag} stock"
             )
     return name
 

@@ -169,6 +169,7 @@ class LoadedPair:
     origins: dict[str, str] = field(default_factory=dict)  # role -> where the weights came from
     target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
     draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
+    draft_kernels: str = "stock"  # "invariant": the draft runs the harness's small-M kernels too
 
     @property
     def eos_token_id(self) -> int | None:
@@ -202,6 +203,7 @@ def prepare_draft(
     draft_precision: str,
     device: torch.device | str = "cpu",
     draft_vocab: int | None = None,
+    draft_kernels: str = "stock",
 ) -> PreTrainedModel:
     """A freshly loaded float draft made ready to assist: pinned generation config, optional
     vocabulary restriction, precision, padding to the target's vocabulary, device."""
@@ -210,7 +212,12 @@ def prepare_draft(
         # Special tokens (EOS among them) sit after the BPE vocabulary; keep them proposable.
         added = [i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i >= draft_vocab]
         vocab.restrict_draft_vocab(draft, draft_vocab, min(added) if added else None)
-    draft = precision.apply_precision(draft, draft_precision)
+    if draft_kernels == "invariant":
+        # Not for exactness (draft tokens are only proposals) but speed: the same small-M kernels
+        # stream int4/int8 weights faster than the stock paths here.
+        draft = invariant.apply_precision(draft, draft_precision)
+    else:
+        draft = precision.apply_precision(draft, draft_precision)
     # After the precision change, so the padding hook sits on the final output layer.
     draft = vocab.pad_draft_vocab(draft, target_vocab)
     return devices.place(draft, devices.check_device(str(device)))
@@ -227,6 +234,7 @@ def load_pair(
     weights_dir: str | None = None,
     target_kernels: str = "stock",
     draft_vocab: int | None = None,
+    draft_kernels: str = "stock",
 ) -> LoadedPair:
     """Load target (and draft) with their precisions on their devices; validate everything first."""
     spec = get_pair(name)
@@ -234,6 +242,7 @@ def load_pair(
     draft_precision = (draft_precision or spec.draft_precision) if with_draft else None
     precision.check_precision(target_precision)
     invariant.check_kernels(target_kernels)
+    invariant.check_kernels(draft_kernels, "--draft_kernels")
     if target_kernels == "invariant" and target_device != "cpu":
         raise UnsupportedError(
             f"--target_kernels invariant runs on the CPU only (target device {target_device!r}); "
@@ -282,7 +291,9 @@ def load_pair(
         target = precision.apply_precision(target, target_precision)
     target = devices.place(target, t_dev)
     if draft is not None:
-        draft = prepare_draft(draft, tokenizer, vocab.vocab_size(target), draft_precision, d_dev, draft_vocab)
+        draft = prepare_draft(
+            draft, tokenizer, vocab.vocab_size(target), draft_precision, d_dev, draft_vocab, draft_kernels
+        )
     return LoadedPair(
         spec=spec,
         target=target,
@@ -295,6 +306,7 @@ def load_pair(
         origins=origins,
         target_kernels=target_kernels,
         draft_vocab=draft_vocab if with_draft else None,
+        draft_kernels=draft_kernels if with_draft else "stock",
     )
 
 
