@@ -165,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--draft_device", default="cpu", help="cpu, cuda[:N]")
     m.add_argument(
+        "--draft_kernels",
+        choices=invariant.KERNELS,
+        default="stock",
+        help="draft kernels: stock, or invariant (the harness's small-M kernels: chosen for speed, a "
+        "draft's output is only a proposal)",
+    )
+    m.add_argument(
         "--draft_vocab",
         type=int,
         help="the draft scores only the first N token ids plus the special tokens (a smaller output "
@@ -354,6 +361,7 @@ def run(args: argparse.Namespace) -> int:
         weights_dir=args.weights_dir,
         target_kernels=args.target_kernels,
         draft_vocab=args.draft_vocab,
+        draft_kernels=args.draft_kernels,
     )
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name
@@ -414,8 +422,10 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep.SweepConfig]:
             )
     if args.assistant_schedule != "constant":
         raise HarnessError("--assistant_schedule does not apply to --task sweep: write sched=... in --sweep")
-    if args.target_kernels != "stock":
-        raise HarnessError("--target_kernels does not apply to --task sweep: write kernels=... in --sweep")
+    for flag in ("target_kernels", "draft_kernels"):
+        if getattr(args, flag) != "stock":
+            key = "kernels" if flag == "target_kernels" else "dk"
+            raise HarnessError(f"--{flag} does not apply to --task sweep: write {key}=... in --sweep")
     if args.do_sample:
         # Greedy only: whether assistance changed the output is one of the things a sweep reports.
         raise HarnessError(

@@ -35,9 +35,10 @@ k          K: draft tokens per step (prompt lookup: tokens proposed)   5 (prompt
 sched      ``constant``, ``dynamic`` or ``heuristic`` (assisted only)  constant
 kernels    target kernels: ``stock`` or ``invariant``                  stock
 dv         draft scores only the first N token ids (+ special tokens)  whole vocabulary
+dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
 =========  ==========================================================  ===========================
 
-Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``.
+Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``, ``draft_kernels``.
 """
 
 from __future__ import annotations
@@ -98,8 +99,10 @@ _KEYS = {
     "target_kernels": "target_kernels",
     "dv": "draft_vocab",
     "draft_vocab": "draft_vocab",
+    "dk": "draft_kernels",
+    "draft_kernels": "draft_kernels",
 }
-_SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode, k, sched, kernels, dv)"
+_SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode, k, sched, kernels, dv, dk)"
 
 
 # --------------------------------------------------------------------------- configurations
@@ -116,11 +119,14 @@ class SweepConfig:
     schedule: str = "constant"
     target_kernels: str = "stock"
     draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
+    draft_kernels: str = "stock"
 
     @property
-    def draft_key(self) -> tuple[str | None, int | None]:
-        """What loads one draft: precision and vocabulary restriction."""
-        return (self.draft_precision, self.draft_vocab)
+    def draft_key(self) -> tuple[str | None, int | None] | tuple[str | None, int | None, str]:
+        """What loads one draft: precision, vocabulary restriction (and kernels when not stock)."""
+        if self.draft_kernels == "stock":
+            return (self.draft_precision, self.draft_vocab)
+        return (self.draft_precision, self.draft_vocab, self.draft_kernels)
 
     @property
     def label(self) -> str:
@@ -133,6 +139,7 @@ class SweepConfig:
             f"t_{self.target_precision}-d_{self.draft_precision}-K{self.num_assistant_tokens}"
             f"-{self.schedule}-{self.target_kernels}"
             + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
+            + ("-dk_invariant" if self.draft_kernels != "stock" else "")
         )
 
     @property
@@ -172,7 +179,9 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
             raise HarnessError(f"{where}: {item!r} is not key=value; write e.g. {_SYNTAX}")
         field = _KEYS.get(key.lower())
         if field is None:
-            raise HarnessError(f"{where}: unknown key {key!r}; known keys: t, d, mode, k, sched, kernels, dv")
+            raise HarnessError(
+                f"{where}: unknown key {key!r}; known keys: t, d, mode, k, sched, kernels, dv, dk"
+            )
         if field in values:
             raise HarnessError(f"{where}: {key!r} is given twice; give each key once per configuration")
         values[field] = value
@@ -204,6 +213,10 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
             raise HarnessError(f"{where}: prompt_lookup uses no draft model; remove d={draft}")
         if draft_vocab is not None:
             raise HarnessError(f"{where}: prompt_lookup uses no draft model; remove dv={draft_vocab}")
+        if "draft_kernels" in values:
+            raise HarnessError(
+                f"{where}: prompt_lookup uses no draft model; remove dk={values['draft_kernels']}"
+            )
         if schedule is not None and schedule != "constant":
             raise HarnessError(
                 f"{where}: sched applies to draft-model assistance only; remove sched={schedule}"
@@ -217,6 +230,9 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
     kernels = values.pop("target_kernels", "stock").lower()
     if kernels not in KERNELS:
         raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join(KERNELS)}")
+    draft_kernels = values.pop("draft_kernels", "stock").lower()
+    if draft_kernels not in KERNELS:
+        raise HarnessError(f"{where}: dk {draft_kernels!r} is not one of {', '.join(KERNELS)}")
     target = values.pop("target_precision", "fp32")
     for name in (target, draft):
         if name is not None:
@@ -224,7 +240,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
                 precision.check_precision(name)
             except HarnessError as exc:
                 raise HarnessError(f"{where}: {exc}") from None
-    return SweepConfig(target, draft, mode, k, schedule, kernels, draft_vocab)
+    return SweepConfig(target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels)
 
 
 def parse_configs(spec: str) -> list[SweepConfig]:
@@ -269,7 +285,8 @@ def group_configs(configs: Sequence[SweepConfig]) -> dict[tuple[str, str], list[
 Loader = Callable[..., Mapping[str | None, models.LoadedPair]]
 
 
-DraftKey = tuple[str, int | None]  # (draft precision, draft vocabulary restriction or None)
+# (draft precision, draft vocabulary restriction or None[, draft kernels when not stock])
+DraftKey = tuple[str, int | None] | tuple[str, int | None, str]
 
 
 def _extra_draft(pair: models.LoadedPair, key: DraftKey, weights_dir: str | None, device: str) -> Any:
@@ -281,14 +298,20 @@ def _extra_draft(pair: models.LoadedPair, key: DraftKey, weights_dir: str | None
     else:
         path = weights.resolve(spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir)
         draft = models._load_hf(path)
-    draft_precision, draft_vocab = key
+    draft_precision, draft_vocab, draft_kernels = (*key, "stock")[:3]
     return models.prepare_draft(
-        draft, pair.tokenizer, vocab.vocab_size(pair.target), draft_precision, device, draft_vocab
+        draft,
+        pair.tokenizer,
+        vocab.vocab_size(pair.target),
+        draft_precision,
+        device,
+        draft_vocab,
+        draft_kernels,
     )
 
 
 def _draft_key(item: str | DraftKey) -> DraftKey:
-    return (item, None) if isinstance(item, str) else (item[0], item[1])
+    return (item, None) if isinstance(item, str) else tuple(item)  # type: ignore[return-value]
 
 
 def load_target_group(
@@ -317,6 +340,7 @@ def load_target_group(
         draft_device=draft_device,
         weights_dir=weights_dir,
         draft_vocab=drafts[0][1] if drafts else None,
+        draft_kernels=drafts[0][2] if drafts and len(drafts[0]) > 2 else "stock",
         target_kernels=target_kernels,
     )
     if not drafts:
@@ -324,7 +348,13 @@ def load_target_group(
     pairs: dict[DraftKey | None, models.LoadedPair] = {drafts[0]: first}
     for key in drafts[1:]:
         draft = _extra_draft(first, key, weights_dir, draft_device)
-        pairs[key] = dataclasses.replace(first, draft=draft, draft_precision=key[0], draft_vocab=key[1])
+        pairs[key] = dataclasses.replace(
+            first,
+            draft=draft,
+            draft_precision=key[0],
+            draft_vocab=key[1],
+            draft_kernels=key[2] if len(key) > 2 else "stock",
+        )
     return pairs
 
 
@@ -516,7 +546,7 @@ def _measure_group(
     target_precision, kernels = target_key
     draft_keys = sorted(
         {c.draft_key for _, _, c, _ in jobs if c is not None and c.mode == "assisted"},
-        key=lambda k: (str(k[0]), k[1] or 0),
+        key=lambda k: (str(k[0]), k[1] or 0, k[2] if len(k) > 2 else ""),
     )
     pairs = loader(
         pair_name,

@@ -1,4 +1,5 @@
-"""A draft that scores only part of the vocabulary: faster drafts, never another output."""
+"""Draft options: a draft that scores only part of the vocabulary, or runs the harness kernels: faster
+drafts, never another output."""
 
 from __future__ import annotations
 
@@ -68,3 +69,30 @@ def test_sweep_loads_a_restricted_draft_beside_a_full_one():
     assert pairs[("fp32", 64)].draft_vocab == 64
     assert isinstance(pairs[("fp32", 64)].draft.get_output_embeddings(), vocab.VocabSubsetHead)
     assert pairs[("fp32", None)].target is pairs[("fp32", 64)].target
+
+
+def test_draft_on_the_harness_kernels_keeps_output():
+    from harness import invariant
+
+    pair = models.load_pair(
+        "tiny-qwen2", draft_precision="w8af32", draft_kernels="invariant", draft_vocab=100
+    )
+    assert any(isinstance(m, invariant.InvariantLinear) for m in pair.draft.modules())
+    assert not any(isinstance(m, invariant.InvariantLinear) for m in pair.target.modules())
+    s = GenerationSettings(mode="assisted", max_new_tokens=16, ignore_eos=True)
+    plain = generate(pair, IDS, GenerationSettings(max_new_tokens=16, ignore_eos=True))
+    assisted = generate(pair, IDS, s)
+    assert assisted.output_ids == plain.output_ids and assisted.drafted > 0
+    with pytest.raises(HarnessError, match="--draft_kernels"):
+        models.load_pair("tiny-qwen2", draft_kernels="turbo")
+
+
+def test_sweep_spec_takes_dk():
+    (config,) = sweep.parse_configs("t=fp32,d=w8af32,k=3,dv=100,dk=invariant")
+    assert config.draft_key == ("w8af32", 100, "invariant") and config.label.endswith("-dk_invariant")
+    pairs = sweep.load_target_group(
+        "tiny-qwen2", target_precision="fp32", draft_precisions=[config.draft_key]
+    )
+    assert pairs[config.draft_key].draft_kernels == "invariant"
+    with pytest.raises(HarnessError, match="dk"):
+        sweep.parse_configs("t=fp32,d=fp32,dk=fast")
