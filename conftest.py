@@ -155,7 +155,7 @@ class PairCache:
         target_precision: str | None = None,
         draft_precision: str | None = None,
         with_draft: bool = True,
-        target_kernels: str = "stock",
+        target_kernels: str | None = None,
         draft_vocab: int | None = None,
     ) -> models.LoadedPair:
         key = (name.lower(), target_precision, draft_precision, with_draft, target_kernels, draft_vocab)

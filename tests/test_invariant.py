@@ -141,9 +141,11 @@ def test_load_pair_with_invariant_kernels(ext):
     assert not any(isinstance(m, invariant.InvariantLinear) for m in pair.draft.modules())
 
 
-def test_bad_kernel_settings_fail_clearly():
+def test_bad_kernel_settings_fail_clearly(monkeypatch):
     with pytest.raises(HarnessError, match="choose one of stock, invariant"):
         models.load_pair("tiny-qwen2", target_kernels="fast")
+    # As if this machine had a GPU: the device passes its own check, the kernels refuse it.
+    monkeypatch.setattr(models.devices, "check_device", lambda name: torch.device(name))
     with pytest.raises(UnsupportedError, match="CPU only"):
         models.load_pair("tiny-qwen2", target_kernels="invariant", target_device="cuda")
 
