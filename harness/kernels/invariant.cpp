@@ -108,30 +108,44 @@ struct I4W {
 
 constexpr int RB = 4;  // rows per block: 8 accumulators + 2 weight registers + row loads fit 16 ymm
 
+// One (m-block, n) cell: rows m0 .. m0+rows-1 of column n, in the fixed order described above.
+template <typename W>
+inline void cell(const float* x, const W& w, float* y, int64_t m0, int64_t rows, int64_t n, int64_t N,
+                 int64_t K) {
+  const int64_t K16 = K - K % 16;
+  __m256 a0[RB], a1[RB];
+  for (int r = 0; r < RB; ++r) { a0[r] = _mm256_setzero_ps(); a1[r] = _mm256_setzero_ps(); }
+  for (int64_t k = 0; k < K16; k += 16) {
+    __m256 w0, w1;
+    w.load16(n, k, w0, w1);
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x + (m0 + r) * K + k;
+      a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), w0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w1, a1[r]);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    float s = hsum8(_mm256_add_ps(a0[r], a1[r]));
+    const float* xr = x + (m0 + r) * K;
+    for (int64_t k = K16; k < K; ++k) s = std::fma(xr[k], w.at(n, k), s);
+    y[(m0 + r) * N + n] = s * w.out_scale(n);
+  }
+}
+
+// Columns in chunks of NC, rows in blocks of RB inside a chunk: for a long prompt (prefill) the
+// chunk's weights stay in cache while every row block passes over them, instead of all rows being
+// streamed again for every column. Only the visiting order changes; every cell is computed alike.
+constexpr int64_t NC = 32;
+
 template <typename W>
 void kernel(const float* x, const W& w, float* y, int64_t M, int64_t N, int64_t K) {
-  const int64_t K16 = K - K % 16;
+  const int64_t chunks = (N + NC - 1) / NC;
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n_end = std::min<int64_t>(N, (c + 1) * NC);
     for (int64_t m0 = 0; m0 < M; m0 += RB) {
       const int64_t rows = std::min<int64_t>(RB, M - m0);
-      __m256 a0[RB], a1[RB];
-      for (int r = 0; r < RB; ++r) { a0[r] = _mm256_setzero_ps(); a1[r] = _mm256_setzero_ps(); }
-      for (int64_t k = 0; k < K16; k += 16) {
-        __m256 w0, w1;
-        w.load16(n, k, w0, w1);
-        for (int r = 0; r < rows; ++r) {
-          const float* xr = x + (m0 + r) * K + k;
-          a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), w0, a0[r]);
-          a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w1, a1[r]);
-        }
-      }
-      for (int r = 0; r < rows; ++r) {
-        float s = hsum8(_mm256_add_ps(a0[r], a1[r]));
-        const float* xr = x + (m0 + r) * K;
-        for (int64_t k = K16; k < K; ++k) s = std::fma(xr[k], w.at(n, k), s);
-        y[(m0 + r) * N + n] = s * w.out_scale(n);
-      }
+      for (int64_t n = c * NC; n < n_end; ++n) cell(x, w, y, m0, rows, n, N, K);
     }
   }
 }
