@@ -74,6 +74,7 @@ class CaseKey:
     backend: str = "torch"
     draft: str | None = None
     kernels: str = "stock"  # target kernels: "stock" or "invariant" (harness.invariant)
+    draft_vocab: int | None = None  # the draft scored only this many leading token ids
 
     @property
     def sampling(self) -> str:
@@ -106,6 +107,8 @@ class CaseKey:
             parts.append(_part(self.backend))
         if self.kernels != "stock":
             parts.append(_part(self.kernels))
+        if self.draft_vocab is not None:
+            parts.append(f"dv{self.draft_vocab}")
         if self.draft is not None:
             parts.append(f"draft_{_part(self.draft)}")
         return "-".join(parts)

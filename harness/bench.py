@@ -55,6 +55,7 @@ class BenchCase:
     seed: int = 0
     task: str = TASK
     target_kernels: str = "stock"
+    draft_vocab: int | None = None
 
     def key(self) -> baselines.CaseKey:
         sampled = self.do_sample
@@ -72,6 +73,7 @@ class BenchCase:
             top_p=self.top_p if sampled else None,
             top_k=self.top_k if sampled else None,
             kernels=self.target_kernels,
+            draft_vocab=self.draft_vocab,
         )
 
     @property
@@ -390,6 +392,11 @@ def _check_pair(pair: LoadedPair, case: BenchCase) -> None:
         raise HarnessError(
             f"case {case.case_id} wants target/draft precision {case.target_precision}/"
             f"{case.draft_precision}, the loaded pair has {got[0]}/{got[1]}; load it with those precisions"
+        )
+    if pair.draft_vocab != case.draft_vocab:
+        raise HarnessError(
+            f"case {case.case_id} wants draft vocabulary {case.draft_vocab}, the loaded pair has "
+            f"{pair.draft_vocab}; load it with draft_vocab={case.draft_vocab or 0}"
         )
     if pair.target_kernels != case.target_kernels:
         raise HarnessError(

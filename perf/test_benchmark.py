@@ -58,26 +58,37 @@ def tiny_case(pair_name: str) -> bench.BenchCase:
     return bench.BenchCase(pair_name, prompt_tokens=64, new_tokens=32, num_assistant_tokens=5)
 
 
-def real_case(pair_name: str) -> bench.BenchCase:
-    """The CI subset case: short, because the 1.5B fp32 target decodes only ~3-6 tokens/s here."""
-    spec = models.get_pair(pair_name)
-    if spec.name == models.DEFAULT_PAIR:
-        return bench.BenchCase(spec.name, 128, 32, "fp32", "fp32", num_assistant_tokens=5)
-    # Other real pairs (--real-pairs) run at the precisions and K they are registered with.
+def registered_case(spec: models.PairSpec) -> bench.BenchCase:
+    """The pair as registered: for the offline pair, the configuration the CLI runs by default."""
     return bench.BenchCase(
-        spec.name, 128, 32, spec.target_precision, spec.draft_precision, spec.num_assistant_tokens
+        spec.name,
+        128,
+        32,
+        spec.target_precision,
+        spec.draft_precision,
+        spec.num_assistant_tokens,
+        target_kernels=spec.target_kernels,
+        draft_vocab=spec.draft_vocab,
     )
+
+
+def real_case(pair_name: str, which: str) -> bench.BenchCase:
+    """The CI subset cases: short, because the 1.5B fp32 target decodes only ~2 tokens/s here.
+
+    "registered" gates the default configuration (issue 7's numbers); "fp32" the stock fp32 pair,
+    the reference the earlier baselines were taken with."""
+    spec = models.get_pair(pair_name)
+    if which == "fp32" and spec.name == models.DEFAULT_PAIR:
+        return bench.BenchCase(spec.name, 128, 32, "fp32", "fp32", num_assistant_tokens=5)
+    if which == "fp32":
+        pytest.skip(f"{spec.name} runs its registered case only (the fp32 case is the offline pair's)")
+    return registered_case(spec)
 
 
 def load(pairs, case: bench.BenchCase) -> models.LoadedPair:
     # Ask for the registered precision as None, so the session cache shares the pair with other tests.
     spec = models.get_pair(case.pair)
-    registered = (
-        case.target_precision == spec.target_precision
-        and case.draft_precision == spec.draft_precision
-        and case.target_kernels == spec.target_kernels
-    )
-    if registered:
+    if case == registered_case(spec) or case == tiny_case(case.pair):
         return pairs.get(case.pair)
     # Anything else is spelled out, the whole draft vocabulary included (a case has no dv).
     return pairs.get(
@@ -138,8 +149,9 @@ def test_benchmark_machinery_tiny(pairs, pair_name, tmp_path, platform_name, ben
 
 
 @pytest.mark.pairs(tiny=False)
-def test_benchmark_real(pairs, pair_name, benchmark, pytestconfig, platform_name, bench_results):
-    case = real_case(pair_name)
+@pytest.mark.parametrize("which", ["registered", "fp32"])
+def test_benchmark_real(pairs, pair_name, which, benchmark, pytestconfig, platform_name, bench_results):
+    case = real_case(pair_name, which)
     pair = load(pairs, case)
     repetitions = pytestconfig.getoption("--perf-repetitions")
     measured: list[bench.CaseMeasurement] = []
@@ -160,7 +172,8 @@ def test_benchmark_real(pairs, pair_name, benchmark, pytestconfig, platform_name
     benchmark.pedantic(measure, rounds=1, iterations=1)
     m = measured[-1]
     benchmark.extra_info.update(m.summary())
-    check_machinery(m, exact_outputs=case.target_precision == case.draft_precision == "fp32")
+    exact = case.target_kernels == "invariant" or case.target_precision == case.draft_precision == "fp32"
+    check_machinery(m, exact_outputs=exact)
 
     if pytestconfig.getoption("--update-baselines"):
         path = baselines.save_baseline(BASELINES, platform_name, case.key(), m.record())
