@@ -257,6 +257,8 @@ def save_baseline(
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp creates 0600; a baseline is a shared, committed file: readable like any other.
+        os.chmod(tmp_name, 0o644)
         os.replace(tmp_name, path)
     except BaseException:
         try:

@@ -89,6 +89,7 @@ def test_round_trip_and_sorted_keys(tmp_path):
     rec = record_for(CASE, plain, assisted)
     path = save_baseline(tmp_path, "test-box-2c", CASE, rec)
     assert path == tmp_path / "test-box-2c" / "qwen2.5-coder-1.5b" / f"{CASE.case_id}.json"
+    assert path.stat().st_mode & 0o777 == 0o644  # a committed file, readable by everyone
     text = path.read_text()
     data = json.loads(text)
     assert (
