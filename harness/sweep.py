@@ -169,6 +169,16 @@ def _plain_settings(new_tokens: int) -> GenerationSettings:
     return GenerationSettings(mode="plain", max_new_tokens=new_tokens, ignore_eos=True).validate()
 
 
+def _positive_int(where: str, key: str, text: str, example: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise HarnessError(f"{where}: {key}={text!r} is not an integer; write e.g. {key}={example}") from None
+    if value < 1:
+        raise HarnessError(f"{where}: {key} must be at least 1 (got {value})")
+    return value
+
+
 def _parse_entry(entry: str, where: str) -> SweepConfig:
     values: dict[str, str] = {}
     for item in entry.split(","):
@@ -190,24 +200,11 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
     mode = values.pop("mode", "assisted").lower()
     if mode not in MODES:
         raise HarnessError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
-    k_text = values.pop("num_assistant_tokens", str(DEFAULT_K[mode]))
-    try:
-        k = int(k_text)
-    except ValueError:
-        raise HarnessError(f"{where}: k={k_text!r} is not an integer; write e.g. k=5") from None
-    if k < 1:
-        raise HarnessError(f"{where}: k must be at least 1 (got {k})")
+    k = _positive_int(where, "k", values.pop("num_assistant_tokens", str(DEFAULT_K[mode])), 5)
     schedule = values.pop("schedule", None)
     draft = values.pop("draft_precision", None)
     dv_text = values.pop("draft_vocab", None)
-    draft_vocab = None
-    if dv_text is not None:
-        try:
-            draft_vocab = int(dv_text)
-        except ValueError:
-            raise HarnessError(f"{where}: dv={dv_text!r} is not an integer; write e.g. dv=32768") from None
-        if draft_vocab < 1:
-            raise HarnessError(f"{where}: dv must be at least 1 (got {draft_vocab})")
+    draft_vocab = None if dv_text is None else _positive_int(where, "dv", dv_text, 32768)
     if mode == "prompt_lookup":
         # Silently ignoring these would print a configuration that did not run as written.
         if draft is not None:
