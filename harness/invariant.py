@@ -49,8 +49,7 @@ def check_kernels(name: str, flag: str = "--target_kernels") -> str:
         cpu = _cpu_flags()
         if cpu is not None and not {"avx2", "fma"} <= cpu:
             raise UnsupportedError(
-                f"{flag} invariant needs a CPU with AVX2 and FMA (this one lacks them); "
-                f"use {flag} stock"
+                f"{flag} invariant needs a CPU with AVX2 and FMA (this one lacks them); use {flag} stock"
             )
     return name
 
