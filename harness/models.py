@@ -206,6 +206,13 @@ def _load_hf(path: Path) -> PreTrainedModel:
     return model
 
 
+def _apply_precision(model: PreTrainedModel, name: str, kernels: str) -> PreTrainedModel:
+    """Precision ``name`` on the stock kernels or on the harness's batch-invariant ones."""
+    if kernels == "invariant":
+        return invariant.apply_precision(model, name)
+    return precision.apply_precision(model, name)
+
+
 def prepare_draft(
     draft: PreTrainedModel,
     tokenizer: Any,
@@ -222,12 +229,9 @@ def prepare_draft(
         # Special tokens (EOS among them) sit after the BPE vocabulary; keep them proposable.
         added = [i for i in getattr(tokenizer, "added_tokens_decoder", {}) if i >= draft_vocab]
         vocab.restrict_draft_vocab(draft, draft_vocab, min(added) if added else None)
-    if draft_kernels == "invariant":
-        # Not for exactness (draft tokens are only proposals) but speed: the same small-M kernels
-        # stream int4/int8 weights faster than the stock paths here.
-        draft = invariant.apply_precision(draft, draft_precision)
-    else:
-        draft = precision.apply_precision(draft, draft_precision)
+    # Invariant draft kernels are not for exactness (draft tokens are only proposals) but speed: the
+    # same small-M kernels stream int8 weights faster than the stock paths here.
+    draft = _apply_precision(draft, draft_precision, draft_kernels)
     # After the precision change, so the padding hook sits on the final output layer.
     draft = vocab.pad_draft_vocab(draft, target_vocab)
     return devices.place(draft, devices.check_device(str(device)))
@@ -298,11 +302,7 @@ def load_pair(
         origins = {"target": str(target_path), "draft": str(draft_path) if draft_path else ""}
 
     _pin_generation_config(target, tokenizer)
-    if target_kernels == "invariant":
-        target = invariant.apply_precision(target, target_precision)
-    else:
-        target = precision.apply_precision(target, target_precision)
-    target = devices.place(target, t_dev)
+    target = devices.place(_apply_precision(target, target_precision, target_kernels), t_dev)
     if draft is not None:
         draft = prepare_draft(
             draft, tokenizer, vocab.vocab_size(target), draft_precision, d_dev, draft_vocab, draft_kernels
