@@ -101,11 +101,30 @@ def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class _Weights:
-    kind: str  # "f32" | "bf16" | "i8" | "i4"
+    kind: str  # "f32" | "bf16" | "i8" | "i8a8" | "i4"
     data: torch.Tensor
-    scale: torch.Tensor | None = None  # i8: [N]; i4: [N, K/group]
-    offset: torch.Tensor | None = None  # i4: [N, K/group], zero - 8 * scale
+    scale: torch.Tensor | None = None  # i8, i8a8: [N]; i4: [N, K/group]
+    offset: torch.Tensor | None = None  # i4: [N, K/group], zero - 8 * scale; i8a8: [N] int32 code sums
     group_size: int = 0
+
+
+# The int8 x int8 kernel consumes 64 codes per instruction (AVX-512 VNNI); rows are zero-padded.
+_I8A8_K_MULTIPLE = 64
+
+
+def _i8a8_weights(weight: torch.Tensor) -> _Weights:
+    """Per-output-row symmetric int8 codes (the stock precisions' own, see
+    ``precision.quantize_int8_per_channel``), zero-padded to a multiple of 64, and their sums."""
+    q, scale = precision.quantize_int8_per_channel(weight)
+    q = q[:, : weight.shape[1]]
+    pad = -weight.shape[1] % _I8A8_K_MULTIPLE
+    q = torch.nn.functional.pad(q, (0, pad))
+    wsum = q.sum(dim=1, dtype=torch.int32).contiguous()
+    # The kernel's layout: [N/16, Kp/4, 16, 4] (16 columns x 4 inputs per 64-byte load).
+    n, kp = q.shape
+    q = torch.nn.functional.pad(q, (0, 0, 0, -n % 16))
+    packed = q.reshape(-1, 16, kp // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return _Weights("i8a8", packed, scale.contiguous(), wsum)
 
 
 class InvariantLinear(nn.Module):
@@ -119,7 +138,10 @@ class InvariantLinear(nn.Module):
         self.out_features = out_features
         self.kind = weights.kind
         self.group_size = weights.group_size
-        self.padded_in = weights.data.shape[1] * (2 if weights.kind == "i4" else 1)
+        # i8a8 takes x unpadded: it quantizes each row into a zero-padded buffer itself.
+        self.padded_in = (
+            in_features if weights.kind == "i8a8" else weights.data.shape[1] * (2 if weights.kind == "i4" else 1)
+        )
         self.register_buffer("weight_data", weights.data)
         self.register_buffer("weight_scale", weights.scale)
         self.register_buffer("weight_offset", weights.offset)
@@ -138,6 +160,8 @@ class InvariantLinear(nn.Module):
             y = ext.linear_bf16(x2, self.weight_data)
         elif self.kind == "i8":
             y = ext.linear_i8(x2, self.weight_data, self.weight_scale)
+        elif self.kind == "i8a8":
+            y = ext.linear_i8a8(x2, self.weight_data, self.weight_scale, self.weight_offset)
         else:
             y = ext.linear_i4(x2, self.weight_data, self.weight_scale, self.weight_offset, self.group_size)
         if self.bias is not None:
@@ -157,7 +181,9 @@ def _invariant_linear(linear: nn.Linear, name: str, group_size: int) -> Invarian
         weights = _Weights("f32", w.float().contiguous())
     elif name == "bf16":
         weights = _Weights("bf16", w.to(torch.bfloat16).contiguous())
-    elif name in ("w8abf16", "w8af32"):
+    elif name == "w8af32":
+        weights = _i8a8_weights(w)
+    elif name == "w8abf16":
         q, scale = precision.quantize_int8_per_channel(w)
         weights = _Weights("i8", q, scale.contiguous())
     elif name == "w4abf16":
@@ -221,10 +247,11 @@ def apply_precision(
     """Convert a float model (in place) to precision ``name`` on the batch-invariant path.
 
     Weights are quantized exactly as the stock precision does (same codes and scales), activations
-    between layers keep the precision's dtype. One difference, by design: stock w8af32 rounds
-    activations to int8 with one scale per call, which makes every row depend on the others in
-    the call; the invariant w8af32 keeps float32 activations and per-channel int8 weights (the
-    codes of w8abf16)."""
+    between layers keep the precision's dtype. w8af32 is dynamic quantization on both
+    paths (int8 weights, activations rounded to int8 at every layer), with one difference by
+    design: stock w8af32 takes one activation scale per call, which makes every row depend on the
+    others in the call; the invariant w8af32 takes one scale per row (for a one-token step the
+    two are the same rule) and per-output-row weight scales, and sums in int32, which is exact."""
     precision.check_precision(name)
     if name == "w4abf16":
         precision.check_group_size(group_size)

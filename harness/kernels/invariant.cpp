@@ -16,6 +16,9 @@
 #include <cstring>
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -206,11 +209,228 @@ torch::Tensor linear_i4(torch::Tensor x, torch::Tensor w, torch::Tensor scale, t
   return y;
 }
 
+
+// ------------------------------------------------------------------------------------------------
+// int8 weights x int8 activations ("w8af32" on this path: what torch's dynamic quantization does,
+// with the activation scale taken per ROW instead of per call).
+//
+// Why this is batch-invariant without any care about order: every row of x is quantized on its
+// own (its scale and zero point depend on that row only), and the products are summed in int32,
+// which is exact, so any blocking, vector width or thread split gives the same integers. The
+// float epilogue is one expression per output element. The AVX-512 VNNI path and the AVX2
+// fallback therefore agree bit for bit (tests/test_invariant.py checks that), and the kernel is
+// free to pick whatever blocking is fastest.
+//
+// Layout: w is [N, Kp] int8 with Kp a multiple of 64 and zeros past K, wscale [N] float32 (one
+// symmetric scale per output row), wsum [N] int32 (sum of the row's codes, for the zero point).
+// Activation row m: q = clamp(round(x / s) + z, 0, 255), s = (max(x,0) - min(x,0)) / 255,
+// z = clamp(round(-min(x,0) / s), 0, 255); y[m, n] = float(acc - z * wsum[n]) * (s * wscale[n]).
+
+struct RowQ {
+  float scale;
+  int32_t zero;
+};
+
+// Vectorized (8 lanes, AVX2) because a scalar pass costs as much as the matmul for small M; the
+// scalar tail runs the same IEEE operations (divide, round to nearest even), so lanes and tail
+// agree, and the codes depend on the row's values only.
+RowQ quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* q) {
+  const int64_t K8 = K - K % 8;
+  __m256 vlo = _mm256_setzero_ps(), vhi = _mm256_setzero_ps();
+  __m256 bad = _mm256_setzero_ps();  // any NaN lane
+  for (int64_t k = 0; k < K8; k += 8) {
+    const __m256 v = _mm256_loadu_ps(x + k);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    vlo = _mm256_min_ps(vlo, v);
+    vhi = _mm256_max_ps(vhi, v);
+  }
+  alignas(32) float l8[8], h8[8];
+  _mm256_store_ps(l8, vlo);
+  _mm256_store_ps(h8, vhi);
+  float lo = 0.0f, hi = 0.0f;
+  bool finite = _mm256_movemask_ps(bad) == 0;
+  for (int i = 0; i < 8; ++i) {
+    lo = std::min(lo, l8[i]);
+    hi = std::max(hi, h8[i]);
+  }
+  for (int64_t k = K8; k < K; ++k) {
+    finite = finite && !std::isnan(x[k]);
+    lo = std::min(lo, x[k]);
+    hi = std::max(hi, x[k]);
+  }
+  const float scale = (hi - lo) / 255.0f;
+  if (!finite || !std::isfinite(scale)) {
+    // No scale can represent a non-finite row: it comes out NaN, as a float matmul's would.
+    std::memset(q, 0, Kp);
+    return RowQ{std::numeric_limits<float>::quiet_NaN(), 0};
+  }
+  if (!(scale > 0.0f)) {  // all zeros: codes 0, output 0
+    std::memset(q, 0, Kp);
+    return RowQ{0.0f, 0};
+  }
+  const int32_t zero = static_cast<int32_t>(std::min(255.0f, std::max(0.0f, std::nearbyint(-lo / scale))));
+  const __m256 vs = _mm256_set1_ps(scale), vz = _mm256_set1_ps(static_cast<float>(zero));
+  const __m256 v0 = _mm256_setzero_ps(), v255 = _mm256_set1_ps(255.0f);
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_min_ps(v255, _mm256_max_ps(v0, _mm256_add_ps(v, vz)));
+    const __m256i i = _mm256_cvtps_epi32(v);
+    const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packus_epi16(w16, w16));
+  }
+  for (int64_t k = K8; k < K; ++k) {
+    const float v = std::nearbyint(x[k] / scale) + static_cast<float>(zero);
+    q[k] = static_cast<uint8_t>(std::min(255.0f, std::max(0.0f, v)));
+  }
+  std::memset(q + K, 0, Kp - K);
+  return RowQ{scale, zero};
+}
+
+// Packed weights: [N/16][Kp/4][16][4]: for each group of 16 output columns, each run of 4 inputs
+// holds 16 x 4 codes (column-major inside the run), so one 64-byte load feeds vpdpbusd with 16
+// columns x 4 products and the accumulator's 16 lanes ARE 16 outputs (no horizontal sums).
+struct I8A8 {
+  const uint8_t* qa;  // [M, Kp]
+  const RowQ* rq;     // [M]
+  const int8_t* w;    // packed, [Np/16][Kp/4][16][4]
+  const float* wscale;
+  const int32_t* wsum;
+  float* y;  // [M, N]
+  int64_t M, N, Kp;
+  inline const int8_t* group(int64_t g) const { return w + g * 16 * Kp; }
+  inline float value(int64_t m, int64_t n, int32_t acc) const {
+    const RowQ& r = rq[m];
+    return static_cast<float>(acc - r.zero * wsum[n]) * (r.scale * wscale[n]);
+  }
+};
+
+constexpr int GB = 4;   // column groups of 16 per VNNI cell
+constexpr int RB8 = 4;  // rows per VNNI cell: 16 accumulators
+
+// AVX-512 VNNI: R rows x 32 columns, 4 inputs per step; the activations' 4 codes are broadcast.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_cell(const I8A8& p, int64_t m0, int64_t g0,
+                                                                        int64_t groups) {
+  __m512i acc[R][GB];
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < GB; ++g) acc[r][g] = _mm512_setzero_si512();
+  const int8_t* wg[GB];
+  for (int g = 0; g < GB; ++g) wg[g] = p.group(g0 + std::min<int64_t>(g, groups - 1));
+  const int32_t* a = reinterpret_cast<const int32_t*>(p.qa + m0 * p.Kp);
+  const int64_t stride = p.Kp / 4;
+  for (int64_t k4 = 0; k4 < stride; ++k4) {
+    __m512i b[GB];
+    for (int g = 0; g < GB; ++g) b[g] = _mm512_loadu_si512(wg[g] + k4 * 64);
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_set1_epi32(a[r * stride + k4]);
+      for (int g = 0; g < GB; ++g) acc[r][g] = _mm512_dpbusd_epi32(acc[r][g], av, b[g]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t m = m0 + r;
+    const RowQ& q = p.rq[m];
+    const __m512 s = _mm512_set1_ps(q.scale);
+    const __m512i z = _mm512_set1_epi32(q.zero);
+    for (int g = 0; g < groups; ++g) {
+      const int64_t n = (g0 + g) * 16;
+      const __mmask16 mask = n + 16 <= p.N ? 0xFFFF : static_cast<__mmask16>((1u << (p.N - n)) - 1);
+      const __m512i sum = _mm512_maskz_loadu_epi32(mask, p.wsum + n);
+      const __m512 ws = _mm512_maskz_loadu_ps(mask, p.wscale + n);
+      const __m512i d = _mm512_sub_epi32(acc[r][g], _mm512_mullo_epi32(z, sum));
+      _mm512_mask_storeu_ps(p.y + m * p.N + n, mask, _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(s, ws)));
+    }
+  }
+}
+
+template <int R>
+void vnni_rows(const I8A8& p, int64_t m0, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; g += GB) vnni_cell<R>(p, m0, g, std::min<int64_t>(GB, g1 - g));
+}
+
+void vnni_block(const I8A8& p, int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
+  switch (rows) {
+    case 1: vnni_rows<1>(p, m0, g0, g1); break;
+    case 2: vnni_rows<2>(p, m0, g0, g1); break;
+    case 3: vnni_rows<3>(p, m0, g0, g1); break;
+    default: vnni_rows<4>(p, m0, g0, g1); break;
+  }
+}
+
+// AVX2 fallback, one row x 16 columns: widen to int16 and multiply-add pairs (vpmaddwd). Lane
+// 2j and 2j+1 of acc[h] hold two halves of column 4h+j; they are added in the epilogue. Exact in
+// int32 like VNNI, so both paths give the same outputs.
+__attribute__((target("avx2"))) void avx2_cell(const I8A8& p, int64_t m, int64_t g) {
+  __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                    _mm256_setzero_si256()};
+  const int8_t* w = p.group(g);
+  const int32_t* a = reinterpret_cast<const int32_t*>(p.qa + m * p.Kp);
+  for (int64_t k4 = 0; k4 < p.Kp / 4; ++k4) {
+    const __m256i av = _mm256_cvtepu8_epi16(_mm_set1_epi32(a[k4]));
+    for (int h = 0; h < 4; ++h) {
+      const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k4 * 64 + h * 16)));
+      acc[h] = _mm256_add_epi32(acc[h], _mm256_madd_epi16(av, wv));
+    }
+  }
+  alignas(32) int32_t lanes[4][8];
+  for (int h = 0; h < 4; ++h) _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[h]), acc[h]);
+  for (int h = 0; h < 4; ++h)
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = g * 16 + h * 4 + j;
+      if (n < p.N) p.y[m * p.N + n] = p.value(m, n, lanes[h][2 * j] + lanes[h][2 * j + 1]);
+    }
+}
+
+bool has_vnni() { return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"); }
+
+std::string i8a8_isa() { return has_vnni() ? "avx512vnni" : "avx2"; }
+
+torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale, torch::Tensor wsum,
+                          bool force_avx2) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 4, "x must be [M, K] and w packed [N/16, Kp/4, 16, 4]");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kInt8, "x float32, w int8");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "x and w must be contiguous");
+  TORCH_CHECK(w.size(2) == 16 && w.size(3) == 4, "w must be packed [N/16, Kp/4, 16, 4]");
+  const int64_t M = x.size(0), K = x.size(1), N = wscale.numel(), Kp = w.size(1) * 4;
+  TORCH_CHECK(Kp % 64 == 0 && Kp >= K && Kp - K < 64, "w must be padded with zeros to K rounded up to 64");
+  TORCH_CHECK(w.size(0) == (N + 15) / 16, "w must hold N rounded up to 16 columns");
+  TORCH_CHECK(wscale.scalar_type() == torch::kFloat32 && wscale.is_contiguous(), "wscale must be float32 [N]");
+  TORCH_CHECK(wsum.scalar_type() == torch::kInt32 && wsum.numel() == N && wsum.is_contiguous(),
+              "wsum must be int32 [N]");
+  std::vector<uint8_t> qa(static_cast<size_t>(M * Kp));
+  std::vector<RowQ> rq(static_cast<size_t>(M));
+  const float* xp = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) rq[m] = quantize_row(xp + m * K, K, Kp, qa.data() + m * Kp);
+  auto y = out(x, N);
+  const I8A8 p{qa.data(), rq.data(), w.data_ptr<int8_t>(), wscale.data_ptr<float>(), wsum.data_ptr<int32_t>(),
+               y.data_ptr<float>(), M, N, Kp};
+  const bool vnni = !force_avx2 && has_vnni();
+  // Chunks of NC columns (whole VNNI cells), row blocks inside them, as in kernel() above: a
+  // prefill's rows reuse the chunk's weights in cache.
+  const int64_t G = w.size(0), cg = 64 / 16, chunks = (G + cg - 1) / cg;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t g0 = c * cg, g1 = std::min<int64_t>(G, g0 + cg);
+    for (int64_t m0 = 0; m0 < M; m0 += RB8) {
+      const int64_t rows = std::min<int64_t>(RB8, M - m0);
+      if (vnni) {
+        vnni_block(p, m0, rows, g0, g1);
+      } else {
+        for (int64_t g = g0; g < g1; ++g)
+          for (int64_t r = 0; r < rows; ++r) avx2_cell(p, m0 + r, g);
+      }
+    }
+  }
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_f32", &linear_f32, "batch-invariant x @ w.T, float32 weights");
   m.def("linear_bf16", &linear_bf16, "batch-invariant x @ w.T, bfloat16 weights, float32 accumulation");
   m.def("linear_i8", &linear_i8, "batch-invariant (x @ w.T) * scale, int8 weights, float32 accumulation");
+  m.def("linear_i8a8", &linear_i8a8, "batch-invariant int8 x int8 linear, activations quantized per row",
+        py::arg("x"), py::arg("w"), py::arg("wscale"), py::arg("wsum"), py::arg("force_avx2") = false);
+  m.def("i8a8_isa", &i8a8_isa, "instruction set linear_i8a8 uses on this CPU");
   m.def("linear_i4", &linear_i4, "batch-invariant x @ dequant(w).T, int4 group-wise weights, float32 accumulation");
 }
