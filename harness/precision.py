@@ -31,9 +31,10 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)
 _INT4_N_MULTIPLE = 16
 # Argument of the packer; on CPU it does not change the layout's numerics, 2 is what torch's tests use.
 _INT4_INNER_K_TILES = 2
-# `_weight_int8pack_mm` reads past the end of a row when in_features is not a multiple of 8 (it
-# segfaults in torch 2.13), so we pad the input dimension with zeros to a multiple of 8.
-_INT8_K_MULTIPLE = 8
+# `_weight_int8pack_mm` reads past the end of a row unless in_features is a multiple of 8 on AVX2
+# CPUs and of 16 on AVX-512 ones (it segfaults in torch 2.13: K=104 crashed on an AMD Zen 5), so
+# we pad the input dimension with zeros to a multiple of 16.
+_INT8_K_MULTIPLE = 16
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ class Row:
     platform: str = ""
     target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
     draft_vocab: int | None = None  # the draft scored only this many leading token ids (+ specials)
+    draft_kernels: str | None = None  # the draft's kernels (speed only); None: no draft or not recorded
     prompt_label: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     run_id: str = ""

@@ -56,7 +56,8 @@ def run_id_for(
         ]
         # Appended only when not stock, so the ids of runs made before kernels existed still match.
         + ([pair.target_kernels] if pair.target_kernels != "stock" else [])
-        + ([f"draft_vocab={pair.draft_vocab}"] if pair.draft_vocab else []),
+        + ([f"draft_vocab={pair.draft_vocab}"] if pair.draft_vocab else [])
+        + ([f"draft_kernels={pair.draft_kernels}"] if pair.draft_kernels != "stock" else []),
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -86,6 +87,7 @@ def make_row(
         target_precision=pair.target_precision,
         target_kernels=pair.target_kernels,
         draft_vocab=pair.draft_vocab if uses_draft else None,
+        draft_kernels=pair.draft_kernels if uses_draft else None,
         draft_precision=pair.draft_precision if uses_draft else None,
         target_device=pair.target_device,
         draft_device=pair.draft_device if uses_draft else None,

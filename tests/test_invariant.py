@@ -34,6 +34,9 @@ def _weights(kind: str, n: int, k: int, group: int = 64) -> tuple[invariant._Wei
     if kind == "i8":
         q, scale = precision.quantize_int8_per_channel(w)
         return invariant._Weights("i8", q[:, :k].contiguous(), scale), q[:, :k].float() * scale[:, None]
+    if kind == "i8a8":
+        q, scale = precision.quantize_int8_per_channel(w)
+        return invariant._i8a8_weights(w), q[:, :k].float() * scale[:, None]
     codes = precision.quantize_int4_groupwise(w, group)
     scale, zero, q = codes.scale[:n], codes.zero[:n], codes.q[:n, :k]
     offset = (zero - 8 * scale).contiguous()
@@ -53,9 +56,50 @@ def test_kernel_computes_the_matrix_product(ext, kind, k):
     assert torch.allclose(got.double(), expected, atol=1e-4 * k**0.5, rtol=1e-5)
 
 
+def _i8a8_reference(x: torch.Tensor, weights: invariant._Weights, n: int) -> torch.Tensor:
+    """What the int8 x int8 kernel promises, written with torch ops: each row quantized on its own
+    (asymmetric uint8, zero point from the row's range), exact integer products, one float
+    epilogue per output."""
+    lo, hi = x.clamp(max=0).amin(1), x.clamp(min=0).amax(1)
+    s = (hi - lo) / 255
+    s_safe = torch.where(s > 0, s, torch.ones_like(s))
+    z = torch.where(s > 0, torch.clamp(torch.round(-lo / s_safe), 0, 255), torch.zeros_like(s))
+    q = torch.where(s[:, None] > 0, torch.clamp(torch.round(x / s_safe[:, None]) + z[:, None], 0, 255), 0)
+    packed = weights.data
+    w = packed.permute(0, 2, 1, 3).reshape(packed.shape[0] * 16, -1)[:n, : x.shape[1]]
+    acc = (q.double() @ w.double().T).to(torch.int64)  # exact: every partial sum is below 2^53
+    d = acc - z.to(torch.int64)[:, None] * weights.offset.to(torch.int64)[None]
+    return d.float() * (s[:, None] * weights.scale[None])
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 48, 1536), (9, 40, 100), (5, 16, 64), (3, 7, 8960), (17, 33, 200)])
+def test_int8_activation_kernel_is_the_exact_integer_product(ext, m, n, k):
+    weights, dense = _weights("i8a8", n, k)
+    x = torch.randn(m, k)
+    x[0, :] = 0.0  # an all-zero row (scale 0) must come out 0
+    got = ext.linear_i8a8(x, weights.data, weights.scale, weights.offset)
+    assert torch.equal(got, _i8a8_reference(x, weights, n))
+    assert torch.equal(got[0], torch.zeros(n))
+    # The fallback for CPUs without AVX-512 VNNI sums the same integers: same bits.
+    assert torch.equal(got, ext.linear_i8a8(x, weights.data, weights.scale, weights.offset, force_avx2=True))
+    # And it is a matmul: within int8 rounding of x @ dense.T (per-row 8-bit activations).
+    expected = x @ dense.T
+    assert (got - expected).abs().max() <= 0.03 * expected.abs().max()
+
+
+def test_int8_activation_kernel_propagates_non_finite_rows(ext):
+    weights, _ = _weights("i8a8", 16, 64)
+    x = torch.randn(3, 64)
+    x[1, 5] = float("nan")
+    x[2, 7] = float("inf")
+    got = ext.linear_i8a8(x, weights.data, weights.scale, weights.offset)
+    assert torch.isfinite(got[0]).all()
+    assert torch.isnan(got[1]).all() and torch.isnan(got[2]).all()
+
+
 @settings(max_examples=25, deadline=None)
 @given(
-    kind=st.sampled_from(["f32", "bf16", "i8", "i4"]),
+    kind=st.sampled_from(["f32", "bf16", "i8", "i8a8", "i4"]),
     m=st.integers(1, 17),
     n=st.integers(1, 40),
     k_units=st.integers(1, 5),
@@ -126,7 +170,8 @@ def test_invariant_path_keeps_the_stock_weight_values(ext):
         agreement = precision.compare_logits(b, a)
         # Same weights, other rounding: fp32 only reorders sums; bf16 formats round activations
         # at different points (bf16's own tolerance vs fp32); w8af32 differs by design (stock
-        # rounds activations to int8 per call, invariant does not).
+        # rounds activations to int8 with one scale per call and per-tensor weight scales,
+        # invariant with one scale per row and per-channel weight scales).
         limit = {"fp32": 1e-4, "w8af32": 1.0}.get(prec, precision.PRECISIONS["bf16"].logit_tolerance)
         assert agreement.max_abs_over_std < limit, f"{prec}: {agreement}"
 
