@@ -157,8 +157,17 @@ class PairCache:
         with_draft: bool = True,
         target_kernels: str | None = None,
         draft_vocab: int | None = None,
+        draft_kernels: str | None = None,
     ) -> models.LoadedPair:
-        key = (name.lower(), target_precision, draft_precision, with_draft, target_kernels, draft_vocab)
+        key = (
+            name.lower(),
+            target_precision,
+            draft_precision,
+            with_draft,
+            target_kernels,
+            draft_vocab,
+            draft_kernels,
+        )
         if key not in self._loaded:
             self.require_weights(name)
             if not models.get_pair(name).target.is_tiny:
@@ -174,6 +183,7 @@ class PairCache:
                 weights_dir=self.weights_dir,
                 target_kernels=target_kernels,
                 draft_vocab=draft_vocab,
+                draft_kernels=draft_kernels,
             )
         return self._loaded[key]
 

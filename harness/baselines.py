@@ -75,6 +75,7 @@ class CaseKey:
     draft: str | None = None
     kernels: str = "stock"  # target kernels: "stock" or "invariant" (harness.invariant)
     draft_vocab: int | None = None  # the draft scored only this many leading token ids
+    draft_kernels: str = "stock"  # the draft's kernels ("invariant": the harness's, for speed)
 
     @property
     def sampling(self) -> str:
@@ -109,6 +110,8 @@ class CaseKey:
             parts.append(_part(self.kernels))
         if self.draft_vocab is not None:
             parts.append(f"dv{self.draft_vocab}")
+        if self.draft_kernels != "stock":
+            parts.append(f"dk_{_part(self.draft_kernels)}")
         if self.draft is not None:
             parts.append(f"draft_{_part(self.draft)}")
         return "-".join(parts)

@@ -56,6 +56,7 @@ class BenchCase:
     task: str = TASK
     target_kernels: str = "stock"
     draft_vocab: int | None = None
+    draft_kernels: str = "stock"
 
     def key(self) -> baselines.CaseKey:
         sampled = self.do_sample
@@ -74,6 +75,7 @@ class BenchCase:
             top_k=self.top_k if sampled else None,
             kernels=self.target_kernels,
             draft_vocab=self.draft_vocab,
+            draft_kernels=self.draft_kernels,
         )
 
     @property
@@ -402,6 +404,11 @@ def _check_pair(pair: LoadedPair, case: BenchCase) -> None:
         raise HarnessError(
             f"case {case.case_id} wants {case.target_kernels} target kernels, the loaded pair has "
             f"{pair.target_kernels}; load it with target_kernels={case.target_kernels!r}"
+        )
+    if pair.draft_kernels != case.draft_kernels:
+        raise HarnessError(
+            f"case {case.case_id} wants {case.draft_kernels} draft kernels, the loaded pair has "
+            f"{pair.draft_kernels}; load it with draft_kernels={case.draft_kernels!r}"
         )
 
 

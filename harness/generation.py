@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList, StopStringCriteria
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 from harness.errors import HarnessError
 from harness.models import LoadedPair
@@ -46,9 +46,9 @@ class GenerationSettings:
     seed: int = 0
     eos_token_id: int | None = None  # None: the tokenizer's
     ignore_eos: bool = False  # decode the whole budget even past an EOS
-    # Stop once the decoded text holds one of these (HumanEval's end-of-function markers). Assisted
-    # decoding checks after each verify step, so it may overshoot by a few tokens; callers that
-    # compare outputs cut both at the first stop string.
+    # Stop once the new text holds one of these (HumanEval's end-of-function markers). Assisted
+    # decoding checks after each verify step, so it may run on by up to K tokens past the step
+    # plain decoding stops at; callers that compare outputs cut both at the first stop string.
     stop_strings: tuple[str, ...] = ()
 
     def validate(self) -> GenerationSettings:
@@ -184,6 +184,33 @@ def count_acceptance(target_forwards: list[Forward], prompt_len: int, sequence: 
     return drafted, accepted
 
 
+class StopInNewText(StoppingCriteria):
+    """Stop a sequence once the text generated after the prompt contains any of ``stop_strings``.
+
+    Written here because transformers' StopStringCriteria only asks whether the sequence ENDS with
+    a stop string. That is enough when one token is added per step, but an assisted step appends
+    up to K+1 tokens, and a stop string inside them is never seen again: assisted runs went on to
+    the token budget (119 tokens where plain decoding stopped after 8, HumanEval/2). Searching the
+    whole new text stops both modes at the step that completes the first stop string.
+    """
+
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...] | list[str], prompt_len: int) -> None:
+        if not stop_strings or any(not s for s in stop_strings):
+            raise HarnessError("stop strings must be non-empty strings")
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+        self.prompt_len = prompt_len
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None, **kwargs: Any
+    ) -> torch.BoolTensor:
+        done = [
+            any(s in self.tokenizer.decode(row[self.prompt_len :]) for s in self.stop_strings)
+            for row in input_ids
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
 def generate(
     pair: LoadedPair, prompt_ids: list[int] | torch.Tensor, settings: GenerationSettings
 ) -> Measurement:
@@ -201,7 +228,7 @@ def generate(
         # As a criteria list, not config.stop_strings: the config is copied into the draft's own
         # generate call, which has no tokenizer and would refuse it.
         kwargs["stopping_criteria"] = StoppingCriteriaList(
-            [StopStringCriteria(tokenizer=pair.tokenizer, stop_strings=list(settings.stop_strings))]
+            [StopInNewText(pair.tokenizer, settings.stop_strings, prompt_len)]
         )
     watched = {"target": pair.target}
     if settings.mode == "assisted":

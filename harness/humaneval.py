@@ -146,18 +146,18 @@ def stop_strings(style: str = STYLE_DEFAULT) -> tuple[str, ...]:
     return ("\n```\n",) if style == "chat" else STOP_SEQUENCES
 
 
-def stopping_criteria(tokenizer: Any, style: str = STYLE_DEFAULT) -> Any:
-    """A transformers StoppingCriteriaList that stops at `stop_strings(style)`.
+def stopping_criteria(tokenizer: Any, prompt_len: int, style: str = STYLE_DEFAULT) -> Any:
+    """A transformers StoppingCriteriaList that stops once the text after the first `prompt_len`
+    tokens holds one of `stop_strings(style)` (what `GenerationSettings.stop_strings` installs).
 
-    Equivalent to `generate(..., stop_strings=stop_strings(style), tokenizer=tokenizer)`. It only
-    saves time: the completion is still cut by `extract_completion`, so where exactly generation
-    stopped (assisted decoding can overshoot by a few tokens) does not change the scored text.
+    It only saves time: the completion is still cut by `extract_completion`, so where exactly
+    generation stopped (assisted decoding can run on by up to K tokens) does not change the text.
     """
-    from transformers import StoppingCriteriaList, StopStringCriteria
+    from transformers import StoppingCriteriaList
 
-    return StoppingCriteriaList(
-        [StopStringCriteria(tokenizer=tokenizer, stop_strings=list(stop_strings(style)))]
-    )
+    from harness.generation import StopInNewText
+
+    return StoppingCriteriaList([StopInNewText(tokenizer, stop_strings(style), prompt_len)])
 
 
 def truncate_completion(text: str, stops: Sequence[str] = STOP_SEQUENCES) -> str:

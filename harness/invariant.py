@@ -140,7 +140,9 @@ class InvariantLinear(nn.Module):
         self.group_size = weights.group_size
         # i8a8 takes x unpadded: it quantizes each row into a zero-padded buffer itself.
         self.padded_in = (
-            in_features if weights.kind == "i8a8" else weights.data.shape[1] * (2 if weights.kind == "i4" else 1)
+            in_features
+            if weights.kind == "i8a8"
+            else weights.data.shape[1] * (2 if weights.kind == "i4" else 1)
         )
         self.register_buffer("weight_data", weights.data)
         self.register_buffer("weight_scale", weights.scale)

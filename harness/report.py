@@ -250,7 +250,11 @@ def command_for(row: Row, defaults: Mapping[str, Any] | None = None) -> str:
         args += ["--target_kernels", row.target_kernels]
     if row.mode == "assisted" and (row.draft_vocab or 0) != defaults.get("draft_vocab", 0):
         args += ["--draft_vocab", str(row.draft_vocab or 0)]
-    if row.mode == "assisted" and row.draft_kernels and row.draft_kernels != defaults.get("draft_kernels", "stock"):
+    if (
+        row.mode == "assisted"
+        and row.draft_kernels
+        and row.draft_kernels != defaults.get("draft_kernels", "stock")
+    ):
         args += ["--draft_kernels", row.draft_kernels]
     if row.do_sample:
         args.append("--do_sample")

@@ -69,6 +69,7 @@ def registered_case(spec: models.PairSpec) -> bench.BenchCase:
         spec.num_assistant_tokens,
         target_kernels=spec.target_kernels,
         draft_vocab=spec.draft_vocab,
+        draft_kernels=spec.draft_kernels,
     )
 
 
@@ -97,6 +98,7 @@ def load(pairs, case: bench.BenchCase) -> models.LoadedPair:
         case.draft_precision,
         target_kernels=case.target_kernels,
         draft_vocab=0,
+        draft_kernels=case.draft_kernels,
     )
 
 

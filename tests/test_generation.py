@@ -312,3 +312,44 @@ def test_assisting_without_a_draft_or_a_prompt_is_rejected(llama: models.LoadedP
         generate(no_draft, PROMPT, assisted())
     with pytest.raises(HarnessError, match="empty prompt"):
         generate(llama, [], plain())
+
+
+def test_stop_in_new_text_sees_a_stop_string_inside_a_multi_token_step(llama: models.LoadedPair) -> None:
+    from harness.generation import StopInNewText
+
+    tok = llama.tokenizer
+    stop = tok.decode([45, 46])  # printable bytes in the tiny tokenizer ("KL")
+    criteria = StopInNewText(tok, (stop,), len(PROMPT))
+    # In the middle of a block of new tokens (as after an assisted step), not at its end: found.
+    assert bool(criteria(torch.tensor([PROMPT + [41, 45, 46, 47, 48]])).all())
+    # Before the tokens that spell it: not found; and the prompt (which spells it) never counts.
+    assert not bool(criteria(torch.tensor([PROMPT + [41, 45]])).any())
+    assert not bool(criteria(torch.tensor([PROMPT])).any())
+    with pytest.raises(HarnessError, match="stop strings"):
+        StopInNewText(tok, ("",), 0)
+
+
+def _first_new_printable(tok, ids: list[int], start: int) -> tuple[int, str]:
+    """A position >= start whose token decodes to printable text not seen before it."""
+    for i in range(start, len(ids)):
+        text = tok.decode(ids[i : i + 1])
+        if text.isprintable() and text.strip() and "\ufffd" not in text and text not in tok.decode(ids[:i]):
+            return i, text
+    pytest.skip("no usable stop string in this output")
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_assisted_stops_within_one_step_of_plain_at_a_stop_string(llama: models.LoadedPair, k: int) -> None:
+    from harness.equivalence import draft_for
+
+    # The target as its own draft accepts every proposal, so the stop string lands inside a
+    # (K+1)-token step rather than at its end: the case a suffix-only check misses.
+    pair = draft_for(llama, "self")
+    reference = generate(pair, PROMPT, plain(max_new_tokens=24)).output_ids
+    at, stop = _first_new_printable(pair.tokenizer, reference, 2 + k // 2)
+    p = generate(pair, PROMPT, plain(max_new_tokens=24, stop_strings=(stop,)))
+    a = generate(pair, PROMPT, assisted(max_new_tokens=24, stop_strings=(stop,), num_assistant_tokens=k))
+    assert p.output_ids == reference[: at + 1], "plain must stop at the token completing the stop string"
+    # Assisted decodes the same tokens and stops at the end of the step that completed the stop string.
+    assert a.output_ids[: p.new_tokens] == p.output_ids
+    assert p.new_tokens <= a.new_tokens <= p.new_tokens + k

@@ -132,7 +132,7 @@ def test_extract_completion_from_a_chat_reply_passes(problems: list[dict]) -> No
 
 
 def test_stopping_criteria_fire_only_at_top_level(chat_tokenizer) -> None:  # noqa: ANN001
-    criteria = he.stopping_criteria(chat_tokenizer, "completion")
+    criteria = he.stopping_criteria(chat_tokenizer, 0, "completion")
 
     def stops(text: str) -> bool:
         ids = torch.tensor([chat_tokenizer(text, add_special_tokens=False)["input_ids"]])
@@ -310,8 +310,12 @@ def test_prompts_with_the_real_qwen_tokenizer(problems: list[dict]) -> None:
     tok = AutoTokenizer.from_pretrained(packaged.converted_dir(model))
     chat = he.build_prompt(problems[0], tok, "chat")
     assert chat.startswith("<|im_start|>system\n") and chat.endswith("<|im_start|>assistant\n")
-    criteria = he.stopping_criteria(tok, "completion")
-    ids = torch.tensor([tok(problems[0]["prompt"] + "    return True\n\n\ndef ")["input_ids"]])
-    assert bool(criteria(ids, None).all())
-    body = torch.tensor([tok(problems[0]["prompt"] + "    # scan pairs\n")["input_ids"]])
-    assert not bool(criteria(body, None).any())
+    prompt = tok(problems[0]["prompt"])["input_ids"]
+    criteria = he.stopping_criteria(tok, len(prompt), "completion")
+
+    def ids(completion: str) -> torch.Tensor:
+        return torch.tensor([prompt + tok(completion, add_special_tokens=False)["input_ids"]])
+
+    assert bool(criteria(ids("    return True\n\n\ndef "), None).all())
+    # The prompt's own "def" and imports are not the end of the completion.
+    assert not bool(criteria(ids("    # scan pairs\n"), None).any())
