@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harness import packaged, precision
+from harness import packaged, platforms, precision
 from harness.errors import HarnessError, UnsupportedError
 
 KERNELS = ("stock", "invariant")
@@ -46,23 +46,12 @@ def check_kernels(name: str, flag: str = "--target_kernels") -> str:
     if name not in KERNELS:
         raise HarnessError(f"unknown {flag} {name!r}; choose one of {', '.join(KERNELS)}")
     if name == "invariant":
-        cpu = _cpu_flags()
+        cpu = platforms.cpu_flags()
         if cpu is not None and not {"avx2", "fma"} <= cpu:
             raise UnsupportedError(
                 f"{flag} invariant needs a CPU with AVX2 and FMA (this one lacks them); use {flag} stock"
             )
     return name
-
-
-def _cpu_flags() -> set[str] | None:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None  # not Linux: let the compiler or the first call tell
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return None
 
 
 @functools.cache

@@ -33,6 +33,24 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags (Linux), or None where /proc/cpuinfo cannot tell."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+# Flags that pick a faster kernel path in harness.invariant (int8 x int8 products, 64 per
+# instruction): two machines of the same model name and core count with and without them run the
+# same configuration at different speeds, so they need separate baselines.
+_AVX512_VNNI = {"avx512f", "avx512bw", "avx512_vnni"}
+
+
 def _accelerator() -> str:
     try:
         import torch
@@ -55,7 +73,8 @@ def detect() -> PlatformInfo:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     accel = _accelerator()
     short_cpu = re.sub(r"\(R\)|\(TM\)|CPU|Processor|@.*$", "", cpu)
-    name = f"{slug(short_cpu)}-{cores}c" + ("" if accel == "none" else f"-{slug(accel)}")
+    isa = "-avx512" if _AVX512_VNNI <= (cpu_flags() or set()) else ""
+    name = f"{slug(short_cpu)}-{cores}c{isa}" + ("" if accel == "none" else f"-{slug(accel)}")
     return PlatformInfo(name=name, cpu=cpu, cores=cores, accelerator=accel, system=platform.platform())
 
 

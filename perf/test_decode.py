@@ -388,6 +388,11 @@ def test_sampling_test_catches_misreported_draft(sampling_pair, plain_samples, m
 
 TIER_PRECISIONS = ("fp32", "bf16", "w8abf16", "w4abf16")
 TIER_KERNELS = ("stock", "invariant")
+# Every precision the harness offers on the invariant kernels; on stock kernels w8af32 is left out:
+# its activation scale is shared by all rows of a call, so a verification row can differ from the
+# decode step by more than a near tie (measured per op in the README), which is what the invariant
+# path exists to fix.
+TIERS = [(p, k) for p in TIER_PRECISIONS for k in TIER_KERNELS] + [("w8af32", "invariant")]
 
 
 def _tier_check(
@@ -406,8 +411,7 @@ def _tier_check(
 
 
 @pytest.mark.pairs(real=False)
-@pytest.mark.parametrize("kernels", TIER_KERNELS)
-@pytest.mark.parametrize("target_precision", TIER_PRECISIONS)
+@pytest.mark.parametrize("target_precision,kernels", TIERS)
 def test_precision_tier(pairs, plain_cache, divergence_table, pair_name, target_precision, kernels):
     pair = pairs.get(pair_name, target_precision=target_precision, target_kernels=kernels)
     _tier_check(pair, PROMPTS[:4], TINY_NEW_TOKENS, divergence_table, plain_cache, 64)
@@ -423,8 +427,7 @@ def real_tier_prompts(n: int) -> list[tasks.Prompt]:
 
 
 @pytest.mark.pairs(tiny=False)
-@pytest.mark.parametrize("kernels", TIER_KERNELS)
-@pytest.mark.parametrize("target_precision", TIER_PRECISIONS)
+@pytest.mark.parametrize("target_precision,kernels", TIERS)
 def test_precision_tier_real(
     pairs, plain_cache, divergence_table, pair_name, real_prompts, target_precision, kernels
 ):

@@ -1,0 +1,37 @@
+"""``harness.forwards``: per-forward cost by M, the measurement behind c and v."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import forwards
+from harness.errors import HarnessError
+
+
+def test_measure_times_every_precision_kernels_and_m():
+    rows = forwards.measure(
+        "tiny-qwen2", "target", ["fp32", "w8af32"], ["stock", "invariant"], [1, 3], repetitions=1
+    )
+    assert {(r.precision, r.kernels, r.m) for r in rows} == {
+        (p, k, m) for p in ("fp32", "w8af32") for k in ("stock", "invariant") for m in (1, 3)
+    }
+    assert all(0 < r.ms_min <= r.ms for r in rows)
+    text = forwards.table(rows)
+    assert "| target" in text and "M=3" in text and text.count("\n") == 5  # header, rule, 4 lines
+
+
+def test_draft_role_and_bad_input():
+    rows = forwards.measure(
+        "tiny-qwen2", "draft", ["w8af32"], ["invariant"], [2], repetitions=1, draft_vocab=100
+    )
+    assert [(r.role, r.m) for r in rows] == [("draft", 2)]
+    with pytest.raises(HarnessError, match="role"):
+        forwards.measure("tiny-qwen2", "verifier", ["fp32"], ["stock"], [1])
+    with pytest.raises(HarnessError, match="at least 1"):
+        forwards.time_forwards(None, [0])
+
+
+def test_cli_rejects_bad_m(capsys):
+    with pytest.raises(SystemExit):
+        forwards.main(["--model_name", "tiny-qwen2", "--m", "0"])
+    assert "must be positive" in capsys.readouterr().err
