@@ -133,9 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--num_assistant_tokens", type=int, help="draft tokens K per step (default: the pair's)")
     a.add_argument(
         "--assistant_schedule",
-        default="constant",
         choices=tuple(generation.SCHEDULES),
-        help="how K evolves: constant, heuristic (+2 on full accept, -1 otherwise), "
+        help="default: the pair's. How K evolves: constant, heuristic (+2 on full accept, -1 otherwise), "
         "dynamic (draft stops early below a confidence threshold)",
     )
     a.add_argument(
@@ -286,7 +285,7 @@ def _settings(args: argparse.Namespace, spec: models.PairSpec) -> generation.Gen
         max_new_tokens=given(args.max_new_tokens, max(1, args.min_new_tokens)),
         min_new_tokens=args.min_new_tokens,
         num_assistant_tokens=given(args.num_assistant_tokens, spec.num_assistant_tokens),
-        assistant_schedule=args.assistant_schedule,
+        assistant_schedule=given(args.assistant_schedule, spec.assistant_schedule),
         assistant_confidence_threshold=args.assistant_confidence_threshold,
         prompt_lookup_num_tokens=given(args.prompt_lookup, 10),
         do_sample=args.do_sample,
@@ -420,7 +419,7 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep.SweepConfig]:
                 f"{flag} does not apply to --task sweep: each configuration sets it in --sweep "
                 "(e.g. --sweep 't=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10')"
             )
-    if args.assistant_schedule != "constant":
+    if args.assistant_schedule is not None:
         raise HarnessError("--assistant_schedule does not apply to --task sweep: write sched=... in --sweep")
     for flag in ("target_kernels", "draft_kernels"):
         if getattr(args, flag) not in (None, "stock"):
@@ -503,7 +502,7 @@ def command_defaults(parser: argparse.ArgumentParser, spec: models.PairSpec) -> 
         "target_kernels": spec.target_kernels,
         "draft_vocab": spec.draft_vocab or 0,
         "draft_kernels": spec.draft_kernels,
-        "assistant_schedule": d.assistant_schedule,
+        "assistant_schedule": spec.assistant_schedule,
         "assistant_confidence_threshold": d.assistant_confidence_threshold,
         "top_p": d.top_p,
         "top_k": d.top_k,

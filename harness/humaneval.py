@@ -401,6 +401,13 @@ def summarise(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 if plain is None or assisted is None
                 else plain["completion"] == assisted["completion"],
                 "speedup": None if plain is None or assisted is None else _speedup(plain, assisted),
+                "new_tokens": {
+                    m: _num(r, "new_tokens") for m, r in (("plain", plain), ("assisted", assisted))
+                },
+                "tokens_per_s": {
+                    m: _num(r, "tokens_per_s") for m, r in (("plain", plain), ("assisted", assisted))
+                },
+                "acceptance": _num(assisted, "acceptance_rate"),
             }
         )
     both = [p for p in per_problem if p["identical"] is not None]
@@ -408,6 +415,7 @@ def summarise(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         mode: sum(p[f"{mode}_passed"] for p in both) / len(both) if both else None for mode in MODES
     }
     speedups = [p["speedup"] for p in both if p["speedup"] is not None]
+    paired = [(latest[(p["task_id"], "plain")], latest[(p["task_id"], "assisted")]) for p in both]
     return {
         "modes": modes,
         "paired_tasks": len(both),
@@ -416,12 +424,42 @@ def summarise(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "identical_completions": sum(p["identical"] for p in both),
         "disagreements": [p["task_id"] for p in both if p["plain_passed"] != p["assisted_passed"]],
         "mean_speedup": sum(speedups) / len(speedups) if speedups else None,
+        **_overall_speed(paired),
         "per_problem": per_problem,
     }
 
 
-def format_table(summary: Mapping[str, Any], *, per_problem: bool = True) -> str:
-    """Overall pass@1 per mode, then (optionally) one line per problem, as plain-text tables."""
+def _num(row: Mapping[str, Any] | None, key: str) -> float | None:
+    value = None if row is None else row.get(key)
+    return value if isinstance(value, (int, float)) else None
+
+
+def _overall_speed(paired: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> dict[str, Any]:
+    """Over the problems decoded in both modes: tokens/s per mode as all new tokens over all
+    wall time (prefill included, as a user waits for it), the same ratio as the speedup, and
+    acceptance as all accepted over all drafted tokens."""
+
+    def total(mode: int, key: str) -> float | None:
+        values = [_num(pair[mode], key) for pair in paired]
+        return None if not values or None in values else float(sum(values))
+
+    tokens = {m: total(i, "new_tokens") for i, m in enumerate(MODES)}
+    seconds = {m: total(i, "total_s") for i, m in enumerate(MODES)}
+    rate = {m: tokens[m] / seconds[m] if tokens[m] and seconds[m] else None for m in MODES}
+    drafted, accepted = total(1, "drafted"), total(1, "accepted")
+    return {
+        "tokens_per_s": rate,
+        "total_s": seconds,
+        "speedup": seconds["plain"] / seconds["assisted"]
+        if seconds["plain"] and seconds["assisted"]
+        else None,
+        "acceptance": accepted / drafted if drafted and accepted is not None else None,
+    }
+
+
+def format_table(summary: Mapping[str, Any], *, per_problem: bool = True, tablefmt: str = "simple") -> str:
+    """Overall pass@1 per mode, a summary line, then (optionally) one line per problem in the seeds'
+    style (new tokens, tokens/sec; plus acceptance and speedup). ``tablefmt="github"``: markdown."""
     from tabulate import tabulate
 
     def pct(x: float | None) -> str:
@@ -434,27 +472,56 @@ def format_table(summary: Mapping[str, Any], *, per_problem: bool = True) -> str
         [mode, s["tasks"], s["passed"], pct(s["pass@1"]), pct(summary["paired_pass@1"][mode])]
         for mode, s in summary["modes"].items()
     ]
-    text = tabulate(overall, headers=["Mode", "Tasks", "Passed", "pass@1", "pass@1 (paired tasks)"])
+    text = tabulate(
+        overall, headers=["Mode", "Tasks", "Passed", "pass@1", "pass@1 (paired tasks)"], tablefmt=tablefmt
+    )
     text += (
         f"\n\npaired tasks: {summary['paired_tasks']}, identical completions: "
         f"{summary['identical_completions']}, pass@1 equal: {mark(summary['pass@1_equal'])}"
     )
     if summary["disagreements"]:
         text += f", tasks passing in one mode only: {', '.join(summary['disagreements'])}"
+    rate = summary.get("tokens_per_s") or {}
+    if rate.get("plain") and rate.get("assisted"):
+        text += (
+            f"\ntokens/s (all new tokens / all wall time, prefill included): plain {rate['plain']:.2f}, "
+            f"assisted {rate['assisted']:.2f}; speedup {summary['speedup']:.2f}x"
+        )
+        if summary.get("acceptance") is not None:
+            text += f"; acceptance {summary['acceptance']:.2f}"
     if summary["mean_speedup"] is not None:
-        text += f", mean speedup: {summary['mean_speedup']:.2f}x"
+        text += f"; mean per-problem speedup {summary['mean_speedup']:.2f}x"
     if per_problem:
+
+        def num(x: float | None, fmt: str) -> str:
+            return "-" if x is None else format(x, fmt)
+
         lines = [
             [
                 p["task_id"],
                 mark(p["plain_passed"]),
                 mark(p["assisted_passed"]),
                 mark(p["identical"]),
+                f"{num(p['new_tokens']['plain'], '.0f')} / {num(p['new_tokens']['assisted'], '.0f')}",
+                num(p["tokens_per_s"]["plain"], ".2f"),
+                num(p["tokens_per_s"]["assisted"], ".2f"),
+                num(p["acceptance"], ".2f"),
                 "-" if p["speedup"] is None else f"{p['speedup']:.2f}x",
             ]
             for p in summary["per_problem"]
         ]
-        text += "\n\n" + tabulate(lines, headers=["Task", "Plain", "Assisted", "Identical", "Speedup"])
+        headers = [
+            "Task",
+            "Plain passed",
+            "Assisted passed",
+            "Identical",
+            "New Tokens (plain / assisted)",
+            "Tokens/Sec plain",
+            "Tokens/Sec assisted",
+            "Acceptance",
+            "Speedup",
+        ]
+        text += "\n\n" + tabulate(lines, headers=headers, tablefmt=tablefmt)
     return text
 
 

@@ -67,6 +67,7 @@ def registered_case(spec: models.PairSpec) -> bench.BenchCase:
         spec.target_precision,
         spec.draft_precision,
         spec.num_assistant_tokens,
+        schedule=spec.assistant_schedule,
         target_kernels=spec.target_kernels,
         draft_vocab=spec.draft_vocab,
         draft_kernels=spec.draft_kernels,

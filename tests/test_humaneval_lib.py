@@ -266,6 +266,32 @@ def test_summarise_uses_the_latest_row_of_a_rerun_and_reports_equality() -> None
     assert s["pass@1_equal"] is True and s["disagreements"] == []
 
 
+def test_summary_reports_tokens_per_second_and_acceptance_over_paired_problems() -> None:
+    def row(n: int, mode: str, tokens: int, seconds: float, drafted: int = 0, accepted: int = 0) -> dict:
+        m = {"new_tokens": tokens, "total_s": seconds, "tokens_per_s": tokens / seconds}
+        if mode == "assisted":
+            m |= {"drafted": drafted, "accepted": accepted, "acceptance_rate": accepted / drafted}
+        return he.make_row(f"HumanEval/{n}", mode, "A", _outcome(True), measurements=m)
+
+    rows = [
+        row(0, "plain", 10, 2.0),
+        row(0, "assisted", 12, 1.0, drafted=9, accepted=6),
+        row(1, "plain", 30, 4.0),
+        row(1, "assisted", 30, 3.0, drafted=21, accepted=18),
+        row(2, "plain", 50, 5.0),  # not paired: left out of the overall numbers
+    ]
+    s = he.summarise(rows)
+    assert s["tokens_per_s"] == {"plain": pytest.approx(40 / 6), "assisted": pytest.approx(42 / 4)}
+    assert s["speedup"] == pytest.approx(6 / 4)
+    assert s["acceptance"] == pytest.approx(24 / 30)
+    first = s["per_problem"][0]
+    assert first["new_tokens"] == {"plain": 10, "assisted": 12}
+    assert first["tokens_per_s"] == {"plain": 5.0, "assisted": 12.0}
+    assert first["acceptance"] == pytest.approx(6 / 9)
+    md = he.format_table(s, tablefmt="github")
+    assert "| HumanEval/0 " in md and "10 / 12" in md and "speedup 1.50x" in md and "acceptance 0.80" in md
+
+
 def test_table_and_plot(tmp_path: Path) -> None:
     rows = _rows()
     table = he.format_table(he.summarise(rows))
