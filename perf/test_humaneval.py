@@ -19,8 +19,9 @@ from harness.models import LoadedPair
 
 # Floor on the CI subset's pass@1 (HumanEval/0-1). Qwen2.5-Coder-1.5B-Instruct's published HumanEval
 # score is about 70%; measured here, fp32 greedy with the completion prompt: HumanEval/0 passes and
-# HumanEval/1 fails in both modes (1/2), and 6/7 on HumanEval/0-6 in an earlier run. Broken prompting
-# or extraction scores 0, which this floor catches; the gate that matters is plain == assisted.
+# HumanEval/1 fails in both modes (1/2), and 6/7 on HumanEval/0-6 in an earlier run; the full
+# 164-problem run at the default w8af32 configuration scored 53.7% (README). Broken prompting or
+# extraction scores 0, which this floor catches; the gate that matters is plain == assisted.
 PASS_AT_1_FLOOR = 0.5
 NEW_TOKENS = 256
 
