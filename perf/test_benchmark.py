@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -194,8 +195,13 @@ def test_benchmark_real(pairs, pair_name, which, benchmark, pytestconfig, platfo
     benchmark.extra_info["gate"] = {name: g.status for name, g in gates.items()}
     bench_results.append((m, ", ".join(f"{name}: {g.status}" for name, g in gates.items())))
     assert "speedup" in gates and "assisted_tokens_per_s" in gates, f"baseline lacks samples: {gates}"
-    failed = [g.message for g in gates.values() if g.failed]
-    assert not failed, "\n".join(failed)
+    # CI fails on the speedup: assisted against plain, both measured in this run, so the host's own
+    # speed cancels out. Absolute tokens/s depend on the host too (on one VM kind, the same code ran
+    # 10% slower inside the whole suite than alone): they are reported, and warned about, not gated.
+    for name, g in gates.items():
+        if g.failed and name != "speedup":
+            warnings.warn(f"{name}: {g.message}", stacklevel=1)
+    assert not gates["speedup"].failed, gates["speedup"].message
 
 
 # Opt-in for the real-pair variant: it decodes the real pair three times over (about 9 minutes on

