@@ -77,24 +77,13 @@ def measure(
     rows = []
     for prec in precisions:
         for kern in kernels:
-            if role == "target":
-                pair = models.load_pair(
-                    name,
-                    target_precision=prec,
-                    target_kernels=kern,
-                    with_draft=False,
-                    weights_dir=weights_dir,
-                )
-                model = pair.target
-            else:
-                pair = models.load_pair(
-                    name,
-                    draft_precision=prec,
-                    draft_kernels=kern,
-                    draft_vocab=draft_vocab,
-                    weights_dir=weights_dir,
-                )
-                model = pair.draft
+            settings = (
+                {"target_precision": prec, "target_kernels": kern, "with_draft": False}
+                if role == "target"
+                else {"draft_precision": prec, "draft_kernels": kern, "draft_vocab": draft_vocab}
+            )
+            pair = models.load_pair(name, weights_dir=weights_dir, **settings)
+            model = getattr(pair, role)
             for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
                 rows.append(ForwardCost(role, prec, kern, m, med, best))
             del pair, model

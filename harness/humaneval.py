@@ -371,11 +371,11 @@ def _latest(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[
 
 def _speedup(plain: Mapping[str, Any], assisted: Mapping[str, Any]) -> float | None:
     """End-to-end time ratio; tokens/s ratio when total times are missing."""
-    p, a = plain.get("total_s"), assisted.get("total_s")
-    if isinstance(p, (int, float)) and isinstance(a, (int, float)) and a > 0:
+    p, a = _num(plain, "total_s"), _num(assisted, "total_s")
+    if p is not None and a is not None and a > 0:
         return p / a
-    p, a = plain.get("tokens_per_s"), assisted.get("tokens_per_s")
-    if isinstance(p, (int, float)) and isinstance(a, (int, float)) and p > 0:
+    p, a = _num(plain, "tokens_per_s"), _num(assisted, "tokens_per_s")
+    if p is not None and a is not None and p > 0:
         return a / p
     return None
 

@@ -221,8 +221,9 @@ torch::Tensor linear_i4(torch::Tensor x, torch::Tensor w, torch::Tensor scale, t
 // fallback therefore agree bit for bit (tests/test_invariant.py checks that), and the kernel is
 // free to pick whatever blocking is fastest.
 //
-// Layout: w is [N, Kp] int8 with Kp a multiple of 64 and zeros past K, wscale [N] float32 (one
-// symmetric scale per output row), wsum [N] int32 (sum of the row's codes, for the zero point).
+// Layout: w holds int8 codes for [N, Kp], Kp a multiple of 64 with zeros past K, packed as
+// described at I8A8 below; wscale [N] float32 (one symmetric scale per output row), wsum [N] int32
+// (sum of the row's codes, for the zero point).
 // Activation row m: q = clamp(round(x / s) + z, 0, 255), s = (max(x,0) - min(x,0)) / 255,
 // z = clamp(round(-min(x,0) / s), 0, 255); y[m, n] = float(acc - z * wsum[n]) * (s * wscale[n]).
 
@@ -304,10 +305,10 @@ struct I8A8 {
   }
 };
 
-constexpr int GB = 4;   // column groups of 16 per VNNI cell
-constexpr int RB8 = 4;  // rows per VNNI cell: 16 accumulators
+constexpr int GB = 4;    // column groups of 16 per VNNI cell (64 columns)
+constexpr int RB_I8 = 4;  // rows per VNNI cell: RB_I8 x GB = 16 accumulators
 
-// AVX-512 VNNI: R rows x 32 columns, 4 inputs per step; the activations' 4 codes are broadcast.
+// AVX-512 VNNI: R rows x 64 columns, 4 inputs per step; the activations' 4 codes are broadcast.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_cell(const I8A8& p, int64_t m0, int64_t g0,
                                                                         int64_t groups) {
@@ -342,17 +343,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_cell(const I8A8
   }
 }
 
-template <int R>
-void vnni_rows(const I8A8& p, int64_t m0, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; g += GB) vnni_cell<R>(p, m0, g, std::min<int64_t>(GB, g1 - g));
-}
-
-void vnni_block(const I8A8& p, int64_t m0, int64_t rows, int64_t g0, int64_t g1) {
+void vnni_block(const I8A8& p, int64_t m0, int64_t rows, int64_t g0, int64_t groups) {
   switch (rows) {
-    case 1: vnni_rows<1>(p, m0, g0, g1); break;
-    case 2: vnni_rows<2>(p, m0, g0, g1); break;
-    case 3: vnni_rows<3>(p, m0, g0, g1); break;
-    default: vnni_rows<4>(p, m0, g0, g1); break;
+    case 1: vnni_cell<1>(p, m0, g0, groups); break;
+    case 2: vnni_cell<2>(p, m0, g0, groups); break;
+    case 3: vnni_cell<3>(p, m0, g0, groups); break;
+    default: vnni_cell<4>(p, m0, g0, groups); break;
   }
 }
 
@@ -404,16 +400,16 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
   const I8A8 p{qa.data(), rq.data(), w.data_ptr<int8_t>(), wscale.data_ptr<float>(), wsum.data_ptr<int32_t>(),
                y.data_ptr<float>(), M, N, Kp};
   const bool vnni = !force_avx2 && has_vnni();
-  // Chunks of NC columns (whole VNNI cells), row blocks inside them, as in kernel() above: a
+  // One VNNI cell's columns (GB groups) per chunk, row blocks inside it, as in kernel() above: a
   // prefill's rows reuse the chunk's weights in cache.
-  const int64_t G = w.size(0), cg = 64 / 16, chunks = (G + cg - 1) / cg;
+  const int64_t G = w.size(0), chunks = (G + GB - 1) / GB;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t g0 = c * cg, g1 = std::min<int64_t>(G, g0 + cg);
-    for (int64_t m0 = 0; m0 < M; m0 += RB8) {
-      const int64_t rows = std::min<int64_t>(RB8, M - m0);
+    const int64_t g0 = c * GB, g1 = std::min<int64_t>(G, g0 + GB);
+    for (int64_t m0 = 0; m0 < M; m0 += RB_I8) {
+      const int64_t rows = std::min<int64_t>(RB_I8, M - m0);
       if (vnni) {
-        vnni_block(p, m0, rows, g0, g1);
+        vnni_block(p, m0, rows, g0, g1 - g0);
       } else {
         for (int64_t g = g0; g < g1; ++g)
           for (int64_t r = 0; r < rows; ++r) avx2_cell(p, m0 + r, g);
