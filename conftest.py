@@ -4,6 +4,11 @@ Test IDs carry the pair name (``pytest perf -k codellama`` selects tiny-codellam
 CodeLlama-7b-hf). Pairs are parametrised from the registry: tiny stand-ins always run; real pairs
 carry the ``real`` and ``slow`` markers and skip with the place their weights were looked for when
 they are absent. Loaded pairs are cached per session by the ``pairs`` fixture, not globally.
+
+Tests that take a ``target_backend`` fixture are crossed with the target backends of
+``--target-backends``: torch keeps the plain pair id, ONNX Runtime adds ``-onnxruntime-<provider>``
+(``-k onnxruntime`` selects those). Pairs whose architecture the ONNX exporter does not write are
+not crossed with it.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import models, platforms
+from harness import backends, models, platforms
 
 ROOT = Path(__file__).resolve().parent
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
 REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
+# Tiny pairs crossed with the ONNX Runtime target: the offline pair's family and Llama's (the
+# exporter's two code paths the registry uses); more would only repeat them at more test time.
+ORT_TINY = ("tiny-qwen2", "tiny-llama")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,6 +66,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="prompts per real-weights case (CI keeps this short; raise it for a full run)",
     )
     group.addoption(
+        "--divergence-out",
+        default=None,
+        help="JSONL file that gets one row per precision-tier prompt as it finishes (appended)",
+    )
+    group.addoption(
         "--perf-repetitions",
         type=int,
         default=5,
@@ -73,6 +86,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--humaneval-out",
         default=None,
         help="folder for HumanEval rows (JSONL, resumable) and the speedup plot; default: a temp dir",
+    )
+    group.addoption(
+        "--target-backends",
+        default="torch,onnxruntime",
+        help="comma-separated target backends the decode, benchmark and HumanEval suites cross with "
+        "(torch, onnxruntime)",
+    )
+    group.addoption(
+        "--execution-provider",
+        default=backends.DEFAULT_PROVIDER,
+        help="ONNX Runtime execution provider of the onnxruntime target (default: the CPU one)",
     )
     group.addoption(
         "--real-pairs",
@@ -122,14 +146,43 @@ def pair_params(config: pytest.Config, *, tiny: bool = True, real: bool = True) 
     return params
 
 
+def target_backends(config: pytest.Config) -> list[tuple[str, str | None]]:
+    """(backend, provider) pairs selected by --target-backends, checked up front."""
+    out = []
+    for name in (b.strip() for b in config.getoption("--target-backends").split(",") if b.strip()):
+        backends.check_backend(name)
+        provider = config.getoption("--execution-provider") if name == "onnxruntime" else None
+        out.append((name, provider))
+    return out
+
+
+def backend_params(config: pytest.Config, params: list) -> list:
+    """``params`` (pair params) crossed with the selected target backends, ids carrying both."""
+    crossed = []
+    for backend, provider in target_backends(config):
+        for p in params:
+            name = p.values[0]
+            if backend == "onnxruntime":
+                spec = models.get_pair(name)
+                if spec.family not in backends.ORT_FAMILIES or (spec.target.is_tiny and name not in ORT_TINY):
+                    continue
+                crossed.append(
+                    pytest.param(name, (backend, provider), id=f"{p.id}-{backend}-{provider}", marks=p.marks)
+                )
+            else:
+                crossed.append(pytest.param(name, (backend, None), id=p.id, marks=p.marks))
+    return crossed
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "pair_name" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("pairs")
         kinds = marker.kwargs if marker else {}
-        metafunc.parametrize(
-            "pair_name",
-            pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True)),
-        )
+        params = pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True))
+        if "target_backend" in metafunc.fixturenames:
+            metafunc.parametrize("pair_name,target_backend", backend_params(metafunc.config, params))
+        else:
+            metafunc.parametrize("pair_name", params)
 
 
 class PairCache:
@@ -158,9 +211,14 @@ class PairCache:
         target_kernels: str | None = None,
         draft_vocab: int | None = None,
         draft_kernels: str | None = None,
+        target_backend: tuple[str, str | None] = ("torch", None),
     ) -> models.LoadedPair:
+        """``target_backend``: (backend, execution provider), as the ``target_backend`` fixture gives."""
+        backend, provider = target_backend
         key = (
             name.lower(),
+            backend,
+            provider,
             target_precision,
             draft_precision,
             with_draft,
@@ -184,6 +242,8 @@ class PairCache:
                 target_kernels=target_kernels,
                 draft_vocab=draft_vocab,
                 draft_kernels=draft_kernels,
+                target_backend=backend,
+                execution_provider=provider or backends.DEFAULT_PROVIDER,
             )
         return self._loaded[key]
 
@@ -196,6 +256,11 @@ def pairs(pytestconfig: pytest.Config) -> Iterator[PairCache]:
     cache = PairCache(pytestconfig.getoption("--weights_dir"))
     yield cache
     cache.clear()
+
+
+@pytest.fixture(scope="session")
+def selected_target_backends(pytestconfig: pytest.Config) -> list[tuple[str, str | None]]:
+    return target_backends(pytestconfig)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from harness import (
+    backends,
     devices,
     generation,
     invariant,
@@ -152,7 +153,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="random seed, set before every generate call")
 
     m = p.add_argument_group("models, precisions, devices")
-    m.add_argument("--target_precision", choices=tuple(precision.PRECISIONS), help="default: the pair's")
+    m.add_argument(
+        "--target_precision",
+        choices=(*precision.PRECISIONS, *(set(backends.ORT_PRECISIONS) - set(precision.PRECISIONS))),
+        help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32)",
+    )
+    m.add_argument(
+        "--target_backend",
+        choices=backends.BACKENDS,
+        default="torch",
+        help="what runs the target: torch, or onnxruntime (the target exported to ONNX once, cached, "
+        "run on --execution_provider; the draft stays in torch on the CPU)",
+    )
+    m.add_argument(
+        "--execution_provider",
+        default=backends.DEFAULT_PROVIDER,
+        help="ONNX Runtime execution provider for the target (onnxruntime backend); one this build "
+        "lacks fails with the list of those it has",
+    )
+    m.add_argument(
+        "--ort_block_size",
+        type=int,
+        default=32,
+        help="int4 export: MatMulNBits quantization block size (16-256), recorded with every row",
+    )
+    m.add_argument(
+        "--ort_accuracy_level",
+        type=int,
+        default=4,
+        help="int4 export: MatMulNBits accuracy level, the type activations are computed in "
+        "(1 fp32, 2 fp16, 3 bf16, 4 int8)",
+    )
     m.add_argument("--draft_precision", choices=tuple(precision.PRECISIONS), help="default: the pair's")
     m.add_argument("--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
     m.add_argument(
@@ -361,6 +392,10 @@ def run(args: argparse.Namespace) -> int:
         target_kernels=args.target_kernels,
         draft_vocab=args.draft_vocab,
         draft_kernels=args.draft_kernels,
+        target_backend=args.target_backend,
+        execution_provider=args.execution_provider,
+        ort_block_size=args.ort_block_size,
+        ort_accuracy_level=args.ort_accuracy_level,
     )
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name

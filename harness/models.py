@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from harness import devices, invariant, precision, tiny, vocab, weights
+from harness import backends, devices, invariant, precision, tiny, vocab, weights
+from harness.backends import OrtSettings
 from harness.errors import UnknownModelError, UnsupportedError
 
 
@@ -184,6 +185,8 @@ class LoadedPair:
     target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
     draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
     draft_kernels: str = "stock"  # "invariant": the draft runs the harness's small-M kernels too
+    target_backend: str = "torch"  # "onnxruntime": the target is an exported graph (harness.onnx_model)
+    execution_provider: str | None = None  # ONNX Runtime's provider for the target
 
     @property
     def eos_token_id(self) -> int | None:
@@ -215,6 +218,21 @@ def _apply_precision(model: PreTrainedModel, name: str, kernels: str) -> PreTrai
     if kernels == "invariant":
         return invariant.apply_precision(model, name)
     return precision.apply_precision(model, name)
+
+
+def load_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> PreTrainedModel:
+    """The model in ``hf_dir`` exported to ONNX (once; cached) and opened on ``settings.provider``."""
+    from harness import onnx_export, onnx_model
+
+    config = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head % 16:
+        raise UnsupportedError(
+            f"{name}: attention head size {head} is not a multiple of 16, which ONNX Runtime's "
+            "GroupQueryAttention (the exported attention) requires; use --target_backend torch"
+        )
+    folder = onnx_export.export(name, hf_dir, settings)
+    return onnx_model.load(folder, hf_dir, settings)
 
 
 def prepare_draft(
@@ -253,12 +271,40 @@ def load_pair(
     target_kernels: str | None = None,
     draft_vocab: int | None = None,
     draft_kernels: str | None = None,
+    target_backend: str = "torch",
+    execution_provider: str = backends.DEFAULT_PROVIDER,
+    ort_block_size: int = 32,
+    ort_accuracy_level: int = 4,
 ) -> LoadedPair:
-    """Load target (and draft) with their precisions on their devices; validate everything first."""
+    """Load target (and draft) with their precisions on their devices; validate everything first.
+
+    ``target_backend="onnxruntime"`` exports the target once (harness.onnx_export) and runs it on
+    ``execution_provider``; its precision is "int4" (the default there) or "fp32", and the pair's
+    torch precision and kernels do not apply to it. The draft stays in torch either way.
+    """
     spec = get_pair(name)
+    backends.check_backend(target_backend)
+    ort_settings = None
+    if target_backend == "onnxruntime":
+        backends.check_family(spec.family, spec.name)
+        if target_kernels not in (None, "stock"):
+            raise UnsupportedError(
+                "--target_kernels applies to the torch target only; ONNX Runtime runs its own kernels"
+            )
+        ort_settings = OrtSettings(
+            target_precision or "int4", ort_block_size, ort_accuracy_level, execution_provider
+        ).validate()
+        target_precision, target_kernels = ort_settings.label, "stock"
     target_precision = target_precision or spec.target_precision
     draft_precision = (draft_precision or spec.draft_precision) if with_draft else None
-    precision.check_precision(target_precision)
+    if ort_settings is None:
+        if target_precision in backends.ORT_PRECISIONS and target_precision not in precision.PRECISIONS:
+            raise UnsupportedError(
+                f"--target_precision {target_precision} is the ONNX Runtime target's; add "
+                "--target_backend onnxruntime, or choose a torch precision "
+                f"({', '.join(precision.PRECISIONS)})"
+            )
+        precision.check_precision(target_precision)
     # None: the pair's registered settings; draft_vocab 0: the whole vocabulary.
     target_kernels = target_kernels or spec.target_kernels
     draft_kernels = draft_kernels or spec.draft_kernels
@@ -268,6 +314,11 @@ def load_pair(
     if draft_precision:
         precision.check_precision(draft_precision)
     t_dev = devices.check_device(target_device)
+    if ort_settings is not None and t_dev.type != "cpu":
+        raise UnsupportedError(
+            f"--target_device {target_device!r} does not apply to the ONNX Runtime target: its device is "
+            "the execution provider's (--execution_provider)"
+        )
     if target_kernels == "invariant" and t_dev.type != "cpu":
         raise UnsupportedError(
             f"--target_kernels invariant runs on the CPU only (target device {target_device!r}); "
@@ -280,11 +331,14 @@ def load_pair(
         )
 
     origins: dict[str, str] = {}
+    target_path: Path | None = None
     if spec.target.is_tiny:
         target = tiny.build_target(spec.name.lower())
         draft = tiny.build_draft(spec.name.lower(), target) if with_draft else None
         tokenizer = tiny.build_tokenizer()
         origins = {"target": "tiny", "draft": "tiny"}
+        if ort_settings is not None:
+            target_path = tiny.saved_folder(spec.name.lower(), target, tokenizer)
     else:
         target_path = weights.resolve(
             spec.target.name, spec.target.hf_id, spec.target.packaged_key, weights_dir
@@ -302,12 +356,17 @@ def load_pair(
                 draft=spec.draft.name,
             )
         tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
-        target = _load_hf(target_path)
+        target = _load_hf(target_path) if ort_settings is None else None
         draft = _load_hf(draft_path) if draft_path is not None else None
         origins = {"target": str(target_path), "draft": str(draft_path) if draft_path else ""}
 
-    _pin_generation_config(target, tokenizer)
-    target = devices.place(_apply_precision(target, target_precision, target_kernels), t_dev)
+    if ort_settings is not None:
+        target = load_ort_target(spec.target.name, target_path, ort_settings)
+        origins["target"] = str(target.folder)
+        _pin_generation_config(target, tokenizer)
+    else:
+        _pin_generation_config(target, tokenizer)
+        target = devices.place(_apply_precision(target, target_precision, target_kernels), t_dev)
     if draft is not None:
         draft = prepare_draft(
             draft, tokenizer, vocab.vocab_size(target), draft_precision, d_dev, draft_vocab, draft_kernels
@@ -325,6 +384,8 @@ def load_pair(
         target_kernels=target_kernels,
         draft_vocab=draft_vocab if with_draft else None,
         draft_kernels=draft_kernels if with_draft else "stock",
+        target_backend=target_backend,
+        execution_provider=ort_settings.provider if ort_settings is not None else None,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from tabulate import tabulate
 
+from harness.backends import DEFAULT_PROVIDER, OrtSettings
 from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
 
 T = TypeVar("T")
@@ -242,11 +243,18 @@ def command_for(row: Row, defaults: Mapping[str, Any] | None = None) -> str:
         args.append("--assisted_generation")
         if wanted("draft_precision", row.draft_precision):
             args += ["--draft_precision", str(row.draft_precision)]
-    if wanted("target_precision", row.target_precision):
+    if row.target_backend == "onnxruntime":
+        ort = OrtSettings.from_label(row.target_precision, row.execution_provider or DEFAULT_PROVIDER)
+        args += ["--target_backend", "onnxruntime", "--target_precision", ort.precision]
+        if ort.provider != DEFAULT_PROVIDER:
+            args += ["--execution_provider", ort.provider]
+        if ort.precision == "int4":
+            args += ["--ort_block_size", str(ort.block_size), "--ort_accuracy_level", str(ort.accuracy_level)]
+    elif wanted("target_precision", row.target_precision):
         args += ["--target_precision", str(row.target_precision)]
     # Compared with the defaults' value, "stock"/0 when they do not say: the registry's default
     # may be either, and a command that leaves the flag out must still reproduce the row.
-    if row.target_kernels != defaults.get("target_kernels", "stock"):
+    if row.target_backend == "torch" and row.target_kernels != defaults.get("target_kernels", "stock"):
         args += ["--target_kernels", row.target_kernels]
     if row.mode == "assisted" and (row.draft_vocab or 0) != defaults.get("draft_vocab", 0):
         args += ["--draft_vocab", str(row.draft_vocab or 0)]

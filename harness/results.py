@@ -88,6 +88,8 @@ class Row:
     target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
     draft_vocab: int | None = None  # the draft scored only this many leading token ids (+ specials)
     draft_kernels: str | None = None  # the draft's kernels (speed only); None: no draft or not recorded
+    target_backend: str = "torch"  # "onnxruntime": target_precision then names the export's settings
+    execution_provider: str | None = None  # ONNX Runtime's provider for the target
     prompt_label: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     run_id: str = ""
@@ -114,6 +116,8 @@ class Row:
             self.example,
             self.mode,
             self.target_precision,
+            self.target_backend,
+            self.execution_provider,
             self.draft_precision,
             self.num_assistant_tokens,
             self.assistant_schedule,

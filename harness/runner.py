@@ -86,6 +86,8 @@ def make_row(
         draft_model=(pair.spec.draft.hf_id or pair.spec.draft.name) if uses_draft else None,
         target_precision=pair.target_precision,
         target_kernels=pair.target_kernels,
+        target_backend=pair.target_backend,
+        execution_provider=pair.execution_provider,
         draft_vocab=pair.draft_vocab if uses_draft else None,
         draft_kernels=pair.draft_kernels if uses_draft else None,
         draft_precision=pair.draft_precision if uses_draft else None,

@@ -8,8 +8,12 @@ random-weight target, and a draft that never agrees cannot exercise acceptance.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -174,3 +178,26 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def saved_folder(
+    name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, root: str | None = None
+) -> Path:
+    """The tiny model as a Hugging Face folder, for tools that read one (the ONNX exporter).
+
+    Named by its content, so an unchanged recipe reuses the folder and its export; written beside
+    its final place and renamed, so concurrent test workers never see half a folder.
+    """
+    from harness import onnx_export, packaged
+
+    root = Path(root) if root is not None else packaged.cache_root() / "tiny-hf"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{name}.partial-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    final = root / f"{name}-{onnx_export.source_fingerprint(tmp)[:16]}"
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process saved the same content first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness import equivalence
@@ -12,7 +14,9 @@ DIVERGENCE = pytest.StashKey[equivalence.DivergenceTable]()
 @pytest.fixture(scope="session")
 def divergence_table(pytestconfig: pytest.Config) -> equivalence.DivergenceTable:
     """Collects every precision-tier case; the table is printed in the terminal summary."""
-    return pytestconfig.stash.setdefault(DIVERGENCE, equivalence.DivergenceTable())
+    out = pytestconfig.getoption("--divergence-out")
+    table = equivalence.DivergenceTable(rows_path=Path(out) if out else None)
+    return pytestconfig.stash.setdefault(DIVERGENCE, table)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from harness import equivalence, sweep, tasks, tiny
+from harness.backends import OrtSettings
 from harness.generation import GenerationSettings, generate, generation_config
-from harness.models import LoadedPair, get_pair
+from harness.models import LoadedPair, get_pair, load_ort_target
 
 KS = (1, 2, 5, 8)
 SCHEDULES = ("constant", "dynamic")
@@ -66,6 +67,7 @@ def plain_cache() -> dict:
 def plain_run(cache: dict, pair: LoadedPair, ids: list[int], s: GenerationSettings):
     key = (
         pair.spec.name,
+        pair.target_backend,
         pair.target_precision,
         pair.target_kernels,
         tuple(ids),
@@ -141,9 +143,12 @@ def assert_cases(cases: list[equivalence.CaseResult], strategy: str, eos: bool =
         assert accepted == drafted, f"target as its own draft accepted {accepted}/{drafted}"
     elif strategy == "random":
         # Exactly zero where the vocabulary is large (real pairs). A 512-token tiny model's random
-        # draft hits the target's choice by chance now and then; chance level is a few percent.
-        limit = 0.0 if cases[0].vocab_size >= 32000 else 0.05
-        assert accepted <= limit * drafted, f"a random draft had {accepted}/{drafted} tokens accepted"
+        # draft hits the target's choice by chance now and then; chance level is a few percent, and
+        # over a dozen drafted tokens one chance hit is already 8%: allow one on top of the 5%.
+        if cases[0].vocab_size >= 32000:
+            assert accepted == 0, f"a random draft had {accepted}/{drafted} tokens accepted"
+        else:
+            assert accepted <= 1 + 0.05 * drafted, f"a random draft had {accepted}/{drafted} tokens accepted"
     elif strategy == "partial":
         assert accepted > 0, f"partly agreeing draft: none of {drafted} drafted tokens accepted"
         if not eos:
@@ -156,8 +161,10 @@ def assert_cases(cases: list[equivalence.CaseResult], strategy: str, eos: bool =
 
 @pytest.mark.pairs(real=False)
 @pytest.mark.parametrize("strategy,k,schedule,eos", GRID)
-def test_greedy_equivalence(pairs, plain_cache, pair_name, strategy, k, schedule, eos, request):
-    pair = pairs.get(pair_name)
+def test_greedy_equivalence(
+    pairs, plain_cache, pair_name, target_backend, strategy, k, schedule, eos, request
+):
+    pair = pairs.get(pair_name, target_backend=target_backend)
     # Two prompts per case, rotating through decode and code prompts across the grid.
     first = zlib.crc32(request.node.callspec.id.encode()) % len(PROMPTS)
     prompts = [PROMPTS[first], PROMPTS[(first + 1) % len(PROMPTS)]]
@@ -177,8 +184,10 @@ def test_greedy_equivalence(pairs, plain_cache, pair_name, strategy, k, schedule
         pytest.param(2, "dynamic", True, id="K2-dynamic-eos"),
     ],
 )
-def test_greedy_equivalence_real(pairs, plain_cache, pair_name, real_prompts, strategy, k, schedule, eos):
-    pair = pairs.get(pair_name)
+def test_greedy_equivalence_real(
+    pairs, plain_cache, pair_name, target_backend, real_prompts, strategy, k, schedule, eos
+):
+    pair = pairs.get(pair_name, target_backend=target_backend)
     s = settings_for(strategy, k, schedule, REAL_NEW_TOKENS)
     cases = [run_equality_case(pair, p, strategy, s, eos, plain_cache) for p in PROMPTS[:real_prompts]]
     assert_cases(cases, strategy, eos)
@@ -262,7 +271,8 @@ SAMPLE_RECIPE = tiny.TinyRecipe(
     hidden=32,
     layers=2,
     draft_layers=1,
-    seed=21,
+    heads=2,  # head size 16: ONNX Runtime's GroupQueryAttention takes multiples of 16
+    seed=23,  # both speculative-sampling branches run at temp 0.1 (seed 21 with 2 heads: always accepted)
     init_std=0.5,
     tail_scale=1.0,
     draft_noise=0.1,
@@ -280,12 +290,29 @@ SAMPLING = {
 }
 
 
-@pytest.fixture(scope="module")
-def sampling_pair() -> LoadedPair:
+@pytest.fixture(scope="module", params=["torch", "onnxruntime"])
+def sampling_pair(request, selected_target_backends) -> LoadedPair:
+    """The sampling pair with its target in torch, and exported to ONNX Runtime (int4, the
+    backend's default precision) with the same torch draft."""
     target = tiny.build_target(SAMPLE_RECIPE)
     draft = tiny.build_draft(SAMPLE_RECIPE, target)
-    return LoadedPair(
-        get_pair("tiny-llama"), target, draft, tiny.build_tokenizer(), "fp32", "fp32", "cpu", "cpu"
+    tokenizer = tiny.build_tokenizer()
+    pair = LoadedPair(get_pair("tiny-llama"), target, draft, tokenizer, "fp32", "fp32", "cpu", "cpu")
+    if request.param == "torch":
+        return pair
+    provider = dict(selected_target_backends).get("onnxruntime")
+    if provider is None:
+        pytest.skip("onnxruntime is not in --target-backends")
+    settings = OrtSettings(provider=provider).validate()
+    source = tiny.saved_folder("tiny-sampling", target, tokenizer)
+    exported = load_ort_target("tiny-sampling", source, settings)
+    exported.generation_config = target.generation_config
+    return dataclasses.replace(
+        pair,
+        target=exported,
+        target_precision=settings.label,
+        target_backend="onnxruntime",
+        execution_provider=settings.provider,
     )
 
 
@@ -399,8 +426,11 @@ def _tier_check(
     pair: LoadedPair, prompts: list[tasks.Prompt], new_tokens: int, table, cache, max_tokens=None
 ):
     s = settings_for("registered", 5, "constant", new_tokens)
-    cases = [run_equality_case(pair, p, "registered", s, False, cache, max_tokens) for p in prompts]
-    table.extend(f"{pair.target_precision} / {pair.target_kernels}", cases)
+    cases = []
+    for p in prompts:
+        # Counted (and written, with --divergence-out) as each prompt finishes, not at the end.
+        cases.append(run_equality_case(pair, p, "registered", s, False, cache, max_tokens))
+        table.add(f"{pair.target_precision} / {pair.target_kernels}", cases[-1])
     for case in cases:
         # fp32 must be token-exact; lower precisions on stock kernels may flip only a near-tied
         # argmax; on the batch-invariant kernels every precision must be token-exact.

@@ -1,0 +1,175 @@
+"""Export a target to ONNX (KV cache, logits for every position), int4 by ONNX Runtime's quantizer.
+
+The graph is written by onnxruntime-genai's model builder, run as a subprocess on the same Hugging
+Face folder the torch backend loads. Why the builder and not ``torch.onnx.export`` or optimum:
+it writes the decoder with ONNX Runtime's fused GroupQueryAttention and a past/present KV cache
+directly from the weights (no tracing of transformers' cache classes), and quantizes the matmuls
+with ``onnxruntime.quantization.matmul_nbits_quantizer`` (MatMulNBits); optimum-onnx 0.1.0 pins
+transformers below this project's. A subprocess because the builder peaks at ~17 GB for a 1.5B
+fp32 source and that memory should be gone before the benchmark starts.
+
+Cache layout (beside the converted weights), valid only with its COMPLETE marker, written last:
+    <cache>/onnx/<source>-<fingerprint>/<settings label>/model.onnx, model.onnx.data, COMPLETE
+COMPLETE records the settings, the builder version, the source fingerprint and each file's sha256
+and size. The folder is built next to its final place and renamed into it, so an interrupted export
+never looks finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+from harness import packaged
+from harness.backends import OrtSettings
+from harness.errors import ChecksumError, HarnessError
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+_PARTIAL = ".partial-"
+# Files under this size are fingerprinted by content, larger ones by name, size and mtime (hashing
+# a 7 GB safetensors file on every load would cost more than the load).
+_HASH_CONTENT_BELOW = 64 << 20
+_MODEL_FILES = ("model.onnx", "model.onnx.data")
+
+
+def source_fingerprint(hf_dir: Path) -> str:
+    """Changes whenever the source folder's config or weights do."""
+    h = hashlib.sha256()
+    for f in sorted(hf_dir.iterdir()):
+        if f.suffix not in (".json", ".safetensors", ".bin") or f.name == MARKER:
+            continue
+        st = f.stat()
+        h.update(f.name.encode())
+        if st.st_size < _HASH_CONTENT_BELOW:
+            h.update(f.read_bytes())
+        else:
+            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def export_dir(name: str, hf_dir: Path, settings: OrtSettings, cache: Path | None = None) -> Path:
+    root = Path(cache if cache is not None else packaged.cache_root()) / "onnx"
+    return root / f"{name}-{source_fingerprint(hf_dir)[:16]}" / settings.slug
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def is_exported(folder: Path, *, verify: bool = False) -> bool:
+    """A finished export: marker present, files of the recorded sizes (and sha256 when ``verify``)."""
+    try:
+        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        for name, meta in record["files"].items():
+            path = folder / name
+            if path.stat().st_size != meta["size"] or (verify and _sha256(path) != meta["sha256"]):
+                return False
+    except (OSError, ValueError, KeyError):
+        return False
+    return True
+
+
+def _staged_source(hf_dir: Path, dest: Path) -> Path:
+    """The source folder as the builder must see it: links to every file, and a config.json that
+    also names the RoPE base where the builder looks for it.
+
+    transformers 5 moved ``rope_theta`` into ``rope_parameters`` (and drops a top-level
+    ``rope_theta`` when it reads the file); the builder still reads the old attribute and falls
+    back to 10000, which for Qwen2 (base 1e6) gives a model that is right for the first tokens and
+    wrong after. ``rope_embedding_base`` is the other name it reads, and transformers keeps it.
+    """
+    dest.mkdir(parents=True)
+    for f in hf_dir.iterdir():
+        if f.is_file() and f.name not in ("config.json", MARKER):
+            (dest / f.name).symlink_to(f.resolve())
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        config["rope_embedding_base"] = rope["rope_theta"]
+    elif "rope_theta" in config:
+        config["rope_embedding_base"] = config["rope_theta"]
+    (dest / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return dest
+
+
+def builder_command(src: Path, out: Path, settings: OrtSettings, workdir: Path) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "-p",
+        settings.precision,
+        "-e",
+        "cpu",
+        "-c",
+        str(workdir / "hf-cache"),
+    ]
+    if settings.precision == "int4":
+        cmd += [
+            "--extra_options",
+            f"int4_block_size={settings.block_size}",
+            f"int4_accuracy_level={settings.accuracy_level}",
+        ]
+    return cmd
+
+
+def export(
+    name: str, hf_dir: Path, settings: OrtSettings, cache: Path | None = None, *, verify: bool = False
+) -> Path:
+    """The exported folder for ``hf_dir`` at ``settings``, building it once."""
+    final = export_dir(name, hf_dir, settings, cache)
+    if is_exported(final, verify=verify):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        log.warning("%s has no valid %s marker (interrupted or stale); exporting again", final, MARKER)
+        shutil.rmtree(final)
+    for leftover in final.parent.glob(f"*{_PARTIAL}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=settings.slug + _PARTIAL))
+    try:
+        out = tmp / "model"
+        cmd = builder_command(_staged_source(hf_dir, tmp / "source"), out, settings, tmp)
+        log.info("exporting %s to ONNX (%s): %s", name, settings.label, " ".join(cmd))
+        start = time.perf_counter()
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0 or not all((out / f).is_file() for f in _MODEL_FILES):
+            raise HarnessError(
+                f"exporting {name} to ONNX failed (exit {done.returncode}); the builder said:\n"
+                f"{done.stderr[-2000:] or done.stdout[-2000:]}\nCommand: {' '.join(cmd)}"
+            )
+        record = {
+            "settings": settings.__dict__ | {"label": settings.label},
+            "builder": f"onnxruntime-genai {metadata.version('onnxruntime-genai')}",
+            "onnxruntime": metadata.version("onnxruntime"),
+            "source": str(hf_dir),
+            "source_fingerprint": source_fingerprint(hf_dir),
+            "seconds": round(time.perf_counter() - start, 1),
+            "files": {
+                f: {"size": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in _MODEL_FILES
+            },
+        }
+        (out / MARKER).write_text(json.dumps(record, indent=2), encoding="utf-8")
+        os.replace(out, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not is_exported(final, verify=True):  # pragma: no cover - a disk that lost the files
+        raise ChecksumError(f"{final}: the export does not match its own checksums; delete it and rerun")
+    return final
