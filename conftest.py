@@ -156,10 +156,13 @@ def target_backends(config: pytest.Config) -> list[tuple[str, str | None]]:
     return out
 
 
-def backend_params(config: pytest.Config, params: list) -> list:
-    """``params`` (pair params) crossed with the selected target backends, ids carrying both."""
+def backend_params(config: pytest.Config, params: list, only: tuple[str, ...] | None = None) -> list:
+    """``params`` (pair params) crossed with the selected target backends (those in ``only``, the
+    ``backends`` marker's, if given), ids carrying both."""
     crossed = []
     for backend, provider in target_backends(config):
+        if only is not None and backend not in only:
+            continue
         for p in params:
             name = p.values[0]
             if backend == "onnxruntime":
@@ -180,7 +183,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         kinds = marker.kwargs if marker else {}
         params = pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True))
         if "target_backend" in metafunc.fixturenames:
-            metafunc.parametrize("pair_name,target_backend", backend_params(metafunc.config, params))
+            only = metafunc.definition.get_closest_marker("backends")
+            crossed = backend_params(metafunc.config, params, only.args if only else None)
+            metafunc.parametrize("pair_name,target_backend", crossed)
         else:
             metafunc.parametrize("pair_name", params)
 

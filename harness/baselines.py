@@ -76,6 +76,7 @@ class CaseKey:
     kernels: str = "stock"  # target kernels: "stock" or "invariant" (harness.invariant)
     draft_vocab: int | None = None  # the draft scored only this many leading token ids
     draft_kernels: str = "stock"  # the draft's kernels ("invariant": the harness's, for speed)
+    provider: str | None = None  # the execution provider of an ONNX Runtime target
 
     @property
     def sampling(self) -> str:
@@ -106,6 +107,8 @@ class CaseKey:
         parts.append(self.sampling)
         if self.backend != "torch":
             parts.append(_part(self.backend))
+        if self.provider is not None:
+            parts.append(_part(self.provider))
         if self.kernels != "stock":
             parts.append(_part(self.kernels))
         if self.draft_vocab is not None:

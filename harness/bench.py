@@ -57,6 +57,8 @@ class BenchCase:
     target_kernels: str = "stock"
     draft_vocab: int | None = None
     draft_kernels: str = "stock"
+    target_backend: str = "torch"  # "onnxruntime": target_precision is then the export's label
+    execution_provider: str | None = None
 
     def key(self) -> baselines.CaseKey:
         sampled = self.do_sample
@@ -76,6 +78,8 @@ class BenchCase:
             kernels=self.target_kernels,
             draft_vocab=self.draft_vocab,
             draft_kernels=self.draft_kernels,
+            backend=self.target_backend,
+            provider=self.execution_provider,
         )
 
     @property

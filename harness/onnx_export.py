@@ -81,29 +81,6 @@ def is_exported(folder: Path, *, verify: bool = False) -> bool:
     return True
 
 
-def _staged_source(hf_dir: Path, dest: Path) -> Path:
-    """The source folder as the builder must see it: links to every file, and a config.json that
-    also names the RoPE base where the builder looks for it.
-
-    transformers 5 moved ``rope_theta`` into ``rope_parameters`` (and drops a top-level
-    ``rope_theta`` when it reads the file); the builder still reads the old attribute and falls
-    back to 10000, which for Qwen2 (base 1e6) gives a model that is right for the first tokens and
-    wrong after. ``rope_embedding_base`` is the other name it reads, and transformers keeps it.
-    """
-    dest.mkdir(parents=True)
-    for f in hf_dir.iterdir():
-        if f.is_file() and f.name not in ("config.json", MARKER):
-            (dest / f.name).symlink_to(f.resolve())
-    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-    rope = config.get("rope_parameters") or {}
-    if "rope_theta" in rope:
-        config["rope_embedding_base"] = rope["rope_theta"]
-    elif "rope_theta" in config:
-        config["rope_embedding_base"] = config["rope_theta"]
-    (dest / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    return dest
-
-
 def builder_command(src: Path, out: Path, settings: OrtSettings, workdir: Path) -> list[str]:
     cmd = [
         sys.executable,
@@ -145,7 +122,7 @@ def export(
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=settings.slug + _PARTIAL))
     try:
         out = tmp / "model"
-        cmd = builder_command(_staged_source(hf_dir, tmp / "source"), out, settings, tmp)
+        cmd = builder_command(hf_dir, out, settings, tmp)
         log.info("exporting %s to ONNX (%s): %s", name, settings.label, " ".join(cmd))
         start = time.perf_counter()
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

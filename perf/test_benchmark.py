@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness import baselines, bench, models, report
+from harness.backends import OrtSettings
 from harness.results import read_rows
 
 pytestmark = pytest.mark.perf
@@ -75,6 +76,24 @@ def registered_case(spec: models.PairSpec) -> bench.BenchCase:
     )
 
 
+def ort_case(spec: models.PairSpec, provider: str) -> bench.BenchCase:
+    """The registered case with the target exported to ONNX Runtime (int4, default settings) and the
+    registered torch draft: what the seeds' NPU-target / CPU-draft users run."""
+    return bench.BenchCase(
+        spec.name,
+        128,
+        32,
+        OrtSettings(provider=provider).label,
+        spec.draft_precision,
+        spec.num_assistant_tokens,
+        schedule=spec.assistant_schedule,
+        draft_vocab=spec.draft_vocab,
+        draft_kernels=spec.draft_kernels,
+        target_backend="onnxruntime",
+        execution_provider=provider,
+    )
+
+
 def real_case(pair_name: str, which: str) -> bench.BenchCase:
     """The CI subset cases: short, because the 1.5B fp32 target decodes only ~2 tokens/s here.
 
@@ -93,6 +112,8 @@ def load(pairs, case: bench.BenchCase) -> models.LoadedPair:
     spec = models.get_pair(case.pair)
     if case == registered_case(spec) or case == tiny_case(case.pair):
         return pairs.get(case.pair)
+    if case.target_backend == "onnxruntime":
+        return pairs.get(case.pair, target_backend=(case.target_backend, case.execution_provider))
     # Anything else is spelled out, the whole draft vocabulary included (a case has no dv).
     return pairs.get(
         case.pair,
@@ -155,7 +176,24 @@ def test_benchmark_machinery_tiny(pairs, pair_name, tmp_path, platform_name, ben
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.parametrize("which", ["registered", "fp32"])
 def test_benchmark_real(pairs, pair_name, which, benchmark, pytestconfig, platform_name, bench_results):
-    case = real_case(pair_name, which)
+    run_real_case(real_case(pair_name, which), pairs, benchmark, pytestconfig, platform_name, bench_results)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.backends("onnxruntime")
+def test_benchmark_real_onnxruntime(
+    pairs, pair_name, target_backend, benchmark, pytestconfig, platform_name, bench_results
+):
+    """The registered case with an ONNX Runtime target, gated like the torch one; its table row sits
+    beside the torch target's in the session summary and in results/."""
+    case = ort_case(models.get_pair(pair_name), target_backend[1])
+    run_real_case(case, pairs, benchmark, pytestconfig, platform_name, bench_results)
+
+
+def run_real_case(
+    case: bench.BenchCase, pairs, benchmark, pytestconfig, platform_name, bench_results
+) -> None:
+    """Measure a real case (pytest-benchmark records it), check it, and gate it or write its baseline."""
     pair = load(pairs, case)
     repetitions = pytestconfig.getoption("--perf-repetitions")
     measured: list[bench.CaseMeasurement] = []

@@ -74,15 +74,23 @@ def _check_summary(summary: dict, n: int) -> None:
     assert not summary["disagreements"], f"problems scored differently: {summary['disagreements']}"
 
 
+def _check_identical(pair: LoadedPair, summary: dict, n: int) -> None:
+    """Assisted completions are the plain ones token for token, where the target's kernels promise
+    it (torch). An ONNX Runtime target is third-party: its one-token and batched kernels may flip a
+    near-tied argmax (the decode suite checks each such flip is one), so there the gate is pass@1."""
+    if pair.target_backend == "torch":
+        assert summary["identical_completions"] == n, humaneval.format_table(summary)
+
+
 @pytest.mark.pairs(real=False)
-def test_humaneval_machinery_tiny(pairs, pair_name, tmp_path):
+def test_humaneval_machinery_tiny(pairs, pair_name, target_backend, tmp_path):
     """Tiny random models write garbage code: what is tested is the pipeline (prompt, stop,
     extraction, sandbox, rows, resume) and that assistance leaves every completion unchanged."""
-    pair = pairs.get(pair_name)
+    pair = pairs.get(pair_name, target_backend=target_backend)
     problems = humaneval.load_problems(limit=2)
     path = tmp_path / "he.jsonl"
     summary = evaluate(pair, problems, path, "completion")
-    assert summary["identical_completions"] == len(problems)
+    _check_identical(pair, summary, len(problems))
     _check_summary(summary, len(problems))
     rows_before = len(humaneval.read_results(path))
     evaluate(pair, problems, path, "completion")  # resumes: nothing left to do
@@ -90,22 +98,22 @@ def test_humaneval_machinery_tiny(pairs, pair_name, tmp_path):
 
 
 @pytest.mark.pairs(tiny=False)
-def test_humaneval_pass_at_1_equal_real(pairs, pair_name, pytestconfig, tmp_path):
-    pair = pairs.get(pair_name)
+def test_humaneval_pass_at_1_equal_real(pairs, pair_name, target_backend, pytestconfig, tmp_path):
+    pair = pairs.get(pair_name, target_backend=target_backend)
     if pair.spec.kind != "code":
         pytest.skip(f"{pair.spec.name} is not a code model")
     limit = pytestconfig.getoption("--humaneval-limit")
     out = pytestconfig.getoption("--humaneval-out")
-    path = Path(out) / f"{pair.spec.name}.jsonl" if out else tmp_path / "he.jsonl"
+    name = pair.spec.name
+    if pair.target_backend != "torch":
+        name += f"-{pair.target_backend}-{pair.execution_provider}"
+    path = Path(out) / f"{name}.jsonl" if out else tmp_path / "he.jsonl"
     problems = humaneval.load_problems(limit=limit)
     summary = evaluate(pair, problems, path, humaneval.STYLE_DEFAULT)
     print(humaneval.format_table(summary))
     if out:
-        humaneval.plot_speedup(humaneval.read_results(path), Path(out) / f"{pair.spec.name}-speedup.png")
-        (Path(out) / f"{pair.spec.name}.md").write_text(
-            humaneval.format_table(summary, tablefmt="github") + "\n"
-        )
+        humaneval.plot_speedup(humaneval.read_results(path), Path(out) / f"{name}-speedup.png")
+        (Path(out) / f"{name}.md").write_text(humaneval.format_table(summary, tablefmt="github") + "\n")
     _check_summary(summary, len(problems))
-    # fp32 target: assisted completions must be the plain ones, token for token.
-    assert summary["identical_completions"] == len(problems), humaneval.format_table(summary)
+    _check_identical(pair, summary, len(problems))
     assert summary["paired_pass@1"]["plain"] >= PASS_AT_1_FLOOR, humaneval.format_table(summary)

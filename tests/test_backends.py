@@ -1,0 +1,166 @@
+"""The target-backend seam: names, providers and export settings are checked before anything loads,
+and every error says what is available instead."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness import backends, cli, models, report
+from harness.backends import ACCURACY_LEVELS, OrtSettings
+from harness.errors import HarnessError, UnsupportedError
+from harness.results import Row
+
+
+def test_unknown_backend_lists_the_known_ones():
+    with pytest.raises(HarnessError, match="torch, onnxruntime"):
+        backends.check_backend("tensorrt")
+
+
+def test_missing_provider_lists_the_available_ones():
+    with pytest.raises(UnsupportedError) as err:
+        backends.check_provider("VitisAIExecutionProvider")
+    message = str(err.value)
+    assert "'VitisAIExecutionProvider' is not available" in message
+    assert "CPUExecutionProvider" in message and "onnxruntime-vitisai" in message
+
+
+def test_cpu_provider_is_available():
+    assert backends.check_provider(backends.DEFAULT_PROVIDER) == "CPUExecutionProvider"
+    assert backends.DEFAULT_PROVIDER in backends.available_providers()
+
+
+@given(
+    block=st.sampled_from([16, 32, 64, 128, 256]),
+    level=st.sampled_from(sorted(ACCURACY_LEVELS)),
+    provider=st.sampled_from(["CPUExecutionProvider", "CUDAExecutionProvider"]),
+)
+def test_label_round_trips(block, level, provider):
+    s = OrtSettings("int4", block, level, provider)
+    assert OrtSettings.from_label(s.label, provider) == s
+    assert OrtSettings.from_label("ort-fp32", provider) == OrtSettings("fp32", provider=provider)
+
+
+def test_labels_name_every_export_setting():
+    assert OrtSettings().label == "ort-int4-b32-aint8"
+    assert OrtSettings("int4", 128, 1).label == "ort-int4-b128-afp32"
+    assert len({OrtSettings("int4", b, a).label for b in (32, 64) for a in (1, 4)}) == 4
+
+
+@pytest.mark.parametrize(
+    "settings,match",
+    [
+        (OrtSettings("w4abf16"), "not offered with --target_backend onnxruntime"),
+        (OrtSettings(block_size=48), "--ort_block_size 48"),
+        (OrtSettings(accuracy_level=7), "--ort_accuracy_level 7"),
+        (OrtSettings(provider="NoSuchExecutionProvider"), "available here: .*CPUExecutionProvider"),
+    ],
+)
+def test_bad_settings_are_refused(settings, match):
+    with pytest.raises(HarnessError, match=match):
+        settings.validate()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(name="tiny-opt", target_backend="onnxruntime"), "does not write the 'opt' architecture"),
+        (
+            dict(name="tiny-qwen2", target_backend="onnxruntime", target_kernels="invariant"),
+            "--target_kernels applies to the torch target only",
+        ),
+        (dict(name="tiny-qwen2", target_precision="int4"), "add --target_backend onnxruntime"),
+        (
+            dict(name="tiny-qwen2", target_backend="onnxruntime", execution_provider="DmlExecutionProvider"),
+            "'DmlExecutionProvider' is not available",
+        ),
+        (
+            dict(name="tiny-qwen2", target_backend="onnxruntime", target_device="cuda"),
+            "--target_device|not available",
+        ),
+    ],
+)
+def test_load_pair_refuses_before_loading(kwargs, match, monkeypatch):
+    # Nothing may be built or exported before the error: make any export fail loudly.
+    from harness import onnx_export
+
+    monkeypatch.setattr(onnx_export, "export", lambda *a, **k: pytest.fail("exported before refusing"))
+    name = kwargs.pop("name")
+    with pytest.raises(HarnessError, match=match):
+        models.load_pair(name, **kwargs)
+
+
+def test_cli_names_available_providers(capsys):
+    code = cli.main(
+        ["--model_name", "tiny-qwen2", "--target_backend", "onnxruntime", "--execution_provider", "Foo"]
+    )
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE
+    assert "'Foo' is not available" in err and "CPUExecutionProvider" in err
+    assert "Traceback" not in err
+
+
+def _ort_row(**kw) -> Row:
+    base = dict(
+        example=1,
+        mode="assisted",
+        assisted=True,
+        task="decode",
+        model="tiny-qwen2",
+        target_model="tiny-qwen2",
+        draft_model="tiny-qwen2-draft",
+        target_precision="ort-int4-b64-afp32",
+        draft_precision="fp32",
+        target_device="cpu",
+        draft_device="cpu",
+        num_assistant_tokens=5,
+        assistant_schedule="constant",
+        assistant_confidence_threshold=None,
+        prompt_lookup_num_tokens=None,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        seed=0,
+        max_new_tokens=8,
+        min_new_tokens=None,
+        prompt_tokens=4,
+        new_tokens=8,
+        total_s=1.0,
+        prefill_ms=1.0,
+        target_prefill_ms=1.0,
+        time_per_token_ms=1.0,
+        tokens_per_s=1000.0,
+        target_forwards=2,
+        draft_forwards=5,
+        target_ms=1.0,
+        draft_ms=1.0,
+        other_ms=0.0,
+        drafted=5,
+        accepted=3,
+        acceptance_rate=0.6,
+        tokens_per_target_forward=4.0,
+        output_ids=[1, 2],
+        target_backend="onnxruntime",
+        execution_provider="CPUExecutionProvider",
+    )
+    base.update(kw)
+    return Row(**base)
+
+
+def test_reproduce_command_of_an_onnxruntime_row_parses_back_to_its_settings():
+    row = _ort_row()
+    command = report.command_for(row, cli.command_defaults(cli.build_parser(), models.get_pair("tiny-qwen2")))
+    assert "--target_backend onnxruntime" in command and "--target_kernels" not in command
+    args = cli.build_parser().parse_args(command.split()[2:])
+    settings = OrtSettings(
+        args.target_precision, args.ort_block_size, args.ort_accuracy_level, args.execution_provider
+    )
+    assert args.target_backend == "onnxruntime"
+    assert settings.label == row.target_precision
+
+
+def test_rows_of_two_backends_never_resume_each_other():
+    torch_row = _ort_row(target_backend="torch", execution_provider=None)
+    assert torch_row.key() != _ort_row().key()
