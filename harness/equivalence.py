@@ -194,16 +194,21 @@ class DivergenceTable:
     """Per target precision: prompts tested, tokens compared, exact prompts, near ties, failures.
 
     With ``rows_path`` set, each case is also appended there as one JSON line the moment it is
-    counted, so an interrupted hour-long run keeps every prompt it finished.
+    counted, so an interrupted hour-long run keeps every prompt it finished, and a rerun resumes.
     """
 
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     rows_path: Path | None = None
 
-    def add(self, precision: str, case: CaseResult) -> None:
+    def add(self, precision: str, case: CaseResult, prompt: str = "", pair: str = "") -> None:
+        """Count ``case``; with ``rows_path``, also append it there (``pair`` and ``prompt`` name it
+        for resuming)."""
+        self._count(precision, len(case.plain.output_ids), case.identical, case.near_tie)
         if self.rows_path is not None:
             row = {
                 "precision": precision,
+                "pair": pair,
+                "prompt": prompt,
                 "prompt_tokens": len(case.prompt_ids),
                 "tokens": len(case.plain.output_ids),
                 "identical": case.identical,
@@ -214,14 +219,31 @@ class DivergenceTable:
             self.rows_path.parent.mkdir(parents=True, exist_ok=True)
             with self.rows_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+
+    def recorded(self, precision: str, pair: str = "") -> dict[str, dict]:
+        """Rows an earlier (interrupted) run wrote for ``pair`` at ``precision``, by prompt name: a
+        rerun with the same file counts them instead of decoding those prompts again."""
+        if self.rows_path is None or not self.rows_path.is_file():
+            return {}
+        rows = (json.loads(line) for line in self.rows_path.read_text().splitlines() if line.strip())
+        return {
+            r["prompt"]: r
+            for r in rows
+            if r.get("precision") == precision and r.get("pair", "") == pair and r.get("prompt")
+        }
+
+    def add_recorded(self, precision: str, row: dict) -> None:
+        self._count(precision, row["tokens"], row["identical"], row["near_tie"])
+
+    def _count(self, precision: str, tokens: int, identical: bool, near_tie: bool) -> None:
         c = self.counts.setdefault(
             precision, {"prompts": 0, "tokens": 0, "exact": 0, "near_tie": 0, "other": 0}
         )
         c["prompts"] += 1
-        c["tokens"] += len(case.plain.output_ids)
-        if case.identical:
+        c["tokens"] += tokens
+        if identical:
             c["exact"] += 1
-        elif case.near_tie:
+        elif near_tie:
             c["near_tie"] += 1
         else:
             c["other"] += 1
