@@ -341,3 +341,20 @@ def _convert_packaged_weights(request: pytest.FixtureRequest) -> None:
         model = packaged.get_model(key)
         if packaged.parts_status(model).complete and not packaged.is_converted(model):
             packaged.ensure_converted(key)  # file-locked: safe under xdist workers too
+    _export_onnx_targets(request.config)
+
+
+def _export_onnx_targets(config: pytest.Config) -> None:
+    """Export the offline pair's target for the ONNX Runtime tests now, before any test holds a
+    model: the exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs in 24 GB."""
+    if "onnxruntime" not in dict(target_backends(config)):
+        return
+    from harness import packaged
+    from harness.backends import OrtSettings
+
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    model = packaged.get_model(spec.target.packaged_key)
+    if packaged.is_converted(model):
+        models.export_ort_target(
+            spec.target.name, packaged.converted_dir(model), OrtSettings(provider=backends.DEFAULT_PROVIDER)
+        )

@@ -222,7 +222,14 @@ def _apply_precision(model: PreTrainedModel, name: str, kernels: str) -> PreTrai
 
 def load_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> PreTrainedModel:
     """The model in ``hf_dir`` exported to ONNX (once; cached) and opened on ``settings.provider``."""
-    from harness import onnx_export, onnx_model
+    from harness import onnx_model
+
+    return onnx_model.load(export_ort_target(name, hf_dir, settings), hf_dir, settings)
+
+
+def export_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> Path:
+    """The folder of ``hf_dir``'s ONNX export at ``settings``, exporting it if it is not cached."""
+    from harness import onnx_export
 
     config = AutoConfig.from_pretrained(hf_dir, local_files_only=True)
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -231,8 +238,7 @@ def load_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> PreTraine
             f"{name}: attention head size {head} is not a multiple of 16, which ONNX Runtime's "
             "GroupQueryAttention (the exported attention) requires; use --target_backend torch"
         )
-    folder = onnx_export.export(name, hf_dir, settings)
-    return onnx_model.load(folder, hf_dir, settings)
+    return onnx_export.export(name, hf_dir, settings)
 
 
 def prepare_draft(

@@ -17,6 +17,7 @@ never looks finished.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -114,6 +115,22 @@ def export(
     if is_exported(final, verify=verify):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    # One exporter per source at a time (pytest-xdist workers, two shells): the others wait, then
+    # find the finished export. Holding the lock also makes the partial folders safe to delete.
+    with open(final.parent / ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if is_exported(final, verify=verify):
+                return final
+            _export_locked(name, hf_dir, settings, final)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    if not is_exported(final, verify=True):  # pragma: no cover - a disk that lost the files
+        raise ChecksumError(f"{final}: the export does not match its own checksums; delete it and rerun")
+    return final
+
+
+def _export_locked(name: str, hf_dir: Path, settings: OrtSettings, final: Path) -> None:
     if final.exists():
         log.warning("%s has no valid %s marker (interrupted or stale); exporting again", final, MARKER)
         shutil.rmtree(final)
@@ -126,6 +143,11 @@ def export(
         log.info("exporting %s to ONNX (%s): %s", name, settings.label, " ".join(cmd))
         start = time.perf_counter()
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        # The builder's own progress bars go to its captured output (shown if it fails); one line
+        # here says why nothing else moves for a minute or two, once per source and settings.
+        print(
+            f"exporting {name} to ONNX ({settings.label}), once; a 1.5B model takes ~1.5 min", file=sys.stderr
+        )
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0 or not all((out / f).is_file() for f in _MODEL_FILES):
             raise HarnessError(
@@ -147,6 +169,3 @@ def export(
         os.replace(out, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if not is_exported(final, verify=True):  # pragma: no cover - a disk that lost the files
-        raise ChecksumError(f"{final}: the export does not match its own checksums; delete it and rerun")
-    return final
