@@ -420,6 +420,7 @@ def run(args: argparse.Namespace) -> int:
         mode_rows = [r for r in rows if r.mode == mode]
         print(
             f"\n## {mode} ({pair.spec.name}, target {pair.target_precision}"
+            + (f" on onnxruntime {pair.execution_provider}" if pair.target_backend == "onnxruntime" else "")
             + (f", draft {pair.draft_precision}" if mode == "assisted" else "")
             + ")\n"
         )

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from harness import backends, cli, models, report
 from harness.backends import ACCURACY_LEVELS, OrtSettings
 from harness.errors import HarnessError, UnsupportedError
-from harness.results import Row
+from harness.results import Row, read_rows
 
 
 def test_unknown_backend_lists_the_known_ones():
@@ -164,3 +164,25 @@ def test_reproduce_command_of_an_onnxruntime_row_parses_back_to_its_settings():
 def test_rows_of_two_backends_never_resume_each_other():
     torch_row = _ort_row(target_backend="torch", execution_provider=None)
     assert torch_row.key() != _ort_row().key()
+
+
+def test_cli_runs_an_onnxruntime_target_and_records_it(tmp_path, capsys):
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--model_name", "tiny-qwen2", "--task", "decode", "--compare", "--limit", "1"]
+    argv += [
+        "--target_backend",
+        "onnxruntime",
+        "--max_new_tokens",
+        "8",
+        "--no_progress",
+        "--json",
+        str(rows_path),
+    ]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "on onnxruntime CPUExecutionProvider" in out and "--target_backend onnxruntime" in out
+    rows = read_rows(rows_path)
+    assert {r.mode for r in rows} == {"plain", "assisted"}
+    assert {(r.target_backend, r.execution_provider, r.target_precision) for r in rows} == {
+        ("onnxruntime", "CPUExecutionProvider", "ort-int4-b32-aint8")
+    }
