@@ -77,11 +77,16 @@ def measure(
     rows = []
     for prec in precisions:
         for kern in kernels:
-            settings = (
-                {"target_precision": prec, "target_kernels": kern, "with_draft": False}
-                if role == "target"
-                else {"draft_precision": prec, "draft_kernels": kern, "draft_vocab": draft_vocab}
-            )
+            if kern == "onnxruntime":
+                # The target exported to ONNX Runtime (precision int4 or fp32, default settings):
+                # "kernels" is then the runtime's.
+                if role != "target":
+                    raise HarnessError("--kernels onnxruntime times the target (--role target)")
+                settings = {"target_precision": prec, "target_backend": "onnxruntime", "with_draft": False}
+            elif role == "target":
+                settings = {"target_precision": prec, "target_kernels": kern, "with_draft": False}
+            else:
+                settings = {"draft_precision": prec, "draft_kernels": kern, "draft_vocab": draft_vocab}
             pair = models.load_pair(name, weights_dir=weights_dir, **settings)
             model = getattr(pair, role)
             for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
@@ -126,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model_name", default=models.DEFAULT_PAIR, help="registered pair")
     parser.add_argument("--role", choices=("target", "draft"), default="target", help="which model to time")
     parser.add_argument("--precisions", default="w8af32", help="comma-separated precisions")
-    parser.add_argument("--kernels", default="stock,invariant", help="comma-separated: stock, invariant")
+    parser.add_argument(
+        "--kernels",
+        default="stock,invariant",
+        help="comma-separated: stock, invariant, onnxruntime (the target exported to ONNX Runtime; "
+        "precisions int4 or fp32 there)",
+    )
     parser.add_argument(
         "--m", type=tasks.parse_int_list, default=(1, 2, 4, 6, 9), help="comma-separated tokens per forward"
     )

@@ -35,3 +35,14 @@ def test_cli_rejects_bad_m(capsys):
     with pytest.raises(SystemExit):
         forwards.main(["--model_name", "tiny-qwen2", "--m", "0"])
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_onnxruntime_target_is_timed_beside_torch():
+    rows = forwards.measure("tiny-qwen2", "target", ["int4"], ["onnxruntime"], [1, 4], repetitions=1)
+    assert [(r.precision, r.kernels, r.m) for r in rows] == [
+        ("int4", "onnxruntime", 1),
+        ("int4", "onnxruntime", 4),
+    ]
+    assert all(r.ms > 0 for r in rows)
+    with pytest.raises(HarnessError, match="--role target"):
+        forwards.measure("tiny-qwen2", "draft", ["int4"], ["onnxruntime"], [1])
