@@ -471,7 +471,10 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep.SweepConfig]:
         raise HarnessError(f"--task sweep needs --max_new_tokens of at least 2 (got {args.max_new_tokens})")
     configs = sweep.parse_configs(sweep.DEFAULT_SPEC if args.sweep is None else args.sweep)
     for config in configs:
-        precision.check_precision(config.target_precision, args.target_device)
+        if config.target_kernels == sweep.ORT:
+            backends.OrtSettings(config.target_precision).validate()
+        else:
+            precision.check_precision(config.target_precision, args.target_device)
         if config.draft_precision is not None and config.mode == "assisted":
             precision.check_precision(config.draft_precision, args.draft_device)
     return configs

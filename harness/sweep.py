@@ -28,12 +28,14 @@ list of ``key=value``:
 =========  ==========================================================  ===========================
 key        meaning                                                     default
 =========  ==========================================================  ===========================
-t          target precision (fp32, bf16, w8af32, w4abf16, w8abf16)     fp32
+t          target precision (fp32, bf16, w8af32, w4abf16, w8abf16;     fp32
+           int4 or fp32 with kernels=onnxruntime)
 d          draft precision (draft-model assistance only)               fp32
 mode       ``assisted`` (draft model) or ``prompt_lookup``             assisted
 k          K: draft tokens per step (prompt lookup: tokens proposed)   5 (prompt_lookup: 10)
 sched      ``constant``, ``dynamic`` or ``heuristic`` (assisted only)  constant
-kernels    target kernels: ``stock`` or ``invariant``                  stock
+kernels    target kernels: ``stock``, ``invariant``, or ``onnxruntime``  stock
+           (the target exported to ONNX Runtime, CPU provider)
 dv         draft scores only the first N token ids (+ special tokens)  whole vocabulary
 dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
 =========  ==========================================================  ===========================
@@ -61,7 +63,19 @@ import torch
 from tabulate import tabulate
 from tqdm import tqdm
 
-from harness import bench, models, platforms, precision, report, runner, stats, tiny, vocab, weights
+from harness import (
+    backends,
+    bench,
+    models,
+    platforms,
+    precision,
+    report,
+    runner,
+    stats,
+    tiny,
+    vocab,
+    weights,
+)
 from harness.errors import HarnessError
 from harness.generation import SCHEDULES, GenerationSettings, Measurement, generate
 from harness.results import Row, append_row, read_rows
@@ -70,6 +84,9 @@ from harness.tasks import Prompt
 TASK = "sweep"
 MODES = ("assisted", "prompt_lookup")
 KERNELS = ("stock", "invariant")
+# A target "kernels" value only: the target runs through ONNX Runtime (harness.backends), so the
+# sweep can put it beside the torch targets on the same prompts.
+ORT = "onnxruntime"
 DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
 DEFAULT_LIMIT = 20  # HumanEval prompts
 DEFAULT_NEW_TOKENS = 128
@@ -226,13 +243,17 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
         if schedule not in SCHEDULES:
             raise HarnessError(f"{where}: sched {schedule!r} is not one of {', '.join(SCHEDULES)}")
     kernels = values.pop("target_kernels", "stock").lower()
-    if kernels not in KERNELS:
-        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join(KERNELS)}")
+    if kernels not in (*KERNELS, ORT):
+        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join((*KERNELS, ORT))}")
     draft_kernels = values.pop("draft_kernels", "stock").lower()
     if draft_kernels not in KERNELS:
         raise HarnessError(f"{where}: dk {draft_kernels!r} is not one of {', '.join(KERNELS)}")
-    target = values.pop("target_precision", "fp32")
-    for name in (target, draft):
+    target = values.pop("target_precision", "int4" if kernels == ORT else "fp32")
+    if kernels == ORT and target not in backends.ORT_PRECISIONS:
+        raise HarnessError(
+            f"{where}: kernels=onnxruntime takes t={' or t='.join(backends.ORT_PRECISIONS)}, not t={target}"
+        )
+    for name in (target, draft) if kernels != ORT else (draft,):
         if name is not None:
             try:
                 precision.check_precision(name)
@@ -329,8 +350,10 @@ def load_target_group(
     (prompt lookup only) the single pair, keyed None, has no draft.
     """
     drafts = list(dict.fromkeys(_draft_key(d) for d in draft_precisions))
+    ort = target_kernels == ORT
     first = models.load_pair(
         pair_name,
+        target_backend="onnxruntime" if ort else "torch",
         target_precision=target_precision,
         draft_precision=drafts[0][0] if drafts else None,
         with_draft=bool(drafts),
@@ -341,7 +364,7 @@ def load_target_group(
         # registered default.
         draft_vocab=(drafts[0][1] or 0) if drafts else None,
         draft_kernels=drafts[0][2] if drafts and len(drafts[0]) > 2 else "stock",
-        target_kernels=target_kernels,
+        target_kernels=None if ort else target_kernels,
     )
     if not drafts:
         return {None: first}

@@ -125,7 +125,8 @@ def test_default_spec_is_the_documented_list():
         ("sched=fast", "sched 'fast' is not one of"),
         ("mode=prompt_lookup,d=fp32", "prompt_lookup uses no draft model"),
         ("mode=prompt_lookup,sched=dynamic", "sched applies to draft-model assistance only"),
-        ("kernels=magic", "kernels 'magic' is not one of stock, invariant"),
+        ("kernels=magic", "kernels 'magic' is not one of stock, invariant, onnxruntime"),
+        ("kernels=onnxruntime,t=w8af32", "kernels=onnxruntime takes t=int4 or t=fp32, not t=w8af32"),
         ("t=fp32,k=3;t=fp32,d=fp32,k=3", "configuration 2 repeats configuration 1"),
     ],
 )
@@ -255,6 +256,18 @@ def test_bad_run_input_is_rejected_before_loading(prompts, tmp_path):
     damaged.write_text('{"x": 1}\nnot json\n{"x": 2}\n')
     with pytest.raises(HarnessError, match="cannot resume from"):
         sweep.run_sweep(PAIR, configs, prompts, NEW_TOKENS, damaged, loader=never, progress=False)
+
+
+def test_onnxruntime_target_in_a_sweep():
+    """kernels=onnxruntime puts the exported target (int4 unless t says fp32) beside torch ones."""
+    [config] = sweep.parse_configs("kernels=onnxruntime,d=fp32,k=3")
+    assert (config.target_precision, config.target_kernels) == ("int4", "onnxruntime")
+    assert config.label == "t_int4-d_fp32-K3-constant-onnxruntime"
+    pairs = sweep.load_target_group(
+        "tiny-qwen2", target_precision="int4", draft_precisions=("fp32",), target_kernels="onnxruntime"
+    )
+    pair = pairs[("fp32", None)]
+    assert (pair.target_backend, pair.target_precision) == ("onnxruntime", "ort-int4-b32-aint8")
 
 
 def test_group_pairs_share_one_target():
