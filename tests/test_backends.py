@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import backends, cli, models, report
+from harness import backends, cli, models
 from harness.backends import ACCURACY_LEVELS, OrtSettings
 from harness.errors import HarnessError, UnsupportedError
-from harness.results import Row, read_rows
+from harness.results import read_rows
 
 
 def test_unknown_backend_lists_the_known_ones():
@@ -99,71 +99,6 @@ def test_cli_names_available_providers(capsys):
     assert code == cli.EXIT_USAGE
     assert "'Foo' is not available" in err and "CPUExecutionProvider" in err
     assert "Traceback" not in err
-
-
-def _ort_row(**kw) -> Row:
-    base = dict(
-        example=1,
-        mode="assisted",
-        assisted=True,
-        task="decode",
-        model="tiny-qwen2",
-        target_model="tiny-qwen2",
-        draft_model="tiny-qwen2-draft",
-        target_precision="ort-int4-b64-afp32",
-        draft_precision="fp32",
-        target_device="cpu",
-        draft_device="cpu",
-        num_assistant_tokens=5,
-        assistant_schedule="constant",
-        assistant_confidence_threshold=None,
-        prompt_lookup_num_tokens=None,
-        do_sample=False,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-        seed=0,
-        max_new_tokens=8,
-        min_new_tokens=None,
-        prompt_tokens=4,
-        new_tokens=8,
-        total_s=1.0,
-        prefill_ms=1.0,
-        target_prefill_ms=1.0,
-        time_per_token_ms=1.0,
-        tokens_per_s=1000.0,
-        target_forwards=2,
-        draft_forwards=5,
-        target_ms=1.0,
-        draft_ms=1.0,
-        other_ms=0.0,
-        drafted=5,
-        accepted=3,
-        acceptance_rate=0.6,
-        tokens_per_target_forward=4.0,
-        output_ids=[1, 2],
-        target_backend="onnxruntime",
-        execution_provider="CPUExecutionProvider",
-    )
-    base.update(kw)
-    return Row(**base)
-
-
-def test_reproduce_command_of_an_onnxruntime_row_parses_back_to_its_settings():
-    row = _ort_row()
-    command = report.command_for(row, cli.command_defaults(cli.build_parser(), models.get_pair("tiny-qwen2")))
-    assert "--target_backend onnxruntime" in command and "--target_kernels" not in command
-    args = cli.build_parser().parse_args(command.split()[2:])
-    settings = OrtSettings(
-        args.target_precision, args.ort_block_size, args.ort_accuracy_level, args.execution_provider
-    )
-    assert args.target_backend == "onnxruntime"
-    assert settings.label == row.target_precision
-
-
-def test_rows_of_two_backends_never_resume_each_other():
-    torch_row = _ort_row(target_backend="torch", execution_provider=None)
-    assert torch_row.key() != _ort_row().key()
 
 
 def test_cli_runs_an_onnxruntime_target_and_records_it(tmp_path, capsys):

@@ -332,3 +332,34 @@ def test_progress_yields_every_item_and_stays_quiet_off_tty(capsys) -> None:
     assert list(progress(iter(range(5)), total=5, desc="rows")) == [0, 1, 2, 3, 4]
     # pytest captures stderr (not a TTY), so tqdm's disable=None turns the bar off entirely.
     assert capsys.readouterr().err == ""
+
+
+def _ort_row(**overrides: Any) -> Row:
+    fields: dict[str, Any] = dict(
+        mode="assisted",
+        model="tiny-qwen2",
+        target_precision="ort-int4-b64-afp32",
+        draft_precision="fp32",
+        target_backend="onnxruntime",
+        execution_provider="CPUExecutionProvider",
+    )
+    return make_row(**(fields | overrides))
+
+
+def test_reproduce_command_of_an_onnxruntime_row_parses_back_to_its_settings():
+    from harness import cli, models
+    from harness.backends import OrtSettings
+
+    row = _ort_row()
+    command = command_for(row, cli.command_defaults(cli.build_parser(), models.get_pair("tiny-qwen2")))
+    assert "--target_backend onnxruntime" in command and "--target_kernels" not in command
+    args = cli.build_parser().parse_args(command.split()[2:])
+    settings = OrtSettings(
+        args.target_precision, args.ort_block_size, args.ort_accuracy_level, args.execution_provider
+    )
+    assert args.target_backend == "onnxruntime"
+    assert settings.label == row.target_precision
+
+
+def test_rows_of_two_backends_never_resume_each_other():
+    assert _ort_row().key() != _ort_row(target_backend="torch", execution_provider=None).key()
