@@ -90,10 +90,16 @@ class OrtCausalLM(PreTrainedModel, GenerationMixin):
             feed[f"past_key_values.{i}.key"], feed[f"past_key_values.{i}.value"] = self._past(cache, i, batch)
         out = dict(zip(self._outputs, self.session.run(None, feed), strict=True))
         for i in range(self.num_layers):
-            # The graph returns past + new; the cache wants only the new positions.
-            k = torch.from_numpy(out[f"present.{i}.key"][:, :, past_len:])
-            v = torch.from_numpy(out[f"present.{i}.value"][:, :, past_len:])
-            cache.update(k, v, i)
+            k = torch.from_numpy(out[f"present.{i}.key"])
+            v = torch.from_numpy(out[f"present.{i}.value"])
+            if past_len == 0:
+                cache.update(k, v, i)  # the first call lets the cache set its layers up
+            else:
+                # The graph returns past + new already concatenated (a fresh buffer): taking it as
+                # the layer's state saves update()'s second concatenation, a full copy of the cache
+                # per layer and forward.
+                layer = cache.layers[i]
+                layer.keys, layer.values = k, v
         return CausalLMOutputWithPast(logits=torch.from_numpy(out["logits"]), past_key_values=cache)
 
 
