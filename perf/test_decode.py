@@ -426,7 +426,8 @@ def _tier_check(
     pair: LoadedPair, prompts: list[tasks.Prompt], new_tokens: int, table, cache, max_tokens=None
 ):
     s = settings_for("registered", 5, "constant", new_tokens)
-    label = f"{pair.target_precision} / {pair.target_kernels}"
+    runs_on = pair.target_kernels if pair.target_backend == "torch" else f"onnxruntime {pair.execution_provider}"
+    label = f"{pair.target_precision} / {runs_on}"
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
     cases = []
     for p in prompts:
@@ -452,6 +453,23 @@ def _tier_check(
 def test_precision_tier(pairs, plain_cache, divergence_table, pair_name, target_precision, kernels):
     pair = pairs.get(pair_name, target_precision=target_precision, target_kernels=kernels)
     _tier_check(pair, PROMPTS[:4], TINY_NEW_TOKENS, divergence_table, plain_cache, 64)
+
+
+@pytest.mark.pairs(real=False)
+@pytest.mark.backends("onnxruntime")
+def test_precision_tier_onnxruntime(pairs, plain_cache, divergence_table, pair_name, target_backend):
+    """The ONNX Runtime target (int4) as a tier: third-party kernels, so near ties are allowed."""
+    pair = pairs.get(pair_name, target_backend=target_backend)
+    _tier_check(pair, PROMPTS[:4], TINY_NEW_TOKENS, divergence_table, plain_cache, 64)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.backends("onnxruntime")
+def test_precision_tier_real_onnxruntime(
+    pairs, plain_cache, divergence_table, pair_name, target_backend, real_prompts
+):
+    pair = pairs.get(pair_name, target_backend=target_backend)
+    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, plain_cache)
 
 
 def real_tier_prompts(n: int) -> list[tasks.Prompt]:
