@@ -426,7 +426,8 @@ def _tier_check(
     pair: LoadedPair, prompts: list[tasks.Prompt], new_tokens: int, table, cache, max_tokens=None
 ):
     s = settings_for("registered", 5, "constant", new_tokens)
-    runs_on = pair.target_kernels if pair.target_backend == "torch" else f"onnxruntime {pair.execution_provider}"
+    ort = f"onnxruntime {pair.execution_provider}"
+    runs_on = pair.target_kernels if pair.target_backend == "torch" else ort
     label = f"{pair.target_precision} / {runs_on}"
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
     cases = []
