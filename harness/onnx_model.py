@@ -109,6 +109,9 @@ def session_options(threads: int | None = None) -> Any:
     # The host's cores, like torch's default; the harness pins threads the same way for both.
     options.intra_op_num_threads = threads or torch.get_num_threads()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ONNX Runtime's worker threads spin after each run waiting for the next; under assistance the
+    # next thing on these cores is the torch draft, which they would slow down.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 
