@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from tabulate import tabulate
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from harness import vocab
 from harness.generation import GenerationSettings, Measurement, generate
@@ -47,12 +47,17 @@ def tolerance_for(pair: LoadedPair) -> float:
     return NEAR_TIE_TOLERANCE.get(pair.target_precision, 0.0)
 
 
+def _keep_layers(config: PretrainedConfig, n: int) -> None:
+    """Make ``config`` describe only its first ``n`` layers (per-layer types included)."""
+    config.num_hidden_layers = n
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:n]
+
+
 def random_draft(pair: LoadedPair, seed: int = 1234) -> PreTrainedModel:
     """Same architecture and vocabulary as the target, fresh random weights: agrees by chance only."""
     config = copy.deepcopy(pair.target.config)
-    config.num_hidden_layers = 1
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = config.layer_types[:1]
+    _keep_layers(config, 1)
     # An exported target has no torch class to instantiate; the config's own class is the one.
     cls = AutoModelForCausalLM.from_config if pair.target_backend == "onnxruntime" else type(pair.target)
     with torch.random.fork_rng():
@@ -71,10 +76,7 @@ def truncated_target(pair: LoadedPair) -> PreTrainedModel:
     """
     if pair.target_backend == "onnxruntime":
         config = copy.deepcopy(pair.target.config)
-        n = max(1, config.num_hidden_layers // 2)
-        config.num_hidden_layers = n
-        if getattr(config, "layer_types", None) is not None:
-            config.layer_types = config.layer_types[:n]
+        _keep_layers(config, max(1, config.num_hidden_layers // 2))
         model = AutoModelForCausalLM.from_pretrained(
             pair.target.source, config=config, dtype=torch.float32, local_files_only=True
         )
@@ -86,9 +88,7 @@ def truncated_target(pair: LoadedPair) -> PreTrainedModel:
     layers = decoder.layers
     n = max(1, len(layers) // 2)
     decoder.layers = torch.nn.ModuleList(list(layers)[:n])
-    model.config.num_hidden_layers = n
-    if hasattr(model.config, "layer_types") and model.config.layer_types is not None:
-        model.config.layer_types = model.config.layer_types[:n]
+    _keep_layers(model.config, n)
     return model
 
 
