@@ -309,9 +309,10 @@ def bench_results(pytestconfig: pytest.Config) -> list:
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
     entries = config.stash.get(BENCH_RESULTS, None)
     if entries:
-        from harness import bench
+        from harness import bench, platforms
 
         terminalreporter.section("benchmark: plain vs assisted decoding")
+        terminalreporter.write_line(f"machine: {platforms.detect().describe()}")
         terminalreporter.write_line(bench.summary_table(entries))
     if config.getoption("--regen-tables") and not under_xdist(config):
         from harness import report, results

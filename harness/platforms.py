@@ -17,9 +17,17 @@ class PlatformInfo:
     cores: int
     accelerator: str
     system: str
+    # Family/model/stepping: VMs that all say "AMD EPYC" can be different generations underneath, and
+    # the generation moves the speedup (recorded so a baseline says which one it was measured on).
+    cpu_id: str = ""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def describe(self) -> str:
+        cpu = f"{self.cpu}, {self.cpu_id}" if self.cpu_id else self.cpu
+        accel = "" if self.accelerator == "none" else f", {self.accelerator}"
+        return f"{self.name} ({cpu}, {self.cores} cores{accel}; {self.system})"
 
 
 def _cpuinfo(field: str) -> str | None:
@@ -32,6 +40,14 @@ def _cpuinfo(field: str) -> str | None:
     except OSError:
         pass
     return None
+
+
+def _cpu_id() -> str:
+    parts = [
+        (label, _cpuinfo(field))
+        for label, field in (("family", "cpu family"), ("model", "model\t"), ("stepping", "stepping"))
+    ]
+    return " ".join(f"{label} {value}" for label, value in parts if value)
 
 
 def _cpu_model() -> str:
@@ -74,7 +90,9 @@ def detect() -> PlatformInfo:
     short_cpu = re.sub(r"\(R\)|\(TM\)|CPU|Processor|@.*$", "", cpu)
     isa = "-avx512" if _AVX512_VNNI <= (cpu_flags() or set()) else ""
     name = f"{slug(short_cpu)}-{cores}c{isa}" + ("" if accel == "none" else f"-{slug(accel)}")
-    return PlatformInfo(name=name, cpu=cpu, cores=cores, accelerator=accel, system=platform.platform())
+    return PlatformInfo(
+        name=name, cpu=cpu, cores=cores, accelerator=accel, system=platform.platform(), cpu_id=_cpu_id()
+    )
 
 
 def library_versions() -> dict[str, str]:

@@ -5,12 +5,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from harness import stats
 from harness.baselines import (
     BaselineRecord,
     CaseKey,
     MissingBaselineError,
     baseline_path,
     compare_to_baseline,
+    host_adjustment,
     list_baselines,
     load_baseline,
     make_record,
@@ -180,6 +182,44 @@ def test_compare_to_baseline_catches_slower_target(tmp_path):
     assert results["speedup"].status == "pass"
     assert results["plain_tokens_per_s"].status == "regression"
     assert results["assisted_tokens_per_s"].status == "regression"
+
+
+# A baseline that kept its cost model inputs (as every measured one does since they were added).
+COSTS = {"alpha": 0.63, "c": 0.39, "v": 1.13}
+
+
+def test_host_adjustment_follows_the_cost_model():
+    record = record_for(CASE, *interleaved(20), extra=COSTS)
+    same = host_adjustment(record, 5, 0.39, 1.13)
+    assert same.factor == pytest.approx(1.0)
+    # A host whose target is relatively faster (higher c and v) is expected to speed up less.
+    faster_target = host_adjustment(record, 5, 0.47, 1.23)
+    expected = stats.leviathan_speedup_verify(0.63, 5, 0.47, 1.23) / stats.leviathan_speedup_verify(
+        0.63, 5, 0.39, 1.13
+    )
+    assert faster_target.factor == pytest.approx(expected) and faster_target.factor < 0.9
+    assert "c 0.39 -> 0.47" in faster_target.describe()
+    # Without its own alpha, c and v (published tables), a baseline cannot be adjusted.
+    assert host_adjustment(record_for(CASE, *interleaved(20)), 5, 0.47, 1.23) is None
+    assert host_adjustment(record, 5, float("nan"), 1.2) is None
+
+
+def test_speedup_gate_forgives_the_host_but_not_the_code(tmp_path):
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(21, n=8), extra=COSTS))
+    host = host_adjustment(read_baseline_file(baseline_path(tmp_path, "box", CASE)), 5, 0.47, 1.23)
+    # Another host of the same slug: the speedup fell exactly as its forward costs predict.
+    moved = interleaved(22, plain_rate=13.0, speedup=1.6 * host.factor, n=8)
+    on_host = compare_to_baseline(tmp_path, "box", CASE, *moved, forward_costs=(0.47, 1.23))
+    assert on_host["speedup"].status == "pass", on_host["speedup"].message
+    assert on_host["speedup_unadjusted"].status == "regression"  # what the unadjusted gate would say
+    assert "adjusted" in on_host["speedup"].message
+    # Same forward costs as the baseline, but 20% of the speedup lost outside them: a regression.
+    lost = interleaved(23, speedup=1.6 * 0.8, n=8)
+    slower = compare_to_baseline(tmp_path, "box", CASE, *lost, forward_costs=(0.39, 1.13))
+    assert slower["speedup"].status == "regression", slower["speedup"].message
+    # Both together: the host explains 13%, not the other 20%.
+    both = interleaved(24, plain_rate=13.0, speedup=1.6 * host.factor * 0.8, n=8)
+    assert compare_to_baseline(tmp_path, "box", CASE, *both, forward_costs=(0.47, 1.23))["speedup"].failed
 
 
 def test_compare_without_baseline_says_how_to_create_one(tmp_path):

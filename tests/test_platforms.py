@@ -26,3 +26,26 @@ def test_slug_names_the_kernel_path(monkeypatch, flags, name):
         assert platforms.detect().name == name
     finally:
         platforms.detect.cache_clear()
+
+
+def test_cpu_generation_is_recorded_not_in_the_slug(monkeypatch, tmp_path):
+    # Two generations of "AMD EPYC" share a slug (and baselines; the speedup gate adjusts for their
+    # forward costs), but each record and the benchmark summary say which one it was.
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n"
+        "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: avx2 fma\n"
+    )
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open", lambda f, *a, **k: real_open(info if f == "/proc/cpuinfo" else f, *a, **k)
+    )
+    monkeypatch.setattr(platforms, "_accelerator", lambda: "none")
+    platforms.detect.cache_clear()
+    try:
+        found = platforms.detect()
+    finally:
+        platforms.detect.cache_clear()
+    assert found.cpu == "AMD EPYC" and found.cpu_id == "family 26 model 2 stepping 1"
+    assert found.name.startswith("amd-epyc-") and "26" not in found.name
+    assert "family 26 model 2" in found.describe() and found.to_dict()["cpu_id"] == found.cpu_id
