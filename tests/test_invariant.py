@@ -121,6 +121,34 @@ def test_kernel_rows_do_not_depend_on_the_batch(ext, kind, m, n, k_units, thread
         assert torch.equal(batched[i : i + 1], row), f"row {i} of {m} differs from its one-row call"
 
 
+def _call(ext, weights: invariant._Weights, x: torch.Tensor, force_avx2: bool) -> torch.Tensor:
+    if weights.kind == "f32":
+        return ext.linear_f32(x, weights.data, force_avx2=force_avx2)
+    if weights.kind == "bf16":
+        return ext.linear_bf16(x, weights.data, force_avx2=force_avx2)
+    if weights.kind == "i8":
+        return ext.linear_i8(x, weights.data, weights.scale, force_avx2=force_avx2)
+    return ext.linear_i4(x, weights.data, weights.scale, weights.offset, weights.group_size, force_avx2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    kind=st.sampled_from(["f32", "bf16", "i8", "i4"]),
+    m=st.integers(1, 14),
+    n=st.integers(1, 70),
+    k_units=st.integers(1, 4),
+)
+def test_avx512_and_avx2_paths_give_the_same_bits(ext, kind, m, n, k_units):
+    """The AVX-512 path reblocks (up to 6 rows x 8 columns per cell) but keeps every output's order,
+    so a machine with AVX-512 decodes exactly what one with only AVX2 decodes."""
+    if ext.float_isa() != "avx512":
+        pytest.skip("this CPU has no AVX-512 (f, bw, vl, dq): only the AVX2 path exists here")
+    k = k_units * 64 + (0 if kind == "i4" else 5 * k_units)  # odd K exercises the scalar tail
+    weights, _ = _weights(kind, n, k)
+    x = torch.randn(m, k)
+    assert torch.equal(_call(ext, weights, x, False), _call(ext, weights, x, True))
+
+
 def test_int4_packing_puts_codes_where_the_kernel_reads_them():
     codes = torch.arange(32, dtype=torch.int32).remainder(16).reshape(1, 32)
     packed = invariant._pack_int4(codes)

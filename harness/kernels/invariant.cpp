@@ -1,4 +1,4 @@
-// Batch-invariant matrix-vector kernels for CPU (AVX2 + FMA).
+// Batch-invariant matrix-vector kernels for CPU (AVX2 + FMA; AVX-512 where the CPU has it, same bits).
 //
 // y[m, n] = sum_k x[m, k] * w[n, k], where every (m, n) is reduced in ONE fixed order that depends
 // on K only: two 8-lane accumulators over alternating 8-wide chunks of k, combined lane by lane, then
@@ -20,7 +20,16 @@
 #include <string>
 #include <vector>
 
+// Functions that use AVX-512 carry it as a target attribute (the file is built for AVX2), and run
+// only after has_avx512() said yes.
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
 namespace {
+
+bool has_avx512() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
 
 inline float hsum8(__m256 v) {
   // Fixed pairwise order: (0+4, 1+5, 2+6, 3+7), then (a+c, b+d), then (e+f).
@@ -46,6 +55,7 @@ struct F32W {
   }
   inline float at(int64_t n, int64_t k) const { return w[n * K + k]; }
   inline float out_scale(int64_t) const { return 1.0f; }
+  AVX512 inline __m512 load16z(int64_t n, int64_t k) const { return _mm512_loadu_ps(w + n * K + k); }
 };
 
 inline __m256 bf16x8(const uint16_t* p) {
@@ -68,6 +78,10 @@ struct BF16W {
     return f;
   }
   inline float out_scale(int64_t) const { return 1.0f; }
+  AVX512 inline __m512 load16z(int64_t n, int64_t k) const {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + n * K + k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
 };
 
 inline __m256 i8x8(const int8_t* p) {
@@ -87,6 +101,10 @@ struct I8W {
   }
   inline float at(int64_t n, int64_t k) const { return static_cast<float>(w[n * K + k]); }
   inline float out_scale(int64_t n) const { return scale[n]; }
+  AVX512 inline __m512 load16z(int64_t n, int64_t k) const {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + n * K + k));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  }
 };
 
 // int4 codes, two per byte (see harness/invariant.py: _pack_int4), dequantized per group as
@@ -107,6 +125,16 @@ struct I4W {
   }
   inline float at(int64_t, int64_t) const { return 0.0f; }  // never called: K % 16 == 0
   inline float out_scale(int64_t) const { return 1.0f; }
+  // Lanes 0-7 take the low nibbles (k..k+7), lanes 8-15 the high ones (k+8..k+15), as w0 and w1.
+  AVX512 inline __m512 load16z(int64_t n, int64_t k) const {
+    uint64_t b;
+    std::memcpy(&b, w + n * (K / 2) + k / 2, 8);
+    constexpr uint64_t low = 0x0F0F0F0F0F0F0F0FULL;
+    const __m128i codes = _mm_set_epi64x(static_cast<int64_t>((b >> 4) & low), static_cast<int64_t>(b & low));
+    const int64_t g = n * (K / group) + k / group;
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), _mm512_set1_ps(scale[g]),
+                           _mm512_set1_ps(offset[g]));
+  }
 };
 
 constexpr int RB = 4;  // rows per block: 8 accumulators + 2 weight registers + row loads fit 16 ymm
@@ -140,8 +168,107 @@ inline void cell(const float* x, const W& w, float* y, int64_t m0, int64_t rows,
 // streamed again for every column. Only the visiting order changes; every cell is computed alike.
 constexpr int64_t NC = 32;
 
+// AVX-512: the same arithmetic in 16-lane registers. Lane l of one accumulator does what lane l of
+// a0 (l < 8) or lane l - 8 of a1 does in cell() (same fma on the same k), and the final low + high
+// add is a0 + a1, so both paths give the same bits (tests/test_invariant.py compares them). What
+// changes is the blocking: R rows x C columns per cell, so a one-token step runs C independent fma
+// chains (cell() at M = 1 has two and waits on the fma latency), and the 32 registers hold up to
+// 6 rows (a K+1 = 6 verification) in one pass over the weights.
+// 32 weights as two 16-lane vectors; a reader with a cheaper way to read two runs at once (int4)
+// overloads this.
 template <typename W>
-void kernel(const float* x, const W& w, float* y, int64_t M, int64_t N, int64_t K) {
+AVX512 inline void load32z(const W& w, int64_t n, int64_t k, __m512& w0, __m512& w1) {
+  w0 = w.load16z(n, k);
+  w1 = w.load16z(n, k + 16);
+}
+
+// Two runs of 16 codes are 16 bytes: one widening load, and the nibbles put back in order
+// (run k: low nibbles of bytes 0-7, then their high nibbles; run k + 16: the same of bytes 8-15).
+AVX512 inline void load32z(const I4W& w, int64_t n, int64_t k, __m512& w0, __m512& w1) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.w + n * (w.K / 2) + k / 2)));
+  const __m512i lo = _mm512_and_si512(v, _mm512_set1_epi32(15));
+  const __m512i hi = _mm512_srli_epi32(v, 4);
+  const int64_t g0 = n * (w.K / w.group) + k / w.group, g1 = n * (w.K / w.group) + (k + 16) / w.group;
+  w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_shuffle_i64x2(lo, hi, 0x44)), _mm512_set1_ps(w.scale[g0]),
+                       _mm512_set1_ps(w.offset[g0]));
+  w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_shuffle_i64x2(lo, hi, 0xEE)), _mm512_set1_ps(w.scale[g1]),
+                       _mm512_set1_ps(w.offset[g1]));
+}
+
+template <typename W, int R, int C>
+AVX512 inline void zcell(const float* x, const W& w, float* y, int64_t m0, int64_t n0, int64_t N, int64_t K) {
+  const int64_t K16 = K - K % 16;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t k = 0;
+  // Two steps of 16 per iteration (the same fmas in the same order as one step at a time).
+  for (; k + 32 <= K16; k += 32) {
+    __m512 wa[C], wb[C];
+    for (int c = 0; c < C; ++c) load32z(w, n0 + c, k, wa[c], wb[c]);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xa = _mm512_loadu_ps(x + (m0 + r) * K + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xa, wa[c], acc[r][c]);
+      const __m512 xb = _mm512_loadu_ps(x + (m0 + r) * K + k + 16);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xb, wb[c], acc[r][c]);
+    }
+  }
+  for (; k < K16; k += 16) {
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = w.load16z(n0 + c, k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + (m0 + r) * K + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + (m0 + r) * K;
+    for (int c = 0; c < C; ++c) {
+      const __m256 lo = _mm512_castps512_ps256(acc[r][c]);
+      const __m256 hi = _mm512_extractf32x8_ps(acc[r][c], 1);
+      float s = hsum8(_mm256_add_ps(lo, hi));
+      for (int64_t k = K16; k < K; ++k) s = std::fma(xr[k], w.at(n0 + c, k), s);
+      y[(m0 + r) * N + n0 + c] = s * w.out_scale(n0 + c);
+    }
+  }
+}
+
+constexpr int RBZ = 6;
+
+template <typename W, int R>
+AVX512 void zblock(const float* x, const W& w, float* y, int64_t m0, int64_t n0, int64_t n1, int64_t N,
+                   int64_t K) {
+  constexpr int C = R <= 2 ? 8 : 4;  // R * C accumulators + C weights + 1 row fit 32 registers
+  int64_t n = n0;
+  for (; n + C <= n1; n += C) zcell<W, R, C>(x, w, y, m0, n, N, K);
+  for (; n < n1; ++n) zcell<W, R, 1>(x, w, y, m0, n, N, K);
+}
+
+template <typename W>
+AVX512 void zkernel(const float* x, const W& w, float* y, int64_t M, int64_t N, int64_t K) {
+  const int64_t chunks = (N + NC - 1) / NC;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n0 = c * NC, n1 = std::min<int64_t>(N, (c + 1) * NC);
+    for (int64_t m0 = 0; m0 < M; m0 += RBZ) {
+      switch (std::min<int64_t>(RBZ, M - m0)) {
+        case 1: zblock<W, 1>(x, w, y, m0, n0, n1, N, K); break;
+        case 2: zblock<W, 2>(x, w, y, m0, n0, n1, N, K); break;
+        case 3: zblock<W, 3>(x, w, y, m0, n0, n1, N, K); break;
+        case 4: zblock<W, 4>(x, w, y, m0, n0, n1, N, K); break;
+        case 5: zblock<W, 5>(x, w, y, m0, n0, n1, N, K); break;
+        default: zblock<W, 6>(x, w, y, m0, n0, n1, N, K); break;
+      }
+    }
+  }
+}
+
+template <typename W>
+void kernel(const float* x, const W& w, float* y, int64_t M, int64_t N, int64_t K, bool force_avx2) {
+  if (!force_avx2 && has_avx512()) {
+    zkernel(x, w, y, M, N, K);
+    return;
+  }
   const int64_t chunks = (N + NC - 1) / NC;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
@@ -162,37 +289,37 @@ void check(const torch::Tensor& x, const torch::Tensor& w) {
 
 torch::Tensor out(const torch::Tensor& x, int64_t n) { return torch::empty({x.size(0), n}, x.options()); }
 
-torch::Tensor linear_f32(torch::Tensor x, torch::Tensor w) {
+torch::Tensor linear_f32(torch::Tensor x, torch::Tensor w, bool force_avx2) {
   check(x, w);
   TORCH_CHECK(w.scalar_type() == torch::kFloat32, "w must be float32");
   auto y = out(x, w.size(0));
   kernel(x.data_ptr<float>(), F32W{w.data_ptr<float>(), w.size(1)}, y.data_ptr<float>(), x.size(0), w.size(0),
-         x.size(1));
+         x.size(1), force_avx2);
   return y;
 }
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w) {
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, bool force_avx2) {
   check(x, w);
   TORCH_CHECK(w.scalar_type() == torch::kBFloat16, "w must be bfloat16");
   auto y = out(x, w.size(0));
   kernel(x.data_ptr<float>(), BF16W{reinterpret_cast<const uint16_t*>(w.data_ptr()), w.size(1)},
-         y.data_ptr<float>(), x.size(0), w.size(0), x.size(1));
+         y.data_ptr<float>(), x.size(0), w.size(0), x.size(1), force_avx2);
   return y;
 }
 
-torch::Tensor linear_i8(torch::Tensor x, torch::Tensor w, torch::Tensor scale) {
+torch::Tensor linear_i8(torch::Tensor x, torch::Tensor w, torch::Tensor scale, bool force_avx2) {
   check(x, w);
   TORCH_CHECK(w.scalar_type() == torch::kInt8, "w must be int8");
   TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.numel() == w.size(0) && scale.is_contiguous(),
               "scale must be float32 [N]");
   auto y = out(x, w.size(0));
   kernel(x.data_ptr<float>(), I8W{w.data_ptr<int8_t>(), scale.data_ptr<float>(), w.size(1)}, y.data_ptr<float>(),
-         x.size(0), w.size(0), x.size(1));
+         x.size(0), w.size(0), x.size(1), force_avx2);
   return y;
 }
 
 torch::Tensor linear_i4(torch::Tensor x, torch::Tensor w, torch::Tensor scale, torch::Tensor offset,
-                        int64_t group) {
+                        int64_t group, bool force_avx2) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "x must be [M, K] and w [N, K/2]");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kUInt8, "x float32, w uint8");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "x and w must be contiguous");
@@ -205,7 +332,7 @@ torch::Tensor linear_i4(torch::Tensor x, torch::Tensor w, torch::Tensor scale, t
               "scale and offset must be float32 [N, K/group]");
   auto y = out(x, N);
   kernel(x.data_ptr<float>(), I4W{w.data_ptr<uint8_t>(), scale.data_ptr<float>(), offset.data_ptr<float>(), K, group},
-         y.data_ptr<float>(), x.size(0), N, K);
+         y.data_ptr<float>(), x.size(0), N, K, force_avx2);
   return y;
 }
 
@@ -422,11 +549,18 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_f32", &linear_f32, "batch-invariant x @ w.T, float32 weights");
-  m.def("linear_bf16", &linear_bf16, "batch-invariant x @ w.T, bfloat16 weights, float32 accumulation");
-  m.def("linear_i8", &linear_i8, "batch-invariant (x @ w.T) * scale, int8 weights, float32 accumulation");
+  m.def("linear_f32", &linear_f32, "batch-invariant x @ w.T, float32 weights", py::arg("x"), py::arg("w"),
+        py::arg("force_avx2") = false);
+  m.def("linear_bf16", &linear_bf16, "batch-invariant x @ w.T, bfloat16 weights, float32 accumulation",
+        py::arg("x"), py::arg("w"), py::arg("force_avx2") = false);
+  m.def("linear_i8", &linear_i8, "batch-invariant (x @ w.T) * scale, int8 weights, float32 accumulation",
+        py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("force_avx2") = false);
+  m.def("float_isa", []() { return std::string(has_avx512() ? "avx512" : "avx2"); },
+        "instruction set the float-accumulating kernels use on this CPU");
   m.def("linear_i8a8", &linear_i8a8, "batch-invariant int8 x int8 linear, activations quantized per row",
         py::arg("x"), py::arg("w"), py::arg("wscale"), py::arg("wsum"), py::arg("force_avx2") = false);
   m.def("i8a8_isa", &i8a8_isa, "instruction set linear_i8a8 uses on this CPU");
-  m.def("linear_i4", &linear_i4, "batch-invariant x @ dequant(w).T, int4 group-wise weights, float32 accumulation");
+  m.def("linear_i4", &linear_i4, "batch-invariant x @ dequant(w).T, int4 group-wise weights, float32 accumulation",
+        py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("offset"), py::arg("group"),
+        py::arg("force_avx2") = false);
 }
