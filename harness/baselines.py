@@ -358,13 +358,13 @@ def host_adjustment(record: BaselineRecord, k: int, c: float, v: float) -> HostA
         alpha, base_c, base_v = (float(extra[key]) for key in ("alpha", "c", "v"))
     except (KeyError, TypeError, ValueError):
         return None
-    values = (alpha, base_c, base_v, c, v)
-    if k < 1 or not all(math.isfinite(x) for x in values) or not 0 <= alpha < 1:
+    if not all(math.isfinite(x) for x in (alpha, base_c, base_v, c, v)):
         return None
-    if min(base_v, v) <= 0 or min(base_c, c) < 0:
+    try:  # the model checks its own inputs (alpha in [0, 1], c >= 0, v > 0)
+        then = leviathan_speedup_verify(alpha, k, base_c, base_v)
+        now = leviathan_speedup_verify(alpha, k, c, v)
+    except HarnessError:
         return None
-    then = leviathan_speedup_verify(alpha, k, base_c, base_v)
-    now = leviathan_speedup_verify(alpha, k, c, v)
     return HostAdjustment(factor=now / then, c=(base_c, c), v=(base_v, v))
 
 

@@ -202,6 +202,12 @@ def test_host_adjustment_follows_the_cost_model():
     # Without its own alpha, c and v (published tables), a baseline cannot be adjusted.
     assert host_adjustment(record_for(CASE, *interleaved(20)), 5, 0.47, 1.23) is None
     assert host_adjustment(record, 5, float("nan"), 1.2) is None
+    assert host_adjustment(record, 5, -0.1, 1.2) is None  # outside the model's domain
+    # Every draft accepted (a self-draft baseline) is inside it: (K + 1) / (K c + v).
+    all_accepted = record_for(CASE, *interleaved(20), extra={**COSTS, "alpha": 1.0})
+    assert host_adjustment(all_accepted, 5, 0.47, 1.23).factor == pytest.approx(
+        (5 * 0.39 + 1.13) / (5 * 0.47 + 1.23)
+    )
 
 
 def test_speedup_gate_forgives_the_host_but_not_the_code(tmp_path):

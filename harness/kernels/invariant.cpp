@@ -168,12 +168,6 @@ inline void cell(const float* x, const W& w, float* y, int64_t m0, int64_t rows,
 // streamed again for every column. Only the visiting order changes; every cell is computed alike.
 constexpr int64_t NC = 32;
 
-// AVX-512: the same arithmetic in 16-lane registers. Lane l of one accumulator does what lane l of
-// a0 (l < 8) or lane l - 8 of a1 does in cell() (same fma on the same k), and the final low + high
-// add is a0 + a1, so both paths give the same bits (tests/test_invariant.py compares them). What
-// changes is the blocking: R rows x C columns per cell, so a one-token step runs C independent fma
-// chains (cell() at M = 1 has two and waits on the fma latency), and the 32 registers hold up to
-// 6 rows (a K+1 = 6 verification) in one pass over the weights.
 // 32 weights as two 16-lane vectors; a reader with a cheaper way to read two runs at once (int4)
 // overloads this.
 template <typename W>
@@ -195,6 +189,12 @@ AVX512 inline void load32z(const I4W& w, int64_t n, int64_t k, __m512& w0, __m51
                        _mm512_set1_ps(w.offset[g1]));
 }
 
+// AVX-512: the same arithmetic in 16-lane registers. Lane l of one accumulator does what lane l of
+// a0 (l < 8) or lane l - 8 of a1 does in cell() (same fma on the same k), and the final low + high
+// add is a0 + a1, so both paths give the same bits (tests/test_invariant.py compares them). What
+// changes is the blocking: R rows x C columns per cell, so a one-token step runs C independent fma
+// chains (cell() at M = 1 has two and waits on the fma latency), and the 32 registers hold up to
+// 6 rows (a K+1 = 6 verification) in one pass over the weights.
 template <typename W, int R, int C>
 AVX512 inline void zcell(const float* x, const W& w, float* y, int64_t m0, int64_t n0, int64_t N, int64_t K) {
   const int64_t K16 = K - K % 16;
