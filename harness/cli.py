@@ -155,8 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("models, precisions, devices")
     m.add_argument(
         "--target_precision",
-        choices=(*precision.PRECISIONS, *(set(backends.ORT_PRECISIONS) - set(precision.PRECISIONS))),
-        help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32)",
+        choices=(
+            *precision.PRECISIONS,
+            *precision.FILE_PRECISIONS,
+            *(set(backends.ORT_PRECISIONS) - set(precision.PRECISIONS)),
+        ),
+        help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32); gguf: the "
+        "model's GGUF file's own 4/6-bit blocks on batch-invariant kernels",
     )
     m.add_argument(
         "--target_backend",
@@ -184,7 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="int4 export: MatMulNBits accuracy level, the type activations are computed in "
         "(1 fp32, 2 fp16, 3 bf16, 4 int8)",
     )
-    m.add_argument("--draft_precision", choices=tuple(precision.PRECISIONS), help="default: the pair's")
+    m.add_argument(
+        "--draft_precision",
+        choices=(*precision.PRECISIONS, *precision.FILE_PRECISIONS),
+        help="default: the pair's",
+    )
     m.add_argument("--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
     m.add_argument(
         "--target_kernels",

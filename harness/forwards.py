@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import models
+from harness import llamacpp, models
 from harness.errors import HarnessError
 
 
@@ -28,6 +28,44 @@ class ForwardCost:
     m: int
     ms: float  # median over the repetitions
     ms_min: float
+    bytes_read: int | None = None  # weights one forward streams (None: not a torch model)
+
+
+def bytes_read(model: torch.nn.Module, m: int) -> int | None:
+    """Bytes of weights one forward of ``m`` tokens reads: every parameter and buffer once (packed
+    blocks as stored), the input embedding one row per token. The KV cache is left out (about 1% of
+    the target's weights at 200 tokens)."""
+    try:
+        embedding = model.get_input_embeddings()
+        output = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):  # an exported graph (ONNX Runtime): not torch weights
+        return None
+    # A tied output layer reads the whole shared matrix every forward.
+    tied = getattr(output, "weight", None) is getattr(embedding, "weight", False)
+    total, seen = 0, set()
+    for module in model.modules():
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if module is embedding and not tied:
+                total += m * t[0].numel() * t.element_size()
+            else:
+                total += t.numel() * t.element_size()
+    return total
+
+
+def read_bandwidth_gbs(size_mib: int = 1024, repetitions: int = 3) -> float:
+    """This host's memory read bandwidth as one-token decoding meets it: a float32 sum over
+    ``size_mib`` MiB on torch's threads, best of ``repetitions`` (GB/s)."""
+    x = torch.ones(size_mib * 2**20 // 4, dtype=torch.float32)
+    float(x.sum())  # page the tensor in before timing
+    best = float("inf")
+    for _ in range(repetitions):
+        start = time.perf_counter()
+        float(x.sum())
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best / 1e9
 
 
 def time_forwards(
@@ -90,7 +128,7 @@ def measure(
             pair = models.load_pair(name, weights_dir=weights_dir, **settings)
             model = getattr(pair, role)
             for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
-                rows.append(ForwardCost(role, prec, kern, m, med, best))
+                rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m)))
             del pair, model
     return rows
 
@@ -99,25 +137,40 @@ def _ms(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
-def table(rows: Sequence[ForwardCost]) -> str:
+def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> str:
     """Markdown: one line per (role, precision, kernels), one column per M (median ms), and the
-    cost of each M relative to M = 1 (what v is for K = M - 1)."""
+    cost of each M relative to M = 1 (what v is for K = M - 1). With the host's read bandwidth,
+    also the weights one token reads, the time reading them takes at that bandwidth (the bound a
+    one-token step cannot beat), and M = 1 over that bound."""
     from tabulate import tabulate
 
     ms = sorted({r.m for r in rows})
-    lines = {}
+    lines: dict[tuple[str, str, str], dict[int, ForwardCost]] = {}
     for r in rows:
-        lines.setdefault((r.role, r.precision, r.kernels), {})[r.m] = r.ms
+        lines.setdefault((r.role, r.precision, r.kernels), {})[r.m] = r
     body = []
     for (role, prec, kern), by_m in lines.items():
-        one = by_m.get(1)
+        one = by_m[1].ms if 1 in by_m else None
         cells = [
-            _ms(by_m[m]) + (f" ({by_m[m] / one:.2f})" if one and m != 1 else "") if m in by_m else "-"
+            _ms(by_m[m].ms) + (f" ({by_m[m].ms / one:.2f})" if one and m != 1 else "") if m in by_m else "-"
             for m in ms
         ]
-        body.append([role, prec, kern, *cells])
+        bound = []
+        if bandwidth_gbs:
+            read = by_m[1].bytes_read if 1 in by_m else None
+            bound_ms = read / bandwidth_gbs / 1e6 if read else None
+            bound = [
+                f"{read / 1e9:.3f}" if read else "-",
+                _ms(bound_ms) if bound_ms else "-",
+                f"{one / bound_ms:.2f}" if one and bound_ms else "-",
+            ]
+        body.append([role, prec, kern, *cells, *bound])
+    extra = ["GB read (M=1)", "bound ms", "M=1 / bound"] if bandwidth_gbs else []
     return tabulate(
-        body, headers=["model", "precision", "kernels", *[f"M={m}" for m in ms]], tablefmt="github"
+        body,
+        headers=["model", "precision", "kernels", *[f"M={m}" for m in ms], *extra],
+        tablefmt="github",
+        disable_numparse=True,
     )
 
 
@@ -148,8 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repetitions", type=int, default=5, help="timed forwards per M (median reported)")
     parser.add_argument("--weights_dir", default=None, help="directory holding the weights (see README)")
+    parser.add_argument(
+        "--llama-bench",
+        "--llama_bench",
+        dest="llama_bench",
+        default=None,
+        help="llama.cpp's llama-bench binary: also time its plain decoding of the same GGUF "
+        f"(or set {llamacpp.ENV})",
+    )
     args = parser.parse_args(argv)
     try:
+        bench_binary = llamacpp.find(args.llama_bench)
         rows = measure(
             args.model_name,
             args.role,
@@ -164,13 +226,34 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         parser.exit(2, f"error: {exc}\n")
     info = platforms.detect()
+    bandwidth = read_bandwidth_gbs()
     print(
         f"{args.model_name} {args.role}: one forward of M tokens onto a {args.cache_tokens}-token cache, "
         f"median of {args.repetitions} (ms; in brackets: relative to M=1); {info.name}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}\n"
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}; read bandwidth {bandwidth:.1f} GB/s\n"
     )
-    print(table(rows))
+    print(table(rows, bandwidth))
+    print(reference_line(args.model_name, args.role, bench_binary))
     return 0
+
+
+def reference_line(name: str, role: str, binary) -> str:
+    """llama.cpp's plain decoding of the same model's GGUF, or why it is absent."""
+    if binary is None:
+        return llamacpp.absent_note()
+    pair = models.get_pair(name)
+    spec = pair.target if role == "target" else pair.draft
+    gguf = models.gguf_file(spec, None)
+    if gguf is None:
+        return f"llama.cpp reference: not measured ({spec.name} has no GGUF file here)"
+    try:
+        ref = llamacpp.measure(binary, gguf, threads=torch.get_num_threads())
+    except HarnessError as exc:
+        return f"llama.cpp reference: failed ({exc})"
+    return (
+        f"llama.cpp {ref.build}, {gguf.name}: plain decoding {ref.tokens_per_s:.2f} tokens/s "
+        f"(+-{ref.tokens_per_s_std:.2f}, {ref.threads} threads) = {ref.ms_per_token:.1f} ms/token"
+    )
 
 
 if __name__ == "__main__":

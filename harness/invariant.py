@@ -25,14 +25,13 @@ is measured, not assumed (``perf/test_decode.py`` and the README).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from harness import packaged, platforms, precision
+from harness import cppext, platforms, precision
 from harness.errors import HarnessError, UnsupportedError
 
 KERNELS = ("stock", "invariant")
@@ -57,24 +56,7 @@ def check_kernels(name: str, flag: str = "--target_kernels") -> str:
 @functools.cache
 def extension():
     """The compiled kernels (built on first use, ~1-2 min, then loaded from the cache in ~1 s)."""
-    from torch.utils import cpp_extension
-
-    build = packaged.cache_root() / "kernels" / f"torch-{torch.__version__}"
-    build.mkdir(parents=True, exist_ok=True)
-    try:
-        return cpp_extension.load(
-            name="assisted_generation_invariant",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=bool(os.environ.get("ASSISTED_GENERATION_VERBOSE_BUILD")),
-        )
-    except (RuntimeError, OSError, ImportError) as exc:
-        raise UnsupportedError(
-            f"could not build the batch-invariant kernels ({str(exc).splitlines()[0]}): they need a C++ "
-            "compiler (g++) and the `ninja` package; install them or use --target_kernels stock"
-        ) from exc
+    return cppext.build("assisted_generation_invariant", _SOURCE)
 
 
 # --------------------------------------------------------------------------- linear layers
@@ -197,29 +179,19 @@ def _invariant_linear(linear: nn.Linear, name: str, group_size: int) -> Invarian
 
 
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Row by row, each query attends to its own prefix with a one-query SDPA: the call a decode
-    step makes. Batch size 1 without padding (what assisted generation runs), so the mask is implied
-    by the positions and not read."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    """All query rows in one call of the C++ kernel, each row attending to its own prefix in one
+    fixed order (``attention_rows`` in invariant.cpp): the row a verification computes is the row
+    a decode step computes. Batch size 1 without padding (what assisted generation runs), so the
+    mask is implied by the positions and not read."""
     if query.shape[0] != 1:
         raise UnsupportedError("batch-invariant attention runs one sequence at a time (batch size 1)")
-    q_len, kv_len = query.shape[2], key.shape[2]
-    rows = []
-    for i in range(q_len):
-        end = kv_len - q_len + i + 1
-        out, _ = sdpa_attention_forward(
-            module,
-            query[:, :, i : i + 1],
-            key[:, :, :end],
-            value[:, :, :end],
-            None,
-            dropout=dropout,
-            scaling=scaling,
-            is_causal=False,
-        )
-        rows.append(out)
-    return torch.cat(rows, dim=1), None
+    if dropout:
+        raise UnsupportedError("batch-invariant attention runs inference only (no dropout)")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    dtype = query.dtype
+    out = extension().attention_rows(query[0].float(), key[0].float(), value[0].float(), float(scale))
+    # transformers expects [batch, rows, heads, head_dim]
+    return out.to(dtype).transpose(0, 1).unsqueeze(0), None
 
 
 @functools.cache
@@ -263,9 +235,14 @@ def apply_precision(
     model.to(precision.PRECISIONS[name].torch_dtype)
     for parent, child_name, twin in twins:
         setattr(parent, child_name, twin)
+    use_invariant_attention(model)
+    return model
+
+
+def use_invariant_attention(model: nn.Module) -> None:
+    """Switch ``model`` to the one-query-per-row attention below (every other op is row-wise)."""
     _register_attention()
     model.set_attn_implementation(ATTENTION_NAME)
-    return model
 
 
 # --------------------------------------------------------------------------- measurement

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from harness import backends, devices, invariant, precision, tiny, vocab, weights
+from harness import backends, devices, invariant, kquants, packaged, precision, tiny, vocab, weights
 from harness.backends import OrtSettings
 from harness.errors import UnknownModelError, UnsupportedError
 
@@ -213,11 +213,39 @@ def _load_hf(path: Path) -> PreTrainedModel:
     return model
 
 
-def _apply_precision(model: PreTrainedModel, name: str, kernels: str) -> PreTrainedModel:
+def _apply_precision(
+    model: PreTrainedModel, name: str, kernels: str, gguf_file: Path | None = None
+) -> PreTrainedModel:
     """Precision ``name`` on the stock kernels or on the harness's batch-invariant ones."""
+    if name in precision.FILE_PRECISIONS:
+        if gguf_file is None:
+            raise UnsupportedError(
+                f"precision {name} runs a model's GGUF file and this model has none; choose one of "
+                f"{', '.join(precision.PRECISIONS)}"
+            )
+        return kquants.apply_gguf_blocks(model, gguf_file)
     if kernels == "invariant":
         return invariant.apply_precision(model, name)
     return precision.apply_precision(model, name)
+
+
+def gguf_file(spec: ModelSpec, folder: Path | None) -> Path | None:
+    """The GGUF file a model's weights come from: the packaged one (assembled beside its converted
+    folder), else the only ``*.gguf`` in its weights folder; None when there is none."""
+    if spec.packaged_key:
+        path = packaged.gguf_path(packaged.get_model(spec.packaged_key))
+        if path.is_file():
+            return path
+    found = sorted(folder.glob("*.gguf")) if folder is not None else []
+    return found[0] if len(found) == 1 else None
+
+
+def check_file_precision(name: str, kernels: str, flag: str = "--target_kernels") -> None:
+    if name in precision.FILE_PRECISIONS and kernels != "invariant":
+        raise UnsupportedError(
+            f"precision {name} runs on its own batch-invariant kernels; pass {flag} invariant (or leave it "
+            "out for a pair registered with them)"
+        )
 
 
 def load_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> PreTrainedModel:
@@ -249,9 +277,11 @@ def prepare_draft(
     device: torch.device | str = "cpu",
     draft_vocab: int | None = None,
     draft_kernels: str = "stock",
+    source: Path | None = None,
 ) -> PreTrainedModel:
     """A freshly loaded float draft made ready to assist: pinned generation config, optional
-    vocabulary restriction, precision, padding to the target's vocabulary, device."""
+    vocabulary restriction, precision (``source``: its GGUF file, for the gguf precision), padding
+    to the target's vocabulary, device."""
     _pin_generation_config(draft, tokenizer)
     if draft_vocab is not None:
         # Special tokens (EOS among them) sit after the BPE vocabulary; keep them proposable.
@@ -259,7 +289,7 @@ def prepare_draft(
         vocab.restrict_draft_vocab(draft, draft_vocab, min(added) if added else None)
     # Invariant draft kernels are not for exactness (draft tokens are only proposals) but speed: the
     # same small-M kernels stream int8 weights faster than the stock paths here.
-    draft = _apply_precision(draft, draft_precision, draft_kernels)
+    draft = _apply_precision(draft, draft_precision, draft_kernels, source)
     # After the precision change, so the padding hook sits on the final output layer.
     draft = vocab.pad_draft_vocab(draft, target_vocab)
     return devices.place(draft, devices.check_device(str(device)))
@@ -317,8 +347,11 @@ def load_pair(
     draft_vocab = spec.draft_vocab if draft_vocab is None else (draft_vocab or None)
     invariant.check_kernels(target_kernels)
     invariant.check_kernels(draft_kernels, "--draft_kernels")
+    if ort_settings is None:
+        check_file_precision(target_precision, target_kernels)
     if draft_precision:
         precision.check_precision(draft_precision)
+        check_file_precision(draft_precision, draft_kernels, "--draft_kernels")
     t_dev = devices.check_device(target_device)
     if ort_settings is not None and t_dev.type != "cpu":
         raise UnsupportedError(
@@ -338,6 +371,7 @@ def load_pair(
 
     origins: dict[str, str] = {}
     target_path: Path | None = None
+    draft_path: Path | None = None
     if spec.target.is_tiny:
         target = tiny.build_target(spec.name.lower())
         draft = tiny.build_draft(spec.name.lower(), target) if with_draft else None
@@ -349,7 +383,7 @@ def load_pair(
         target_path = weights.resolve(
             spec.target.name, spec.target.hf_id, spec.target.packaged_key, weights_dir
         )
-        draft_path = None
+
         if with_draft:
             draft_path = weights.resolve(
                 spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir
@@ -372,10 +406,22 @@ def load_pair(
         _pin_generation_config(target, tokenizer)
     else:
         _pin_generation_config(target, tokenizer)
-        target = devices.place(_apply_precision(target, target_precision, target_kernels), t_dev)
+        file_precision = target_precision in precision.FILE_PRECISIONS
+        source = gguf_file(spec.target, target_path) if file_precision else None
+        target = devices.place(_apply_precision(target, target_precision, target_kernels, source), t_dev)
     if draft is not None:
+        draft_source = (
+            gguf_file(spec.draft, draft_path) if draft_precision in precision.FILE_PRECISIONS else None
+        )
         draft = prepare_draft(
-            draft, tokenizer, vocab.vocab_size(target), draft_precision, d_dev, draft_vocab, draft_kernels
+            draft,
+            tokenizer,
+            vocab.vocab_size(target),
+            draft_precision,
+            d_dev,
+            draft_vocab,
+            draft_kernels,
+            draft_source,
         )
     return LoadedPair(
         spec=spec,

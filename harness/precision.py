@@ -135,6 +135,24 @@ PRECISIONS: dict[str, PrecisionSpec] = {
 }
 
 
+# Precisions that read a model's weights from its GGUF file instead of quantizing float weights:
+# they exist only for models that have one (harness.kquants), so the float-model checks that run
+# over PRECISIONS do not include them.
+FILE_PRECISIONS: dict[str, PrecisionSpec] = {
+    "gguf": PrecisionSpec(
+        name="gguf",
+        description="the GGUF file's own k-quant blocks (Q4_K/Q6_K) on batch-invariant kernels, "
+        "activations quantized per row to int8 blocks of 256, float32 elsewhere",
+        activation_dtype="float32",
+        weight_format="gguf-kquant",
+        logit_tolerance=7.0,
+        min_top1_agreement=0.6,
+        tolerance_reason="4-6 bit weights (the file's, as llama.cpp runs them) and 8-bit activations",
+        devices=("cpu",),
+    )
+}
+
+
 @dataclass(frozen=True)
 class LogitAgreement:
     """How close one set of logits is to a reference (both shaped [..., vocab])."""
@@ -208,9 +226,10 @@ def check_precision(name: str, device: str | torch.device | None = None) -> Prec
     """Return the spec for `name`, or raise UnsupportedError if it is unknown, its kernels are missing
     from this torch build, or (when `device` is given) it has no kernels for that device type.
     Loads no weights, so callers can validate command-line choices first."""
-    spec = PRECISIONS.get(name)
+    spec = PRECISIONS.get(name) or FILE_PRECISIONS.get(name)
     if spec is None:
-        raise UnsupportedError(f"Unknown precision {name!r}. Choose one of: {', '.join(PRECISIONS)}.")
+        known = ", ".join([*PRECISIONS, *FILE_PRECISIONS])
+        raise UnsupportedError(f"Unknown precision {name!r}. Choose one of: {known}.")
     problem = _kernel_problem(name)
     if problem is not None:
         others = [p for p in PRECISIONS if _kernel_problem(p) is None]

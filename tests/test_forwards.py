@@ -46,3 +46,26 @@ def test_onnxruntime_target_is_timed_beside_torch():
     assert all(r.ms > 0 for r in rows)
     with pytest.raises(HarnessError, match="--role target"):
         forwards.measure("tiny-qwen2", "draft", ["int4"], ["onnxruntime"], [1])
+
+
+def test_bytes_read_and_the_bandwidth_bound():
+    """The weights a token reads: every weight once, an untied embedding one row per token; the
+    table puts M = 1 beside the time those bytes take at the given bandwidth."""
+    from harness import models
+
+    target = models.load_pair("tiny-qwen2", with_draft=False).target
+    tensors = {id(t): t for t in (*target.parameters(), *target.buffers())}
+    everything = sum(t.numel() * t.element_size() for t in tensors.values())
+    emb = target.get_input_embeddings().weight
+    if target.get_output_embeddings().weight is emb:
+        assert forwards.bytes_read(target, 1) == forwards.bytes_read(target, 5) == everything
+    else:
+        row = emb[0].numel() * emb.element_size()
+        untouched = emb.numel() * emb.element_size() - row
+        assert forwards.bytes_read(target, 1) == everything - untouched
+        assert forwards.bytes_read(target, 3) - forwards.bytes_read(target, 1) == 2 * row
+    rows = [forwards.ForwardCost("target", "fp32", "stock", m, 2.0 * m, 2.0 * m, 4_000_000) for m in (1, 2)]
+    line = forwards.table(rows, bandwidth_gbs=4.0).splitlines()[-1]
+    # 4 MB at 4 GB/s: a 1 ms bound, and M = 1 took 2 ms
+    assert [c.strip() for c in line.strip("|").split("|")][-3:] == ["0.004", "1.0", "2.00"]
+    assert forwards.read_bandwidth_gbs(size_mib=8, repetitions=1) > 0

@@ -546,6 +546,79 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
   return y;
 }
 
+// ---------------------------------------------------------------- attention
+//
+// Causal attention for M query rows over an L-token cache (the last M cache entries are the rows'
+// own), every row computed whole by one thread in one fixed order: scores key by key (one 8-lane
+// dot product, lanes summed pairwise), max, exp and their sum key by key, the weighted values key
+// by key, one division. Nothing depends on M, so a verification row is a decode step's row; and one
+// call serves all M rows (SDPA per row cost ~150 us per row and layer in Python calls alone).
+inline float dot8(const float* a, const float* b, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d)));
+  float s = hsum8(acc);
+  for (; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
+torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling) {
+  // q [H, M, D]; k, v [Hkv, L, D], float32 (strided rows allowed for k and v: a cache view)
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q must be [H, M, D], k and v [Hkv, L, D]");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+                  v.scalar_type() == torch::kFloat32,
+              "attention_rows takes float32");
+  q = q.contiguous();
+  k = k.contiguous();
+  v = v.contiguous();
+  const int64_t H = q.size(0), M = q.size(1), D = q.size(2), Hkv = k.size(0), L = k.size(1);
+  TORCH_CHECK(k.size(2) == D && v.size(2) == D && v.size(1) == L && v.size(0) == Hkv, "k and v must match q");
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "query heads must be a multiple of key/value heads");
+  TORCH_CHECK(L >= M, "the cache must hold the rows' own keys (L >= M)");
+  auto out = torch::empty({H, M, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float scale = static_cast<float>(scaling);
+  const int64_t group = H / Hkv;
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<size_t>(L));
+    std::vector<float> acc(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t hm = 0; hm < H * M; ++hm) {
+      const int64_t h = hm / M, i = hm % M, n = L - M + i + 1;
+      const float* qr = qp + hm * D;
+      const float* kh = kp + (h / group) * L * D;
+      const float* vh = vp + (h / group) * L * D;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = dot8(qr, kh + j * D, D) * scale;
+        mx = std::max(mx, p[j]);
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n; ++j) {
+        p[j] = std::exp(p[j] - mx);
+        sum += p[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = p[j];
+        const float* vr = vh + j * D;
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8)
+          _mm256_storeu_ps(acc.data() + d, _mm256_add_ps(_mm256_loadu_ps(acc.data() + d),
+                                                         _mm256_mul_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vr + d))));
+        for (; d < D; ++d) acc[d] += w * vr[d];
+      }
+      float* o = op + hm * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -559,6 +632,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "instruction set the float-accumulating kernels use on this CPU");
   m.def("linear_i8a8", &linear_i8a8, "batch-invariant int8 x int8 linear, activations quantized per row",
         py::arg("x"), py::arg("w"), py::arg("wscale"), py::arg("wsum"), py::arg("force_avx2") = false);
+  m.def("attention_rows", &attention_rows, "batch-invariant causal attention, one fixed order per row",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"));
   m.def("i8a8_isa", &i8a8_isa, "instruction set linear_i8a8 uses on this CPU");
   m.def("linear_i4", &linear_i4, "batch-invariant x @ dequant(w).T, int4 group-wise weights, float32 accumulation",
         py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("offset"), py::arg("group"),

@@ -1,0 +1,274 @@
+"""The ``gguf`` precision: a model's linear layers run the GGUF file's own k-quant blocks.
+
+The weights are the values stored in the file (Q4_K and Q6_K blocks, as llama.cpp users run them),
+not dequantized and re-quantized to another format: a one-token step then reads ~4.6-6.6 bits per
+weight. Activations are quantized per row to int8 blocks of 256 and every block's dot product is an
+integer sum (``harness/kernels/kquants.cpp``), so a row's result does not depend on how many rows
+are computed together: batch-invariant by construction, like the int8 x int8 kernels in
+``harness.invariant``.
+
+Loading reads the blocks with the ``gguf`` package and re-packs them once into the kernels' layout
+(decoded 6-bit scales, Q6_K's high bits regrouped); the float model keeps everything else (norms,
+biases, embeddings: the file's own values, dequantized once by the weights' conversion).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from harness import cppext
+from harness.errors import HarnessError, UnsupportedError
+
+NAME = "gguf"
+QK = 256
+# Bytes of one block as stored in the file, per type.
+BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+# Bytes of one block in the kernels' layout (what a forward reads per block).
+PACKED_BYTES = {"Q4_K": 152, "Q6_K": 212}
+_SOURCE = Path(__file__).with_name("kernels") / "kquants.cpp"
+
+
+@functools.cache
+def extension():
+    """The compiled k-quant kernels (built once, ~1 min; then loaded from the cache)."""
+    return cppext.build("assisted_generation_kquants", _SOURCE)
+
+
+# --------------------------------------------------------------------------- decoding the file's blocks
+
+
+@dataclass(frozen=True)
+class Q4KCodes:
+    """Q4_K blocks decoded: value[n, k] = d * scale * code - dmin * min, per 32-code sub-block."""
+
+    codes: np.ndarray  # uint8 [N, K], 0..15
+    scales: np.ndarray  # uint8 [N, K/32], 0..63
+    mins: np.ndarray  # uint8 [N, K/32], 0..63
+    d: np.ndarray  # float32 [N, K/256]
+    dmin: np.ndarray  # float32 [N, K/256]
+
+
+@dataclass(frozen=True)
+class Q6KCodes:
+    """Q6_K blocks decoded: value[n, k] = d * scale * (code - 32), per 16-code sub-block."""
+
+    codes: np.ndarray  # uint8 [N, K], 0..63
+    scales: np.ndarray  # int8 [N, K/16]
+    d: np.ndarray  # float32 [N, K/256]
+
+
+def _blocks(raw: np.ndarray, kind: str) -> np.ndarray:
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if raw.ndim != 2 or raw.shape[1] % BLOCK_BYTES[kind]:
+        raise HarnessError(f"{kind} data must be [rows, blocks * {BLOCK_BYTES[kind]}] bytes, got {raw.shape}")
+    return raw.reshape(raw.shape[0], -1, BLOCK_BYTES[kind])
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def decode_q4k(raw: np.ndarray) -> Q4KCodes:
+    """[N, nb * 144] file bytes -> codes, scales, mins, d, dmin (ggml's block_q4_K)."""
+    b = _blocks(raw, "Q4_K")
+    n, nb = b.shape[:2]
+    s = b[..., 4:16]
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    # 6-bit scales and mins packed into 12 bytes (ggml's get_scale_min_k4)
+    scales = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mins = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    qs = b[..., 16:].reshape(n, nb, 4, 1, 32)
+    codes = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F
+    return Q4KCodes(
+        codes=codes.reshape(n, nb * QK),
+        scales=scales.reshape(n, nb * 8),
+        mins=mins.reshape(n, nb * 8),
+        d=_f16(b[..., 0:2]),
+        dmin=_f16(b[..., 2:4]),
+    )
+
+
+def decode_q6k(raw: np.ndarray) -> Q6KCodes:
+    """[N, nb * 210] file bytes -> codes (0..63 for q + 32), int8 scales, d (ggml's block_q6_K)."""
+    b = _blocks(raw, "Q6_K")
+    n, nb = b.shape[:2]
+    ql = b[..., 0:128].reshape(n, nb, 2, 1, 64)
+    qh = b[..., 128:192].reshape(n, nb, 2, 1, 32)
+    lo = (ql >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F  # [n, nb, 2, 2, 64]
+    hi = (qh >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)) & 0x03  # [n, nb, 2, 4, 32]
+    # Within each half of 128: code l and l+32 take the low nibbles of ql[l], ql[l+32]; l+64 and
+    # l+96 their high nibbles; qh[l] holds the top two bits of all four.
+    codes = lo.reshape(n, nb, 2, 4, 32) | (hi << 4)
+    return Q6KCodes(
+        codes=codes.reshape(n, nb * QK),
+        scales=b[..., 192:208].view(np.int8).reshape(n, nb * 16),
+        d=_f16(b[..., 208:210]),
+    )
+
+
+def dequantize(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
+    """The float32 weights the codes stand for (the reference the kernels are tested against)."""
+    n, k = codes.codes.shape
+    c = codes.codes.astype(np.float32)
+    d = np.repeat(codes.d, QK, axis=1)
+    if isinstance(codes, Q4KCodes):
+        sc = np.repeat(codes.scales.astype(np.float32), 32, axis=1)
+        mn = np.repeat(codes.mins.astype(np.float32), 32, axis=1)
+        dmin = np.repeat(codes.dmin, QK, axis=1)
+        return d * sc * c - dmin * mn
+    sc = np.repeat(codes.scales.astype(np.float32), 16, axis=1)
+    return d * sc * (c - 32.0)
+
+
+# --------------------------------------------------------------------------- the kernels' layout
+
+
+def _nibbles(codes: np.ndarray) -> np.ndarray:
+    """[N, K] codes -> [N, K/2] bytes in Q4_K's order: 32-byte chunk c holds code 64c+l in the low
+    nibble of byte l and code 64c+32+l in its high nibble."""
+    n, k = codes.shape
+    c = (codes & 0x0F).reshape(n, k // 64, 2, 32)
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def _high_bits(codes: np.ndarray) -> np.ndarray:
+    """[N, K] 6-bit codes -> [N, K/4] bytes: byte p of a block's 64 holds the top two bits of the
+    codes that lane p of the kernel's four nibble vectors carries (bits 0-1, 2-3, 4-5, 6-7)."""
+    n, k = codes.shape
+    top = (codes >> 4).reshape(n, k // QK, 2, 4, 32)  # [.., half of 128, quarter, l]
+    # nibble vector "L" of half h holds quarters 0 and 2, "H" quarters 1 and 3 (lane p = 32 * q//2 + l)
+    vec_l = np.concatenate([top[:, :, :, 0], top[:, :, :, 2]], axis=-1)  # [n, nb, 2, 64]
+    vec_h = np.concatenate([top[:, :, :, 1], top[:, :, :, 3]], axis=-1)
+    packed = vec_l[:, :, 0] | (vec_h[:, :, 0] << 2) | (vec_l[:, :, 1] << 4) | (vec_h[:, :, 1] << 6)
+    return packed.reshape(n, k // 4).astype(np.uint8)
+
+
+def _bytes(a: np.ndarray, n: int, nb: int) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8).reshape(n, nb, -1)
+
+
+def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
+    """Blocks in the kernels' layout, one record per 256 weights so a weight row is one stream:
+    Q4_K 152 bytes (the file's qs, 8 scales, 8 mins, float d, float dmin); Q6_K 212 bytes (low
+    nibbles, regrouped high bits, 16 int8 scales, float d)."""
+    n, k = codes.codes.shape
+    nb = k // QK
+    if isinstance(codes, Q4KCodes):
+        parts = [_nibbles(codes.codes), codes.scales, codes.mins, codes.d, codes.dmin]
+    else:
+        parts = [_nibbles(codes.codes), _high_bits(codes.codes), codes.scales, codes.d]
+    return np.concatenate([_bytes(p, n, nb) for p in parts], axis=2).reshape(n, -1)
+
+
+class KQuantLinear(nn.Module):
+    """nn.Linear replacement holding a GGUF tensor's k-quant blocks; float32 in, float32 out."""
+
+    def __init__(self, kind: str, codes: Q4KCodes | Q6KCodes, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        n, k = codes.codes.shape
+        self.kind, self.in_features, self.out_features = kind, k, n
+        self.register_buffer("blocks", torch.from_numpy(pack(codes)))
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    @classmethod
+    def from_raw(cls, kind: str, raw: np.ndarray, bias: torch.Tensor | None = None) -> KQuantLinear:
+        if kind == "Q4_K":
+            return cls(kind, decode_q4k(raw), bias)
+        if kind == "Q6_K":
+            return cls(kind, decode_q6k(raw), bias)
+        raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes one forward streams from the weights (every block once, whatever M)."""
+        return self.blocks.numel()
+
+    def forward(self, x: torch.Tensor, force_avx2: bool = False) -> torch.Tensor:
+        lead, dtype = x.shape[:-1], x.dtype
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        run = extension().linear_q4k if self.kind == "Q4_K" else extension().linear_q6k
+        y = run(x2, self.blocks, force_avx2)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, blocks={self.kind}"
+
+
+# --------------------------------------------------------------------------- a model on its file's blocks
+
+
+def _arch(reader) -> str:
+    field = reader.fields.get("general.architecture")
+    if field is None:
+        raise HarnessError("the GGUF file names no general.architecture; it cannot be matched to a model")
+    return str(field.contents())
+
+
+def read_linear_blocks(gguf_file: str | Path, module_names: list[str], n_layers: int) -> dict[str, tuple]:
+    """``{module name: (block type, raw bytes [N, nb * block bytes])}`` for the model's linear layers,
+    matched to the file's tensors by gguf's own name map (``blk.0.attn_q`` for
+    ``model.layers.0.self_attn.q_proj``, ``output`` for ``lm_head``)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_file))
+    arch_name = _arch(reader)
+    arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)
+    if arch is None:
+        raise UnsupportedError(f"{gguf_file}: architecture {arch_name!r} is unknown to the gguf package")
+    names = gguf.get_tensor_name_map(arch, n_layers)
+    tensors = {t.name: t for t in reader.tensors}
+    out, missing = {}, []
+    for module in module_names:
+        gname = names.get_name(module)
+        tensor = tensors.get(f"{gname}.weight") if gname else None
+        if tensor is None:
+            missing.append(module)
+        else:
+            out[module] = (tensor.tensor_type.name, np.asarray(tensor.data))
+    unsupported = sorted({kind for kind, _ in out.values()} - set(BLOCK_BYTES))
+    if unsupported:
+        raise UnsupportedError(
+            f"{Path(gguf_file).name} stores linear weights as {', '.join(unsupported)}; the gguf "
+            f"precision runs {', '.join(BLOCK_BYTES)} only (use precision w8af32 for this model)"
+        )
+    if missing:
+        raise UnsupportedError(
+            f"{gguf_file} has no tensor for {', '.join(missing[:3])}; the gguf precision needs the file the "
+            "model was converted from (and a model whose layers are its own: no draft vocabulary cut)"
+        )
+    return out
+
+
+def apply_gguf_blocks(model: nn.Module, gguf_file: str | Path) -> nn.Module:
+    """Replace every nn.Linear of ``model`` (float32, converted from ``gguf_file``) by a
+    ``KQuantLinear`` on that tensor's blocks in the file, and switch attention to the batch-invariant
+    one-query-per-row path; in place."""
+    from harness import invariant, precision
+
+    linears = {name: mod for name, mod in model.named_modules() if type(mod) is nn.Linear}
+    if not linears:
+        raise UnsupportedError(f"{type(model).__name__} has no linear layers to run on GGUF blocks")
+    n_layers = int(getattr(model.config, "num_hidden_layers", 0))
+    blocks = read_linear_blocks(gguf_file, list(linears), n_layers)
+    precision.untie_output_embeddings(model)
+    extension()
+    for name, lin in linears.items():
+        kind, raw = blocks[name]
+        twin = KQuantLinear.from_raw(kind, raw, lin.bias)
+        if (twin.out_features, twin.in_features) != tuple(lin.weight.shape):
+            raise HarnessError(
+                f"{name}: the file's tensor is {twin.out_features} x {twin.in_features}, the model's "
+                f"{tuple(lin.weight.shape)}; the converted weights do not come from {Path(gguf_file).name}"
+            )
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, twin)
+    invariant.use_invariant_attention(model)
+    return model

@@ -1,0 +1,75 @@
+"""llama.cpp as a reference: reading llama-bench's JSON, finding the binary, absent without one."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from harness import forwards, llamacpp
+from harness.errors import HarnessError
+
+# The shape of llama-bench's `-o json` output (one object per test; fields it always writes).
+ROWS = [
+    {
+        "build_commit": "abc1234",
+        "build_number": 5000,
+        "n_threads": 2,
+        "n_prompt": 512,
+        "n_gen": 0,
+        "avg_ts": 80.5,
+    },
+    {
+        "build_commit": "abc1234",
+        "build_number": 5000,
+        "n_threads": 2,
+        "n_prompt": 0,
+        "n_gen": 64,
+        "avg_ts": 34.1,
+        "stddev_ts": 0.4,
+    },
+]
+
+
+def test_parse_takes_the_decode_row():
+    ref = llamacpp.parse("build info on stderr is not here\n" + json.dumps(ROWS))
+    assert (ref.tokens_per_s, ref.tokens_per_s_std, ref.threads, ref.new_tokens) == (34.1, 0.4, 2, 64)
+    assert ref.ms_per_token == pytest.approx(1000 / 34.1)
+    assert ref.build == "abc1234 (5000)"
+
+
+@pytest.mark.parametrize("text", ["no json here", json.dumps(ROWS[:1]), "[{"])
+def test_parse_refuses_output_without_a_decode_row(text):
+    with pytest.raises(HarnessError, match="llama-bench"):
+        llamacpp.parse(text)
+
+
+def test_no_binary_means_no_reference(monkeypatch):
+    monkeypatch.delenv(llamacpp.ENV, raising=False)
+    assert llamacpp.find(None) is None
+    assert llamacpp.ENV in forwards.reference_line("tiny-qwen2", "target", None)
+
+
+def test_a_wrong_binary_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(llamacpp.ENV, str(tmp_path / "nope"))
+    with pytest.raises(HarnessError, match="not an executable"):
+        llamacpp.find(None)
+
+
+def test_measure_runs_the_binary_and_reads_its_json(tmp_path):
+    """A stand-in llama-bench (a shell script printing recorded output) checks the command line the
+    harness passes and that a failing binary is reported with its exit status."""
+    script = tmp_path / "llama-bench"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"-p 0 -n 16 -t 2 -r 2 -o json"*) ;; *) echo "bad args: $*" >&2; exit 3;; esac\n'
+        f"echo '{json.dumps(ROWS)}'\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    ref = llamacpp.measure(
+        llamacpp.find(script), tmp_path / "m.gguf", threads=2, new_tokens=16, repetitions=2
+    )
+    assert ref.tokens_per_s == 34.1
+    with pytest.raises(HarnessError, match="exit 3"):
+        llamacpp.measure(script, tmp_path / "m.gguf", threads=1, new_tokens=16, repetitions=2)
