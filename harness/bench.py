@@ -31,7 +31,7 @@ from harness import baselines, platforms, runner, stats, tasks
 from harness.errors import HarnessError
 from harness.generation import GenerationSettings, Measurement, generate
 from harness.models import LoadedPair
-from harness.results import append_row
+from harness.results import append_row, runs_dir
 from harness.timing import Forward
 
 TASK = "benchmark"
@@ -390,9 +390,10 @@ class CaseMeasurement:
 # --------------------------------------------------------------------------- measuring
 
 
-def default_rows_path(platform: str, results_dir: str | os.PathLike[str] = "results") -> Path:
-    """Where benchmark rows go by default; ``--regen-tables`` reads ``results/rows/*.jsonl``."""
-    return Path(results_dir) / "rows" / f"{TASK}-{platform}.jsonl"
+def default_rows_path(platform: str, results_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where benchmark rows go: ``<runs>/rows/benchmark-<platform>.jsonl`` (``results.runs_dir()``,
+    outside the committed results unless a folder is given)."""
+    return Path(results_dir or runs_dir()) / "rows" / f"{TASK}-{platform}.jsonl"
 
 
 def _check_pair(pair: LoadedPair, case: BenchCase) -> None:

@@ -84,7 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild results/<platform>/<model>.md and plots from stored JSONL rows, then exit",
     )
     g.add_argument(
-        "--results_dir", default="results", help="output folder for --regen-tables and --task sweep"
+        "--results_dir",
+        default=None,
+        help="output folder: --task sweep writes its rows, table and plot there (default: runs/, or "
+        "$ASSISTED_GENERATION_RUNS; never the committed results/); --regen-tables reads "
+        "<dir>/rows/*.jsonl and writes the published tables there (default: results/)",
     )
     g.add_argument(
         "--rows",
@@ -349,6 +353,7 @@ def _modes(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def regen(args: argparse.Namespace) -> int:
+    args.results_dir = args.results_dir or "results"
     paths = (
         [Path(p) for p in args.rows] if args.rows else sorted(Path(args.results_dir, "rows").glob("*.jsonl"))
     )
@@ -500,6 +505,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     else:
         prompts = sweep.humaneval_prompts(limit, new_tokens)
     platform = args.platform or platforms.detect().name
+    # An ordinary run never writes the committed results/: publishing is --regen-tables.
+    args.results_dir = args.results_dir or str(results.runs_dir())
     rows_path = (
         Path(args.json) if args.json else sweep.default_rows_path(args.results_dir, platform, spec.name)
     )

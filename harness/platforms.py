@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import re
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -104,3 +106,26 @@ def library_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[dist] = "absent"
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def host_id() -> str:
+    """This machine, as a short stable hash (host name and machine id): rows carry it, so a run
+    resumes only rows this host measured, never another host's that share a platform slug."""
+    try:
+        machine = Path("/etc/machine-id").read_text(encoding="utf-8").strip()
+    except OSError:
+        machine = ""
+    return hashlib.sha256(f"{platform.node()}|{machine}".encode()).hexdigest()[:10]
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """The harness's own code (its Python and C++ sources) as a short hash: a run resumes only rows
+    the same code measured."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.cpp")]):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]

@@ -132,6 +132,15 @@ class Row:
         )
 
 
+RUNS_ENV = "ASSISTED_GENERATION_RUNS"
+
+
+def runs_dir() -> Path:
+    """Where ordinary runs write rows, tables and plots: ``$ASSISTED_GENERATION_RUNS``, else ``runs/``
+    (git-ignored). The committed ``results/`` are inputs; only ``--regen-tables`` writes them."""
+    return Path(os.environ.get(RUNS_ENV) or "runs")
+
+
 def append_row(path: str | os.PathLike[str], row: Row | dict[str, Any]) -> None:
     """Append one row as a JSON line and force it to disk before returning.
 

@@ -53,6 +53,8 @@ def run_id_for(
             settings.to_dict(),
             platform,
             list(modes),
+            platforms.host_id(),
+            platforms.code_version(),
         ]
         # Appended only when not stock, so the ids of runs made before kernels existed still match.
         + ([pair.target_kernels] if pair.target_kernels != "stock" else [])
@@ -163,6 +165,8 @@ def run_prompts(
             raise HarnessError(f"cannot resume from {json_path}: {exc}") from exc
         done = {r.key(): r for r in stored if r.run_id == run_id}
         drop_torn_tail(json_path)
+        total = len(prompts) * len(modes)
+        print(f"resumed {min(len(done), total)} of {total} runs from {json_path}", file=sys.stderr)
     rows: list[Row] = []
     jobs = [(i, p, mode) for i, p in enumerate(prompts, 1) for mode in modes]
     bar = tqdm(jobs, desc=f"{pair.spec.name} {task}", unit="gen", file=sys.stderr, disable=progress is False)

@@ -447,7 +447,18 @@ def _run_id(pair: str, target_key: tuple[str, str], new_tokens: int, platform: s
     # One id per target and workload: plain and assisted rows of a target share it (so report tables
     # pair them), and a resumed run continues the same id. Thread count is part of it: rows measured
     # with other threads are a different run and must not be mixed in.
-    blob = json.dumps([pair, TASK, *target_key, new_tokens, platform, threads])
+    blob = json.dumps(
+        [
+            pair,
+            TASK,
+            *target_key,
+            new_tokens,
+            platform,
+            threads,
+            platforms.host_id(),
+            platforms.code_version(),
+        ]
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -679,8 +690,11 @@ def run_sweep(
                     jobs.append((i + 1, prompt, config, position))
         plans.append((target_key, run_id, jobs))
 
+    total = len(prompts) * sum(len(group) + 1 for group in groups.values())
+    todo = sum(len(jobs) for _, _, jobs in plans)
+    print(f"resumed {total - todo} of {total} runs from {rows_path}", file=sys.stderr)
     bar = tqdm(
-        total=sum(len(jobs) for _, _, jobs in plans),
+        total=todo,
         desc=f"{spec.name} sweep",
         unit="run",
         file=sys.stderr,

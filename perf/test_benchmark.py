@@ -18,13 +18,12 @@ import pytest
 
 from harness import baselines, bench, models, report
 from harness.backends import OrtSettings
-from harness.results import read_rows
+from harness.results import read_rows, runs_dir
 
 pytestmark = pytest.mark.perf
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ROOT / "baselines"
-RESULTS = ROOT / "results"
 
 TINY_REPETITIONS = 3
 # A slowdown of this size must be caught; the gate's margin is 8%, so 15% leaves room for noise.
@@ -204,7 +203,7 @@ def run_real_case(
                 pair,
                 case,
                 repetitions,
-                rows_path=bench.default_rows_path(platform_name, RESULTS),
+                rows_path=bench.default_rows_path(platform_name, runs_dir()),
                 platform=platform_name,
             )
         )

@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 
-from harness import cli, models, sweep
+from harness import cli, models, platforms, sweep
 from harness.errors import HarnessError
 from harness.results import read_rows
 
@@ -351,6 +351,29 @@ def test_cli_task_sweep_end_to_end_and_rerun_resumes(tmp_path, capsys, monkeypat
     assert code == 0, err
     assert len(read_rows(rows)) == 2 * 3
     assert "t_fp32-prompt_lookup-K4" in out2
+    assert f"resumed 6 of 6 runs from {rows}" in err
+
+
+def test_cli_sweep_never_resumes_another_hosts_or_codes_rows(tmp_path, capsys, monkeypatch):
+    """Rows a different host (or different harness code) measured are not this run's: they are
+    measured again, the rerun says it resumed nothing, and nothing lands in the committed results/
+    (the default output is the runs folder)."""
+    monkeypatch.setenv("ASSISTED_GENERATION_RUNS", str(tmp_path / "runs"))
+    argv = [
+        "--model_name", PAIR, "--task", "sweep", "--sweep", "t=fp32,d=fp32,k=3", "--limit", "1",
+        "--max_new_tokens", str(NEW_TOKENS), "--platform", "test-box-2c", "--no_progress",
+    ]  # fmt: skip
+    code, _, err = _cli(capsys, *argv)
+    assert code == 0, err
+    assert "resumed 0 of 2 runs" in err
+    rows = tmp_path / "runs" / "rows" / "sweep" / "tiny-qwen2-test-box-2c.jsonl"
+    assert len(read_rows(rows)) == 2
+    for what in ("host_id", "code_version"):
+        monkeypatch.setattr(platforms, what, lambda what=what: "elsewhere-" + what)
+        code, _, err = _cli(capsys, *argv)
+        assert code == 0, err
+        assert "resumed 0 of 2 runs" in err
+    assert len(read_rows(rows)) == 6
 
 
 @pytest.mark.parametrize(
