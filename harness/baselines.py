@@ -324,6 +324,12 @@ def _baseline_samples(entry: dict[str, Any] | None, key: str) -> list[float] | f
     return None if value is None else float(value)
 
 
+# How far a host's forward costs may move the expected speedup and still be judged: two VMs of one
+# slug differed by x0.89 here; a factor far outside this says the run's c or v was measured on a busy
+# machine, not on a different host.
+ADJUSTMENT_RANGE = (0.75, 1.33)
+
+
 @dataclass(frozen=True)
 class HostAdjustment:
     """How much this host's forward costs alone should move the baseline's speedup.
@@ -416,8 +422,20 @@ def compare_to_baseline(
                 if isinstance(base_speedup, list)
                 else base_speedup * adjust.factor
             )
-            results["speedup"] = gate(ratios, scaled, metric=f"{metric} ({adjust.describe()})", **opts)
-            results["speedup_unadjusted"] = gate(ratios, base_speedup, metric=metric, **opts)
+            adjusted = gate(ratios, scaled, metric=f"{metric} ({adjust.describe()})", **opts)
+            plain = gate(ratios, base_speedup, metric=metric, **opts)
+            lo, hi = ADJUSTMENT_RANGE
+            if not lo <= adjust.factor <= hi:
+                adjusted = adjusted.as_inconclusive(
+                    f"this host's forward costs moved the expected speedup x{adjust.factor:.2f}, outside "
+                    f"[{lo}, {hi}]: a loaded or very different host; rerun on an idle machine"
+                )
+            elif adjusted.status == "improvement" and plain.failed:
+                adjusted = adjusted.as_inconclusive(
+                    "the adjustment turned a significant drop into an improvement; rerun on an idle machine"
+                )
+            results["speedup"] = adjusted
+            results["speedup_unadjusted"] = plain
     for mode, current in (("assisted", assisted_tps), ("plain", plain_tps)):
         base = _baseline_samples(record.tokens_per_s.get(mode), "mean")
         if base is not None:

@@ -11,6 +11,7 @@ rate with a given coefficient of variation. Defaults were picked from that simul
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ DEFAULT_MARGIN = 0.08
 DEFAULT_ALPHA = 0.01
 _BOOTSTRAP_SEED = 20240713  # fixed so a CI (and a baseline file holding it) is reproducible byte for byte
 
-Status = Literal["pass", "regression", "improvement"]
+Status = Literal["pass", "regression", "improvement", "inconclusive"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,16 @@ class GateResult:
 
     @property
     def failed(self) -> bool:
+        """A measured regression."""
         return self.status == "regression"
+
+    @property
+    def conclusive(self) -> bool:
+        """False when the run's own noise could not tell pass from regression."""
+        return self.status != "inconclusive"
+
+    def as_inconclusive(self, why: str) -> GateResult:
+        return dataclasses.replace(self, status="inconclusive", message=f"{self.message} INCONCLUSIVE: {why}")
 
 
 def _as_positive_array(values: Sequence[float] | float, what: str) -> np.ndarray:
@@ -281,10 +291,18 @@ def gate(
     else:
         ci = (math.nan, math.nan)
     base_mean = float(base.mean())
+    # Pass needs evidence: the worst ratio the interval allows must be within the margin. A run whose
+    # spread reaches past it, with no significant drop either, cannot tell unchanged from regressed.
+    worst = ci[0] if higher_is_better else (1.0 / ci[1] if ci[1] > 0 else math.nan)
+    if status == "pass" and not (math.isfinite(worst) and worst >= 1.0 - margin):
+        status = "inconclusive"
     what = {
         "pass": f"within the {margin:.0%} margin or not significant at alpha={alpha:g}: pass",
         "regression": f"REGRESSION: worse than the {margin:.0%} margin and significant at alpha={alpha:g}",
         "improvement": f"improvement beyond the {margin:.0%} margin, significant at alpha={alpha:g}",
+        "inconclusive": f"INCONCLUSIVE: the {confidence:.0%} CI reaches below {1.0 - margin:.2f}x without a "
+        "significant drop, so this run's spread cannot tell an unchanged build from a regression; rerun on "
+        "an idle machine or with more repetitions (--perf-repetitions)",
     }[status]
     message = (
         f"{metric}: current {float(cur.mean()):.4g} (n={cur.size}) vs baseline {base_mean:.4g} "

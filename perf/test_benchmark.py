@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ROOT / "baselines"
 
 TINY_REPETITIONS = 3
+# Load average above the run's own threads that marks the machine as busy.
+BUSY_LOAD_MARGIN = 1.0
 # A slowdown of this size must be caught; the gate's margin is 8%, so 15% leaves room for noise.
 SLOWDOWN = 0.15
 
@@ -196,6 +198,7 @@ def run_real_case(
     pair = load(pairs, case)
     repetitions = pytestconfig.getoption("--perf-repetitions")
     measured: list[bench.CaseMeasurement] = []
+    load_before = os.getloadavg()[0]
 
     def measure() -> None:
         measured.append(
@@ -229,6 +232,13 @@ def run_real_case(
             f"{baselines.baseline_path(BASELINES, platform_name, case.key())}); create it with "
             "`pytest perf/test_benchmark.py --update-baselines`"
         )
+    # Other work on the machine (a load average above this run's own threads) makes the timings
+    # unreliable whatever their spread says.
+    busy = max(load_before, os.getloadavg()[0])
+    if busy > m.threads + BUSY_LOAD_MARGIN and gates["speedup"].status != "regression":
+        gates["speedup"] = gates["speedup"].as_inconclusive(
+            f"the machine was busy (load average {busy:.1f} on {m.threads} threads); rerun on an idle machine"
+        )
     benchmark.extra_info["gate"] = {name: g.status for name, g in gates.items()}
     bench_results.append((m, ", ".join(f"{name}: {g.status}" for name, g in gates.items())))
     assert "speedup" in gates and "assisted_tokens_per_s" in gates, f"baseline lacks samples: {gates}"
@@ -237,9 +247,14 @@ def run_real_case(
     # do not (two VMs of one slug ran the same commit at 1.15x and 1.04x; HostAdjustment). Absolute
     # tokens/s and the unadjusted speedup depend on the host: reported, and warned about, not gated.
     for name, g in gates.items():
-        if g.failed and name != "speedup":
+        if (g.failed or not g.conclusive) and name != "speedup":
             warnings.warn(f"{name}: {g.message}", stacklevel=1)
-    assert not gates["speedup"].failed, gates["speedup"].message
+    speedup = gates["speedup"]
+    assert not speedup.failed, speedup.message
+    if not speedup.conclusive:
+        if not pytestconfig.getoption("--allow-inconclusive"):
+            pytest.fail(f"{speedup.message} (or pass --allow-inconclusive to accept it with a warning)")
+        warnings.warn(speedup.message, stacklevel=1)
 
 
 # Opt-in for the real-pair variant: it decodes the real pair three times over (about 9 minutes on
@@ -294,6 +309,7 @@ def test_gate_catches_injected_slowdown(
     # The gate fails CI only on a regression; an unchanged rerun may be reported as an improvement
     # when the machine got quieter between arms (seen once here: 1.13x on tiny), which is not a failure.
     assert not any(g.failed for g in unchanged.values()), [g.message for g in unchanged.values()]
+    assert unchanged["speedup"].conclusive, unchanged["speedup"].message
     assert slowed["speedup"].status == "regression", slowed["speedup"].message
     assert slowed["assisted_tokens_per_s"].status == "regression", slowed["assisted_tokens_per_s"].message
     # The slowdown is where it was injected: the plain runs of the slowed arm are untouched.
