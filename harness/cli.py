@@ -22,6 +22,7 @@ from harness import (
     devices,
     generation,
     invariant,
+    llamacpp,
     models,
     platforms,
     precision,
@@ -233,6 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", metavar="PATH", help="append one JSON row per finished prompt and mode (resumable)"
     )
     o.add_argument("--no_progress", action="store_true", help="hide the progress bar")
+    o.add_argument(
+        "--llama-bench",
+        "--llama_bench",
+        dest="llama_bench",
+        default=None,
+        help="--task sweep: llama.cpp's llama-bench binary, to time its plain decoding of the same GGUF "
+        f"in the same run as a reference row (or set {llamacpp.ENV}; absent: no reference)",
+    )
     return p
 
 
@@ -498,6 +507,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     """``--task sweep``: measure every --sweep configuration, print the table, write .md/.png and rows."""
     configs = _sweep_configs(args)
     spec = models.get_pair(args.model_name)
+    bench_binary = llamacpp.find(args.llama_bench)
     new_tokens = args.max_new_tokens or sweep.DEFAULT_NEW_TOKENS
     limit = args.limit or sweep.DEFAULT_LIMIT
     if args.prompts:
@@ -540,10 +550,36 @@ def run_sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    md_path, png_path = sweep.write_sweep(result, args.results_dir)
+    reference = llama_reference(bench_binary, spec, new_tokens, result)
+    md_path, png_path = sweep.write_sweep(result, args.results_dir, reference)
     print(sweep.sweep_table(result))
+    print(f"\n{reference}")
     print(f"\nwrote {md_path} and {png_path}; rows in {rows_path}")
     return 0
+
+
+def llama_reference(binary: Path | None, spec: models.PairSpec, new_tokens: int, result) -> str:
+    """llama.cpp's plain decoding of the target's GGUF, measured now, and this sweep's fastest plain
+    and fastest exact assisted decoding as multiples of it (or why there is no reference)."""
+    if binary is None:
+        return llamacpp.absent_note()
+    gguf = models.gguf_file(spec.target, None)
+    if gguf is None:
+        return f"llama.cpp reference: not measured ({spec.target.name} has no GGUF file here)"
+    try:
+        ref = llamacpp.measure(binary, gguf, threads=result.threads, new_tokens=new_tokens)
+    except HarnessError as exc:
+        return f"llama.cpp reference: failed ({exc})"
+    line = (
+        f"llama.cpp reference ({ref.build}, {gguf.name}, {ref.threads} threads, {ref.new_tokens} tokens): "
+        f"plain decoding {ref.tokens_per_s:.2f} tok/s"
+    )
+    if result.best_plain:
+        line += f"; fastest plain here {result.best_plain[1] / ref.tokens_per_s:.2f}x of it"
+    exact = [r.assisted_tokens_per_s for r in result.results if r.identical and r.assisted_tokens_per_s]
+    if exact:
+        line += f"; fastest exact assisted here {max(exact) / ref.tokens_per_s:.2f}x of it"
+    return line
 
 
 def command_defaults(parser: argparse.ArgumentParser, spec: models.PairSpec) -> dict[str, object]:

@@ -926,10 +926,12 @@ def default_rows_path(results_dir: str | Path, platform: str, pair: str) -> Path
     )
 
 
-def write_sweep(result: SweepResult, results_dir: str | Path) -> tuple[Path, Path]:
-    """Write the markdown table (linking the plot) and the PNG beside it; return both paths."""
+def write_sweep(result: SweepResult, results_dir: str | Path, reference: str = "") -> tuple[Path, Path]:
+    """Write the markdown table (linking the plot) and the PNG beside it; return both paths.
+    ``reference``: a line about a reference decoder (llama.cpp) measured in the same run."""
     md_path, png_path = output_paths(results_dir, result.platform, result.pair)
     plot_sweep(result, png_path)
-    text = sweep_table(result) + f"\n\n![Speedup per configuration](./{png_path.name})\n"
+    text = sweep_table(result) + (f"\n\n{reference}" if reference else "")
+    text += f"\n\n![Speedup per configuration](./{png_path.name})\n"
     report._atomic_write(md_path, text.encode("utf-8"))
     return md_path, png_path

@@ -401,3 +401,27 @@ def test_cli_sweep_bad_input_is_one_line_exit_2(capsys, monkeypatch, argv, expec
     assert len(lines) == 1 and lines[0].startswith("assisted_generation.py: error: "), err
     assert expected in lines[0]
     assert out == ""
+
+
+def test_cli_sweep_llama_reference_is_absent_or_explained(tmp_path, capsys, monkeypatch):
+    """Without a llama-bench the reference is a one-line note, never a failure; with one, a pair
+    without a GGUF file says so; a wrong binary is refused before anything loads."""
+    monkeypatch.delenv("ASSISTED_GENERATION_LLAMA_BENCH", raising=False)
+    argv = [
+        "--model_name", PAIR, "--task", "sweep", "--sweep", "t=fp32,d=fp32,k=3", "--limit", "1",
+        "--max_new_tokens", str(NEW_TOKENS), "--platform", "test-box-2c", "--no_progress",
+        "--results_dir", str(tmp_path),
+    ]  # fmt: skip
+    code, out, err = _cli(capsys, *argv)
+    assert code == 0, err
+    assert "llama.cpp reference: not measured (no llama-bench given" in out
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    code, out, err = _cli(capsys, *argv, "--llama-bench", str(fake))
+    assert code == 0, err
+    assert f"not measured ({PAIR} has no GGUF file here)" in out
+    md = (tmp_path / "test-box-2c" / "sweep-tiny-qwen2.md").read_text()
+    assert "has no GGUF file here" in md
+    code, _, err = _cli(capsys, *argv, "--llama-bench", str(tmp_path / "missing"))
+    assert code == 2 and "not an executable file" in err
