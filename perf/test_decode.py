@@ -21,6 +21,7 @@ from scipy import stats
 
 from harness import equivalence, sweep, tasks, tiny
 from harness.backends import OrtSettings
+from harness.errors import UnsupportedError
 from harness.generation import GenerationSettings, generate, generation_config
 from harness.models import LoadedPair, get_pair, load_ort_target
 
@@ -488,4 +489,18 @@ def test_precision_tier_real(
     pairs, plain_cache, divergence_table, pair_name, real_prompts, target_precision, kernels
 ):
     pair = pairs.get(pair_name, target_precision=target_precision, target_kernels=kernels)
+    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, plain_cache)
+
+
+@pytest.mark.pairs(tiny=False)
+def test_precision_tier_real_gguf(pairs, plain_cache, divergence_table, pair_name, real_prompts):
+    """The target on its GGUF file's own blocks (``gguf``): batch-invariant kernels, so every
+    prompt must be token-exact."""
+    pairs.require_weights(pair_name)
+    try:
+        pair = pairs.get(pair_name, target_precision="gguf", target_kernels="invariant")
+    except UnsupportedError as exc:
+        if "has none" not in str(exc):
+            raise
+        pytest.skip(f"{pair_name} has no GGUF file here, which the gguf precision reads")
     _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, plain_cache)
