@@ -30,7 +30,7 @@ QK = 256
 # Bytes of one block as stored in the file, per type.
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 # Bytes of one block in the kernels' layout (what a forward reads per block).
-PACKED_BYTES = {"Q4_K": 152, "Q6_K": 212}
+PACKED_BYTES = {"Q4_K": 152, "Q6_K": 276}
 _SOURCE = Path(__file__).with_name("kernels") / "kquants.cpp"
 
 
@@ -128,42 +128,46 @@ def dequantize(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
 
 # --------------------------------------------------------------------------- the kernels' layout
 
-
-def _nibbles(codes: np.ndarray) -> np.ndarray:
-    """[N, K] codes -> [N, K/2] bytes in Q4_K's order: 32-byte chunk c holds code 64c+l in the low
-    nibble of byte l and code 64c+32+l in its high nibble."""
-    n, k = codes.shape
-    c = (codes & 0x0F).reshape(n, k // 64, 2, 32)
-    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2)
+COLUMNS = 16  # output columns per group: one 32-bit lane each in the kernels' vectors
 
 
-def _high_bits(codes: np.ndarray) -> np.ndarray:
-    """[N, K] 6-bit codes -> [N, K/4] bytes: byte p of a block's 64 holds the top two bits of the
-    codes that lane p of the kernel's four nibble vectors carries (bits 0-1, 2-3, 4-5, 6-7)."""
-    n, k = codes.shape
-    top = (codes >> 4).reshape(n, k // QK, 2, 4, 32)  # [.., half of 128, quarter, l]
-    # nibble vector "L" of half h holds quarters 0 and 2, "H" quarters 1 and 3 (lane p = 32 * q//2 + l)
-    vec_l = np.concatenate([top[:, :, :, 0], top[:, :, :, 2]], axis=-1)  # [n, nb, 2, 64]
-    vec_h = np.concatenate([top[:, :, :, 1], top[:, :, :, 3]], axis=-1)
-    packed = vec_l[:, :, 0] | (vec_h[:, :, 0] << 2) | (vec_l[:, :, 1] << 4) | (vec_h[:, :, 1] << 6)
-    return packed.reshape(n, k // 4).astype(np.uint8)
-
-
-def _bytes(a: np.ndarray, n: int, nb: int) -> np.ndarray:
-    return np.ascontiguousarray(a).view(np.uint8).reshape(n, nb, -1)
+def _f32_bytes(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a.astype(np.float32)).view(np.uint8)
 
 
 def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
-    """Blocks in the kernels' layout, one record per 256 weights so a weight row is one stream:
-    Q4_K 152 bytes (the file's qs, 8 scales, 8 mins, float d, float dmin); Q6_K 212 bytes (low
-    nibbles, regrouped high bits, 16 int8 scales, float d)."""
+    """Blocks in the kernels' layout: [groups of 16 columns, blocks x record bytes] (see kquants.cpp).
+
+    Per group and block: the codes by steps of 4 inputs, 16 columns x 4 codes per step (Q4_K two steps
+    per 64 bytes, in the low and high nibbles; Q6_K one step per 64 bytes, as bytes); the scales (and
+    Q4_K's mins) as [pair][column][2]; d (and dmin) as 16 float32. Columns are padded to 16 with zeros.
+    """
     n, k = codes.codes.shape
-    nb = k // QK
+    nb, groups = k // QK, -(-n // COLUMNS)
+    pad = groups * COLUMNS - n
+
+    def grouped(a: np.ndarray) -> np.ndarray:  # [N, nb, ...] -> [G, nb, 16, ...]
+        a = np.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+        a = a.reshape(groups, COLUMNS, *a.shape[1:])
+        return np.moveaxis(a, 1, 2)
+
+    c = grouped(codes.codes.reshape(n, nb, QK // 4, 4))  # [G, nb, 16, steps, 4]
+    c = np.moveaxis(c, 2, 3)  # [G, nb, steps, 16, 4]
+
+    def pairs(a: np.ndarray, subs: int) -> np.ndarray:  # [N, nb*subs] -> [G, nb, subs/2, 16, 2]
+        a = grouped(a.reshape(n, nb, subs // 2, 2))  # [G, nb, 16, subs/2, 2]
+        return np.moveaxis(a, 2, 3).reshape(groups, nb, -1).view(np.uint8)
+
+    def floats(a: np.ndarray) -> np.ndarray:
+        return _f32_bytes(grouped(a.reshape(n, nb))).reshape(groups, nb, -1)
+
     if isinstance(codes, Q4KCodes):
-        parts = [_nibbles(codes.codes), codes.scales, codes.mins, codes.d, codes.dmin]
+        steps = c.reshape(groups, nb, QK // 8, 2, COLUMNS * 4)
+        nibbles = (steps[:, :, :, 0] | (steps[:, :, :, 1] << 4)).reshape(groups, nb, -1)
+        parts = [nibbles, pairs(codes.scales, 8), pairs(codes.mins, 8), floats(codes.d), floats(codes.dmin)]
     else:
-        parts = [_nibbles(codes.codes), _high_bits(codes.codes), codes.scales, codes.d]
-    return np.concatenate([_bytes(p, n, nb) for p in parts], axis=2).reshape(n, -1)
+        parts = [c.reshape(groups, nb, -1), pairs(codes.scales, 16), floats(codes.d)]
+    return np.concatenate([p.astype(np.uint8, copy=False) for p in parts], axis=2).reshape(groups, -1)
 
 
 class KQuantLinear(nn.Module):
@@ -193,7 +197,7 @@ class KQuantLinear(nn.Module):
         lead, dtype = x.shape[:-1], x.dtype
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         run = extension().linear_q4k if self.kind == "Q4_K" else extension().linear_q6k
-        y = run(x2, self.blocks, force_avx2)
+        y = run(x2, self.blocks, self.out_features, force_avx2)
         if self.bias is not None:
             y = y + self.bias
         return y.to(dtype).reshape(*lead, self.out_features)

@@ -31,49 +31,31 @@ def decoded(kind: str, raw: np.ndarray):
     return kquants.decode_q4k(raw) if kind == "Q4_K" else kquants.decode_q6k(raw)
 
 
-def _hsum8(t: np.ndarray) -> np.ndarray:
-    """The kernels' fixed pairwise order over 8 float32 lanes (last axis)."""
-    u = t[..., 0:4] + t[..., 4:8]
-    w = u[..., 0:2] + u[..., 2:4]
-    return w[..., 0] + w[..., 1]
-
-
 def reference(kind: str, raw: np.ndarray, x: torch.Tensor) -> np.ndarray:
     """Dequantize-and-multiply spelled out with the kernels' own activation codes and arithmetic:
-    per block, integer sums in 16 lanes (lane u takes bytes 4u%32.. of the 32-byte chunks with
-    c % 2 == u // 8) plus 8 lanes of scale x activation-sum terms, scaled into float32 lanes block
-    after block, then summed pairwise. numpy spells each IEEE float32 step."""
+    per block and column, integer sums (codes x activations x sub-block scale; min or scale x the
+    activations' sub-block sums), then float32 steps block after block, v - o at the end (numpy
+    spells each IEEE float32 step)."""
     codes = decoded(kind, raw)
     q, ad = (t.numpy() for t in kquants.extension().quantize_act(x))
     m, k = q.shape
     n, nb = codes.codes.shape[0], k // kquants.QK
-    code = np.arange(kquants.QK)
-    chunk, byte = code // 64, code % 32  # the qs chunk and byte a code sits in
-    lane = byte // 4 + 8 * (chunk % 2)
-    if kind == "Q4_K":
-        scale = np.repeat(codes.scales.reshape(n, nb, 8), 32, axis=2)  # per code
-        off = np.repeat(codes.mins.reshape(n, nb, 8), 2, axis=2)  # per 16-code activation sum
-        fo_mult = codes.dmin
-    else:
-        scale = np.repeat(codes.scales.reshape(n, nb, 16), 16, axis=2)
-        off = codes.scales.reshape(n, nb, 16)
-        fo_mult = np.float32(32.0) * codes.d
-    wq = codes.codes.reshape(n, nb, kquants.QK).astype(np.int64) * scale.astype(np.int64)
     a = q.reshape(m, nb, kquants.QK).astype(np.int64)
-    prod = np.einsum("nbk,mbk->mnbk", wq, a)
-    lanes = np.zeros((m, n, nb, 16), dtype=np.int64)
-    for u in range(16):
-        lanes[..., u] = prod[..., lane == u].sum(-1)
-    bsum = a.reshape(m, nb, 16, 16).sum(-1)  # [m, nb, 16]
-    terms = np.einsum("nbj,mbj->mnbj", off.astype(np.int64), bsum).reshape(m, n, nb, 8, 2).sum(-1)
-    v = np.zeros((m, n, 16), dtype=np.float32)
-    vo = np.zeros((m, n, 8), dtype=np.float32)
+    if kind == "Q4_K":
+        sub, scale, off, fo_mult = 32, codes.scales, codes.mins, codes.dmin
+    else:
+        sub, scale, off, fo_mult = 16, codes.scales, codes.scales, np.float32(32.0) * codes.d
+    per = kquants.QK // sub
+    wq = codes.codes.reshape(n, nb, per, sub).astype(np.int64) * scale.reshape(n, nb, per, 1).astype(np.int64)
+    isum = np.einsum("nbjs,mbjs->mnb", wq, a.reshape(m, nb, per, sub))
+    asum = a.reshape(m, nb, per, sub).sum(-1)
+    imin = np.einsum("nbj,mbj->mnb", off.reshape(n, nb, per).astype(np.int64), asum)
+    v = np.zeros((m, n), dtype=np.float32)
+    o = np.zeros((m, n), dtype=np.float32)
     for b in range(nb):
-        fv = (ad[:, None, b] * codes.d[None, :, b])[..., None]
-        fo = (ad[:, None, b] * fo_mult[None, :, b])[..., None]
-        v = v + lanes[:, :, b].astype(np.float32) * fv
-        vo = vo + terms[:, :, b].astype(np.float32) * fo
-    return _hsum8(v[..., 0:8] + v[..., 8:16]) - _hsum8(vo)
+        v = v + isum[:, :, b].astype(np.float32) * (ad[:, None, b] * codes.d[None, :, b])
+        o = o + imin[:, :, b].astype(np.float32) * (ad[:, None, b] * fo_mult[None, :, b])
+    return v - o
 
 
 def layer(kind: str, n: int, nb: int, seed: int = 0) -> tuple[np.ndarray, kquants.KQuantLinear]:
@@ -144,18 +126,20 @@ def test_non_finite_and_zero_rows(kind):
 def test_bytes_read_is_the_packed_blocks(kind):
     """What a forward streams: every block once, in the kernels' layout (a few bytes per block more
     than the file: decoded scales and float32 d)."""
-    n, nb = 12, 3
+    n, nb = 32, 3
     _, lin = layer(kind, n, nb)
     assert lin.bytes_read == n * nb * kquants.PACKED_BYTES[kind]
-    assert lin.bytes_read <= 1.06 * n * nb * kquants.BLOCK_BYTES[kind]
+    # Q4_K: the file's nibbles plus decoded scales and float32 d; Q6_K: its 6-bit codes as bytes
+    limit = {"Q4_K": 1.06, "Q6_K": 1.32}[kind]
+    assert lin.bytes_read <= limit * n * nb * kquants.BLOCK_BYTES[kind]
 
 
 def test_wrong_shapes_are_refused():
     _, lin = layer("Q4_K", 4, 2)
     with pytest.raises(RuntimeError, match="multiple of 256"):
-        kquants.extension().linear_q4k(torch.zeros(1, 300), lin.blocks, False)
+        kquants.extension().linear_q4k(torch.zeros(1, 300), lin.blocks, 4, False)
     with pytest.raises(RuntimeError, match="blocks must be"):
-        kquants.extension().linear_q4k(torch.zeros(1, 768), lin.blocks, False)
+        kquants.extension().linear_q4k(torch.zeros(1, 768), lin.blocks, 4, False)
     with pytest.raises(kquants.HarnessError, match="Q4_K data must be"):
         kquants.decode_q4k(np.zeros((2, 100), dtype=np.uint8))
     with pytest.raises(kquants.UnsupportedError, match="Q5_0"):
