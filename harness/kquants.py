@@ -30,7 +30,7 @@ QK = 256
 # Bytes of one block as stored in the file, per type.
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 # Bytes of one block in the kernels' layout (what a forward reads per block).
-PACKED_BYTES = {"Q4_K": 152, "Q6_K": 276}
+PACKED_BYTES = {"Q4_K": 152, "Q6_K": 212}
 _SOURCE = Path(__file__).with_name("kernels") / "kquants.cpp"
 
 
@@ -139,7 +139,8 @@ def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
     """Blocks in the kernels' layout: [groups of 16 columns, blocks x record bytes] (see kquants.cpp).
 
     Per group and block: the codes by steps of 4 inputs, 16 columns x 4 codes per step (Q4_K two steps
-    per 64 bytes, in the low and high nibbles; Q6_K one step per 64 bytes, as bytes); the scales (and
+    per 64 bytes, in the low and high nibbles; Q6_K per 4 steps two such nibble vectors and one of their
+    top two bits); the scales (and
     Q4_K's mins) as [pair][column][2]; d (and dmin) as 16 float32. Columns are padded to 16 with zeros.
     """
     n, k = codes.codes.shape
@@ -166,7 +167,17 @@ def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
         nibbles = (steps[:, :, :, 0] | (steps[:, :, :, 1] << 4)).reshape(groups, nb, -1)
         parts = [nibbles, pairs(codes.scales, 8), pairs(codes.mins, 8), floats(codes.d), floats(codes.dmin)]
     else:
-        parts = [c.reshape(groups, nb, -1), pairs(codes.scales, 16), floats(codes.d)]
+        c = c.reshape(groups, nb, QK // 16, 4, COLUMNS * 4)  # [G, nb, sub-block, step, 64]
+        lo, hi = c & 0x0F, c >> 4
+        six = np.concatenate(
+            [
+                lo[:, :, :, 0] | (lo[:, :, :, 1] << 4),
+                lo[:, :, :, 2] | (lo[:, :, :, 3] << 4),
+                hi[:, :, :, 0] | (hi[:, :, :, 1] << 2) | (hi[:, :, :, 2] << 4) | (hi[:, :, :, 3] << 6),
+            ],
+            axis=3,
+        )
+        parts = [six.reshape(groups, nb, -1), pairs(codes.scales, 16), floats(codes.d)]
     return np.concatenate([p.astype(np.uint8, copy=False) for p in parts], axis=2).reshape(groups, -1)
 
 

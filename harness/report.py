@@ -154,6 +154,41 @@ def overall_speedup(pairs: list[dict[str, Any]]) -> tuple[float | None, float | 
     return of_means, geo
 
 
+# Below this many new tokens a row's time/token rests on too few decode steps to read as a rate.
+MIN_TIMED_TOKENS = 8
+# Per-prompt speedups further apart than this (max / min) average different regimes.
+MAX_SPREAD = 2.0
+
+
+def cautions(rows: Iterable[Row], pairs: list[dict[str, Any]]) -> list[str]:
+    """Why the numbers of a run may not read as they look: too few tokens to time, per-prompt
+    speedups far apart, and the two overall speedups disagreeing."""
+    out = []
+    short = [r for r in rows if r.new_tokens < MIN_TIMED_TOKENS]
+    if short:
+        out.append(
+            f"{len(short)} row(s) decoded fewer than {MIN_TIMED_TOKENS} new tokens: their tokens/s rest on "
+            "too few steps to read as a rate (raise --max_new_tokens)"
+        )
+    speedups = [p["speedup"] for p in pairs if _finite_positive(p["speedup"])]
+    if len(speedups) >= 2 and max(speedups) / min(speedups) > MAX_SPREAD:
+        out.append(
+            f"per-prompt speedups range {min(speedups):.2f}x-{max(speedups):.2f}x (more than {MAX_SPREAD:g}x "
+            "apart): the overall figures average different regimes; read the per-prompt table"
+        )
+    of_means, geo = overall_speedup(pairs)
+    if of_means and geo and max(of_means, geo) / min(of_means, geo) > 1.25:
+        out.append(
+            f"the speedup of mean time/token ({of_means:.2f}x) and the geometric mean ({geo:.2f}x) differ by "
+            "more than 25%: a few prompts dominate the mean"
+        )
+    return out
+
+
+def _warned(line: str, notes: list[str]) -> str:
+    return line + "".join(f"\nWARNING: {n}" for n in notes)
+
+
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -171,7 +206,8 @@ def _overall_line(pairs: list[dict[str, Any]]) -> str:
 
 def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None) -> str:
     """Per prompt: plain vs assisted tokens/sec, speedup, acceptance, identical output; per setting."""
-    pairs = compare_rows(rows, defaults)
+    rows_list = list(rows)
+    pairs = compare_rows(rows_list, defaults)
     if not pairs:
         return "No plain and assisted rows of the same prompt in the same run: no speedup to report."
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -193,7 +229,9 @@ def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None
             for p in group
         ]
         table = tabulate(body, headers=_COMPARE_HEADERS, tablefmt="github", missingval="-")
-        sections.append(f"```{command}```\n\n{table}\n\n{_overall_line(group)}")
+        rows_of = [r for r in rows_list if r.run_id == group[0]["run_id"]]
+        overall = _warned(_overall_line(group), cautions(rows_of, group))
+        sections.append(f"```{command}```\n\n{table}\n\n{overall}")
     return "\n\n".join(sections)
 
 
@@ -219,7 +257,7 @@ def summary_line(
         line += f"; mean acceptance {statistics.fmean(rates):.2f}"
     pairs = compare_rows(rows + [r for r in baseline if r.mode == "plain" and r not in rows], defaults)
     if all(r.mode == "plain" for r in rows):
-        return line  # nothing assisted, so there is no speedup to claim or to disclaim
+        return _warned(line, cautions(rows, []))  # nothing assisted: no speedup to claim or disclaim
     if pairs:
         of_means, geo = overall_speedup(pairs)
         line += (
@@ -228,7 +266,7 @@ def summary_line(
         )
     else:
         line += "; no speedup claimed (no plain rows of the same prompts from the same run)"
-    return line
+    return _warned(line, cautions(rows, pairs))
 
 
 def command_for(row: Row, defaults: Mapping[str, Any] | None = None) -> str:

@@ -863,7 +863,28 @@ def sweep_table(result: SweepResult) -> str:
         "equals plain greedy.",
     ]
     title = f"# Configuration sweep - {result.pair}"
-    return "\n".join([title, "", *header_lines(result), "", table, "", *legend])
+    return "\n".join([title, "", *header_lines(result), "", table, "", *legend, *warnings(result)])
+
+
+# A measured speedup further than this factor from the cost model's prediction (with measured v)
+# says something outside the model moved: a busy machine, a slow loop, or a bug.
+PREDICTION_GAP = 1.5
+
+
+def warnings(result: SweepResult) -> list[str]:
+    """Lines flagging numbers that cannot be read as they look."""
+    out = []
+    for r in result.results:
+        predicted, measured = r.predicted_speedup_verify, r.speedup.value
+        if predicted and measured and math.isfinite(measured):
+            gap = measured / predicted
+            if not 1 / PREDICTION_GAP <= gap <= PREDICTION_GAP:
+                out.append(
+                    f"WARNING: {r.config.label} measured {measured:.2f}x against {predicted:.2f}x predicted "
+                    f"from its own acceptance and forward costs (more than {PREDICTION_GAP:g}x apart): rerun "
+                    "on an idle machine before reading it"
+                )
+    return ["", *out] if out else []
 
 
 def plot_sweep(result: SweepResult, path: str | Path) -> Path:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from harness.report import (
+    MIN_TIMED_TOKENS,
     command_for,
     compare_rows,
     compare_table,
@@ -363,3 +364,15 @@ def test_reproduce_command_of_an_onnxruntime_row_parses_back_to_its_settings():
 
 def test_rows_of_two_backends_never_resume_each_other():
     assert _ort_row().key() != _ort_row(target_backend="torch", execution_provider=None).key()
+
+
+def test_numbers_that_cannot_be_read_as_they_look_are_flagged() -> None:
+    """Too few tokens to time, per-prompt speedups far apart, and the two overall speedups
+    disagreeing each add a WARNING line; a clean run has none."""
+    clean = summary_line(_run(speedups=(1.4, 1.5, 1.6)))
+    assert "WARNING" not in clean
+    spread = compare_table(_run(speedups=(0.2, 1.3, 1.2)))
+    assert "WARNING: per-prompt speedups range 0.20x-1.30x" in spread
+    assert "WARNING: the speedup of mean time/token" in spread
+    short = summary_line([make_row(new_tokens=2), make_row(new_tokens=2, mode="assisted")])
+    assert f"fewer than {MIN_TIMED_TOKENS} new tokens" in short

@@ -6,6 +6,7 @@ Timings are printed, never asserted: only the arithmetic that ties the columns t
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import weakref
@@ -425,3 +426,14 @@ def test_cli_sweep_llama_reference_is_absent_or_explained(tmp_path, capsys, monk
     assert "has no GGUF file here" in md
     code, _, err = _cli(capsys, *argv, "--llama-bench", str(tmp_path / "missing"))
     assert code == 2 and "not an executable file" in err
+
+
+def test_a_speedup_far_from_its_prediction_is_flagged(swept):
+    result, _, _ = swept
+    first = result.results[0]
+    agreeing = dataclasses.replace(first, predicted_speedup_verify=first.speedup.value)
+    far = dataclasses.replace(first, predicted_speedup_verify=first.speedup.value / 3)
+    assert sweep.warnings(dataclasses.replace(result, results=(agreeing,))) == []
+    flagged = sweep.warnings(dataclasses.replace(result, results=(far,)))
+    assert len(flagged) == 2 and flagged[1].startswith(f"WARNING: {first.config.label} measured")
+    assert "WARNING" in sweep.sweep_table(dataclasses.replace(result, results=(far,)))

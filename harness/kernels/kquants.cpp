@@ -40,15 +40,16 @@ bool has_vnni() {
 // one record, so a group's weights are one sequential stream:
 //   codes: per step of 4 inputs, 16 columns x 4 codes = 64 codes (column c at bytes 4c..4c+3), so one
 //     vpdpbusd multiplies them with 4 broadcast activation codes and each 32-bit lane IS one output
-//     column (no horizontal sums). Q4_K: two steps per 64 bytes (low and high nibbles); Q6_K: one
-//     step per 64 bytes (codes 0..63 as bytes);
+//     column (no horizontal sums). Q4_K: two steps per 64 bytes (low and high nibbles); Q6_K: per
+//     sub-block of 4 steps, 64 bytes of low nibbles for steps 0-1, 64 for steps 2-3, and 64 bytes
+//     whose bit pairs 0-1 .. 6-7 are the top two bits of steps 0 .. 3;
 //   scales (and Q4_K's mins) as [pair p][column][2]: lane c holds sub-blocks 2p and 2p+1 as two int16;
 //   d (and Q4_K's dmin) as 16 floats.
 constexpr int64_t G = 16;  // columns per group
 // Records ahead that the code loads prefetch: one core's demand reads alone reached ~10 GB/s here,
 // well under what the memory gives a core.
 constexpr int64_t PREFETCH = 4;
-constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 64 + 64, Q6K_REC = 4096 + 256 + 64;
+constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 64 + 64, Q6K_REC = 3072 + 256 + 64;
 
 // Per block and column, integer sums: isum = sum_j scale_j * (codes . activations over sub-block j),
 // imin = sum_j (Q4_K min | Q6_K scale)_j * (sum of the activations over j). Exact in any order, so
@@ -180,6 +181,7 @@ AVX512 void q4k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int6
 
 template <int R>
 AVX512 void q6k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   __m512 v[R], o[R];
   for (int r = 0; r < R; ++r) v[r] = o[r] = _mm512_setzero_ps();
   const __m512 k32 = _mm512_set1_ps(32.0f);
@@ -190,28 +192,35 @@ AVX512 void q6k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int6
     for (int g = 0; g < 16; ++g) {
       __m512i s[R], s2[R];  // two dependency chains per row
       for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
-      for (int t = 0; t < 4; t += 2) {
-        _mm_prefetch(reinterpret_cast<const char*>(rec + PREFETCH * Q6K_REC + 64 * (4 * g + t)), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(rec + PREFETCH * Q6K_REC + 64 * (4 * g + t + 1)), _MM_HINT_T0);
-        const __m512i w = _mm512_loadu_si512(rec + 64 * (4 * g + t));
-        const __m512i w2 = _mm512_loadu_si512(rec + 64 * (4 * g + t + 1));
-        const int64_t k = b * QK + 4 * (4 * g + t);
-        for (int r = 0; r < R; ++r) {
-          s[r] = _mm512_dpbusd_epi32(s[r], w, bcast512(a.row(m0 + r) + k));
-          s2[r] = _mm512_dpbusd_epi32(s2[r], w2, bcast512(a.row(m0 + r) + k + 4));
-        }
+      const uint8_t* sub = rec + 192 * g;
+      for (int l = 0; l < 3; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(sub + PREFETCH * Q6K_REC + 64 * l), _MM_HINT_T0);
+      const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
+      const __m512i hb = _mm512_loadu_si512(sub + 128);
+      const __m512i W[4] = {
+          _mm512_or_si512(_mm512_and_si512(n0, low), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), low), _mm512_and_si512(_mm512_slli_epi16(hb, 2), top)),
+          _mm512_or_si512(_mm512_and_si512(n1, low), _mm512_and_si512(hb, top)),
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), low), _mm512_and_si512(_mm512_srli_epi16(hb, 2), top))};
+      const int64_t k = b * QK + 16 * g;
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.row(m0 + r) + k;
+        s[r] = _mm512_dpbusd_epi32(s[r], W[0], bcast512(q));
+        s2[r] = _mm512_dpbusd_epi32(s2[r], W[1], bcast512(q + 4));
+        s[r] = _mm512_dpbusd_epi32(s[r], W[2], bcast512(q + 8));
+        s2[r] = _mm512_dpbusd_epi32(s2[r], W[3], bcast512(q + 12));
       }
       for (int r = 0; r < R; ++r) s[r] = _mm512_add_epi32(s[r], s2[r]);
-      const __m512i pr = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 4096 + 32 * (g / 2))));
+      const __m512i pr = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 3072 + 32 * (g / 2))));
       const __m512i sc = g % 2 == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16) : _mm512_srai_epi32(pr, 16);
       for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
     }
-    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 4352));
+    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 3328));
     const __m512 dmin = _mm512_mul_ps(k32, d);
     for (int r = 0; r < R; ++r) {
       __m512i mn = _mm512_setzero_si512();
       for (int p = 0; p < 8; ++p) {
-        const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 4096 + 32 * p)));
+        const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 3072 + 32 * p)));
         mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair16(m0 + r, b, p)));
       }
       const __m512 ad = _mm512_set1_ps(a.d[(m0 + r) * a.nb + b]);
@@ -283,6 +292,7 @@ AVX2 void q4k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
 template <int R>
 AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
   const __m256 k32 = _mm256_set1_ps(32.0f);
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   for (int h = 0; h < 2; ++h) {
     __m256 v[R], o[R];
     for (int r = 0; r < R; ++r) v[r] = o[r] = _mm256_setzero_ps();
@@ -293,21 +303,28 @@ AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
       for (int g = 0; g < 16; ++g) {
         __m256i s[R];
         for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
-        for (int t = 0; t < 4; ++t) {
-          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * (4 * g + t) + 32 * h));
-          const int64_t k = b * QK + 4 * (4 * g + t);
-          for (int r = 0; r < R; ++r) s[r] = dot4(s[r], w, load32(a.row(m0 + r) + k));
-        }
-        const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 4096 + 32 * (g / 2) + 16 * h)));
+        const uint8_t* sub = rec + 192 * g + 32 * h;
+        const __m256i n0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub));
+        const __m256i n1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 64));
+        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 128));
+        const __m256i W[4] = {
+            _mm256_or_si256(_mm256_and_si256(n0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top)),
+            _mm256_or_si256(_mm256_and_si256(n1, low), _mm256_and_si256(hb, top)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), low), _mm256_and_si256(_mm256_srli_epi16(hb, 2), top))};
+        const int64_t k = b * QK + 16 * g;
+        for (int t = 0; t < 4; ++t)
+          for (int r = 0; r < R; ++r) s[r] = dot4(s[r], W[t], load32(a.row(m0 + r) + k + 4 * t));
+        const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 3072 + 32 * (g / 2) + 16 * h)));
         const __m256i sc = g % 2 == 0 ? _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16) : _mm256_srai_epi32(pr, 16);
         for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
       }
-      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 4352) + 8 * h);
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 3328) + 8 * h);
       const __m256 dmin = _mm256_mul_ps(k32, d);
       for (int r = 0; r < R; ++r) {
         __m256i mn = _mm256_setzero_si256();
         for (int p = 0; p < 8; ++p) {
-          const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 4096 + 32 * p + 16 * h)));
+          const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 3072 + 32 * p + 16 * h)));
           mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
         }
         const __m256 ad = _mm256_set1_ps(a.d[(m0 + r) * a.nb + b]);
