@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -321,10 +322,50 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"--weights_dir {args.weights_dir} is not a folder; pass the folder that holds the model "
             "folders (see --list-models for the names looked for)"
         )
-    if args.json is not None and Path(args.json).is_dir():
-        raise HarnessError(f"--json {args.json} is a folder; pass a file path such as results/rows/run.jsonl")
+    if args.json is not None:
+        _check_rows_path(Path(args.json))
+    if not 0 <= args.seed < 2**63:
+        raise HarnessError(f"--seed must be in [0, 2**63) (got {args.seed})")
+    if args.draft_vocab is not None and args.draft_vocab < 0:
+        raise HarnessError(
+            f"--draft_vocab must be 0 (the whole vocabulary) or a positive count (got {args.draft_vocab})"
+        )
+    if args.platform is not None and args.platform != platforms.slug(args.platform):
+        raise HarnessError(
+            f"--platform {args.platform!r} must be a slug (lower-case letters, digits and '-'), e.g. "
+            f"{platforms.slug(args.platform) or 'my-laptop-8c'!r}: it names folders"
+        )
+    if args.target_backend == "torch" and args.execution_provider != backends.DEFAULT_PROVIDER:
+        raise HarnessError(
+            f"--execution_provider {args.execution_provider} applies to ONNX Runtime targets only; add "
+            "--target_backend onnxruntime or drop it"
+        )
     devices.check_device(args.target_device)
     devices.check_device(args.draft_device)
+
+
+def _check_rows_path(path: Path) -> None:
+    """A rows file must be a regular file we can append to (or create), checked before any model
+    loads: a folder, a device, a path under a file or a read-only place fails now, not after a decode."""
+    if path.is_dir():
+        raise HarnessError(f"--json {path} is a folder; pass a file path such as runs/run.jsonl")
+    if path.exists() and not path.is_file():
+        raise HarnessError(f"--json {path} is not a regular file (a device or pipe); pass a file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise HarnessError(f"--json {path}: {existing} is a file, so nothing can be created under it")
+    target = path if path.exists() else existing
+    if not os.access(target, os.W_OK):
+        raise HarnessError(f"--json {path}: {target} is not writable; pass a path you can write to")
+    if path.exists():
+        with path.open("rb") as fh:
+            head = fh.read(1)  # read, not stat: /proc files report size 0 and still hold text
+        if head not in (b"", b"{"):
+            raise HarnessError(
+                f"--json {path} exists and is not a rows file (it does not start with a JSON row); "
+                "it is left untouched: pass a new file or a rows file of an earlier run"
+            )
 
 
 def _settings(args: argparse.Namespace, spec: models.PairSpec) -> generation.GenerationSettings:
@@ -363,6 +404,9 @@ def _modes(args: argparse.Namespace) -> tuple[str, ...]:
 
 def regen(args: argparse.Namespace) -> int:
     args.results_dir = args.results_dir or "results"
+    missing = [p for p in args.rows or () if not Path(p).is_file()]
+    if missing:
+        raise HarnessError(f"--rows: no such file {', '.join(missing)}; pass JSONL row files of earlier runs")
     paths = (
         [Path(p) for p in args.rows] if args.rows else sorted(Path(args.results_dir, "rows").glob("*.jsonl"))
     )

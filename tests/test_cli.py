@@ -215,6 +215,15 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--min_new_tokens", "50", "--max_new_tokens", "8"], "min_new_tokens"),
         (["--weights_dir", "no/such/folder"], "--weights_dir no/such/folder is not a folder"),
         (["--limit", "two"], "invalid int value: 'two'"),
+        (["--seed", str(2**64)], "--seed must be in [0, 2**63)"),
+        (["--seed", "-1"], "--seed must be in [0, 2**63)"),
+        (["--draft_vocab", "-1"], "--draft_vocab must be 0 (the whole vocabulary) or a positive count"),
+        (["--platform", "../x"], "must be a slug"),
+        (["--execution_provider", "CUDAExecutionProvider"], "applies to ONNX Runtime targets only"),
+        (["--json", "/proc/version"], "is not a rows file"),
+        (["--json", "/dev/full"], "not a regular file"),
+        (["--json", "/etc/hostname/rows.jsonl"], "is a file, so nothing can be created under it"),
+        (["--regen-tables", "--rows", "missing.jsonl"], "--rows: no such file missing.jsonl"),
     ],
 )
 def test_bad_flags_give_one_clear_line_and_exit_2(
@@ -376,3 +385,13 @@ def test_invariant_kernels_from_the_command_line(tmp_path: Path, capsys: pytest.
     assert "--target_kernels invariant" in out
     code, _, err = run_cli(capsys, *TINY, "--target_kernels", "fastest")
     assert code == 2 and "--target_kernels" in err
+
+
+def test_json_refuses_a_file_that_is_not_rows_and_leaves_it_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my own line, no trailing newline")
+    code, _, err = run_cli(capsys, *TINY, "--json", str(notes))
+    assert code == 2 and "is not a rows file" in err
+    assert notes.read_text() == "my own line, no trailing newline"
