@@ -339,7 +339,8 @@ def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list
     path = Path(path)
     how = "write one prompt per line, or one JSON string per line for prompts that contain newlines"
     try:
-        content = path.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first prompt.
+        content = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError as exc:
         raise HarnessError(f"prompts file {path} does not exist; create it ({how})") from exc
     except IsADirectoryError as exc:
@@ -354,12 +355,23 @@ def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list
         raise HarnessError(f"prompts file {path} has no prompts; {how}")
 
     parsed: list[tuple[int, Any]] = []
+    broken: list[int] = []
     for number, line in lines:
         try:
             parsed.append((number, json.loads(line)))
         except json.JSONDecodeError:
-            # One line that is not JSON makes this a plain-text file.
-            return [Prompt(f"{path.name}:{n}", text, max_new_tokens) for n, text in lines]
+            broken.append(number)
+    quoted = [n for n, line in lines if line.lstrip().startswith('"')]
+    if broken and len(quoted) > len(lines) // 2:
+        # Mostly JSON strings with a few lines that fail to parse: a broken JSON file, not plain text
+        # (read as text, every prompt would be the literal JSON, quotes and escapes included).
+        raise HarnessError(
+            f"{path}: lines {', '.join(map(str, broken[:5]))} are not valid JSON while most lines are JSON "
+            "strings; fix those lines (or write the whole file as plain text lines)"
+        )
+    if broken:
+        # One line that is not JSON makes this a plain-text file.
+        return [Prompt(f"{path.name}:{n}", text, max_new_tokens) for n, text in lines]
 
     prompts = []
     for number, value in parsed:

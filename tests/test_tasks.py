@@ -208,3 +208,20 @@ def test_parse_int_list_as_argparse_type(capsys) -> None:
         parser.parse_args(["--prompt_lengths", "256,x"])
     # argparse shows our message, not a generic "invalid value".
     assert "'x' in '256,x' is not an integer" in capsys.readouterr().err
+
+
+def test_prompts_file_with_a_broken_json_line_is_an_error_not_text(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('"def f():\\n"\n"def g(x):\\n"\n"def h(: broken\n')
+    with pytest.raises(HarnessError, match="lines 3 are not valid JSON"):
+        load_prompts_file(path, 16)
+
+
+def test_prompts_file_byte_order_mark_is_not_part_of_the_prompt(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes('\ufeff"def f():\\n"\n"def g():\\n"\n'.encode())
+    prompts = load_prompts_file(path, 16)
+    assert [p.text for p in prompts] == ["def f():\n", "def g():\n"]
+    plain = tmp_path / "p.txt"
+    plain.write_bytes("\ufeffwrite a sort\n".encode())
+    assert load_prompts_file(plain, 16)[0].text == "write a sort"
