@@ -32,6 +32,42 @@ def prompt_ids(pair: LoadedPair, prompt: Prompt) -> list[int]:
     return list(pair.tokenizer(prompt.text)["input_ids"])
 
 
+def context_length(pair: LoadedPair) -> int | None:
+    config = getattr(pair.target, "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def check_context(pair: LoadedPair, prompts: Sequence[Prompt], max_new_tokens: int | None) -> list[list[int]]:
+    """Every prompt's token ids, after checking that prompt and budget fit the target's context:
+    a prompt at or past it is an error naming it (before anything decodes), and a budget past it is
+    cut to what fits, with a note."""
+    ids_of = [prompt_ids(pair, p) for p in prompts]
+    limit = context_length(pair)
+    if limit is None:
+        return ids_of
+    too_long = [(p.label, len(ids)) for p, ids in zip(prompts, ids_of, strict=True) if len(ids) >= limit]
+    if too_long:
+        label, n = too_long[0]
+        raise HarnessError(
+            f"prompt {label} has {n} tokens, at or past {pair.spec.name}'s context of {limit} tokens"
+            + (f" ({len(too_long)} prompts are)" if len(too_long) > 1 else "")
+            + "; shorten it or leave it out"
+        )
+    over = [
+        p.label
+        for p, ids in zip(prompts, ids_of, strict=True)
+        if len(ids) + (max_new_tokens or p.max_new_tokens) > limit
+    ]
+    if over:
+        print(
+            f"note: new tokens are cut to {pair.spec.name}'s context of {limit} tokens "
+            f"for {len(over)} prompt(s)",
+            file=sys.stderr,
+        )
+    return ids_of
+
+
 def run_id_for(
     pair: LoadedPair,
     task: str,
@@ -168,11 +204,15 @@ def run_prompts(
         total = len(prompts) * len(modes)
         print(f"resumed {min(len(done), total)} of {total} runs from {json_path}", file=sys.stderr)
     rows: list[Row] = []
+    ids_of = check_context(pair, prompts, max_new_tokens)
     jobs = [(i, p, mode) for i, p in enumerate(prompts, 1) for mode in modes]
     bar = tqdm(jobs, desc=f"{pair.spec.name} {task}", unit="gen", file=sys.stderr, disable=progress is False)
     for example, prompt, mode in bar:
-        ids = prompt_ids(pair, prompt)
+        ids = ids_of[example - 1]
         budget = max_new_tokens or prompt.max_new_tokens
+        limit = context_length(pair)
+        if limit is not None:
+            budget = min(budget, limit - len(ids))
         s = dataclasses.replace(settings, mode=mode, max_new_tokens=budget)
         probe = make_row(
             pair, _empty(len(ids)), s, example=example, task=task, platform=platform, run_id=run_id

@@ -395,3 +395,32 @@ def test_json_refuses_a_file_that_is_not_rows_and_leaves_it_untouched(
     code, _, err = run_cli(capsys, *TINY, "--json", str(notes))
     assert code == 2 and "is not a rows file" in err
     assert notes.read_text() == "my own line, no trailing newline"
+
+
+def test_prompt_past_the_context_is_refused_and_a_budget_past_it_is_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness import runner
+
+    long = tmp_path / "long.txt"
+    long.write_text("def f(): return 1 " * 3000 + "\n")
+    code, out, err = run_cli(capsys, *TINY, "--prompts", str(long))
+    assert code == 2 and "context of 4096 tokens" in err and "Traceback" not in err
+    # A tiny context, so the cut is quick to see: prompt + budget may not pass it.
+    monkeypatch.setattr(runner, "context_length", lambda pair: 48)
+    rows = tmp_path / "rows.jsonl"
+    code, out, err = run_cli(
+        capsys,
+        *TINY[:2],
+        "--limit",
+        "1",
+        "--max_new_tokens",
+        "1000000000",
+        "--ignore_eos",
+        "--json",
+        str(rows),
+    )
+    assert code == 0, err
+    assert "new tokens are cut to" in err
+    (row,) = results.read_rows(rows)
+    assert row.prompt_tokens + row.new_tokens <= 48
