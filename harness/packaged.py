@@ -455,12 +455,27 @@ Builder = Callable[[Path, Path], dict[str, Any]]
 
 
 def is_converted(model: PackagedModel, cache: Path | None = None) -> bool:
-    """True when the converted folder is complete and was built from this model's GGUF."""
-    marker = converted_dir(model, cache) / MARKER
+    """True when the converted folder is complete, was built from this model's GGUF, and every file
+    its marker lists is there at its recorded size (a truncated or missing file means rebuild)."""
+    folder = converted_dir(model, cache)
     try:
-        return json.loads(marker.read_text(encoding="utf-8")).get("source_sha256") == model.sha256
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+    if not isinstance(marker, dict) or marker.get("source_sha256") != model.sha256:
+        return False
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return False
+    for name, size in files.items():
+        try:
+            if (folder / name).stat().st_size != size:
+                log.warning("%s: %s is not the size its conversion recorded; rebuilding", model.key, name)
+                return False
+        except OSError:
+            log.warning("%s: %s is missing from %s; rebuilding", model.key, name, folder)
+            return False
+    return True
 
 
 def read_marker(model: PackagedModel, cache: Path | None = None) -> dict[str, Any]:

@@ -317,6 +317,27 @@ def test_marker_from_other_source_is_rebuilt(fake, tmp_path):
     assert packaged.read_marker(model, cache)["source_sha256"] == model.sha256
 
 
+@pytest.mark.parametrize("damage", ["truncate", "delete", "grow"])
+def test_a_damaged_converted_file_is_detected_and_rebuilt(fake, tmp_path, damage):
+    """The marker alone is not trusted: a listed file that is missing or not its recorded size
+    makes the folder unconverted, and the next call rebuilds it."""
+    model, _, _ = fake
+    cache = tmp_path / "cache"
+    folder = packaged.ensure_converted(model, cache, builder=_touch_builder())
+    weights = folder / "model.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:5])
+    elif damage == "delete":
+        weights.unlink()
+    else:
+        weights.write_bytes(weights.read_bytes() + b"x")
+    assert not packaged.is_converted(model, cache)
+    calls: list[int] = []
+    packaged.ensure_converted(model, cache, builder=_touch_builder(calls))
+    assert calls == [1] and packaged.is_converted(model, cache)
+    assert weights.stat().st_size == packaged.read_marker(model, cache)["files"]["model.safetensors"]
+
+
 def test_failed_conversion_leaves_no_folder(fake, tmp_path):
     model, _, _ = fake
     cache = tmp_path / "cache"
