@@ -374,6 +374,35 @@ def host_adjustment(record: BaselineRecord, k: int, c: float, v: float) -> HostA
     return HostAdjustment(factor=now / then, c=(base_c, c), v=(base_v, v))
 
 
+def acceptance_gate(
+    record: BaselineRecord | None, counts: Sequence[Sequence[int]], rounds: int
+) -> GateResult | None:
+    """Drafted/accepted per draft position, required equal to the baseline's (per round), or None
+    when the baseline holds none. No timing is involved: under greedy decoding on deterministic
+    kernels any difference is a change in drafting or verification."""
+    stored = (record.extra or {}).get("acceptance_by_position") if record is not None else None
+    stored_rounds = (record.extra or {}).get("rounds") if record is not None else None
+    if not stored or not stored_rounds or rounds <= 0:
+        return None
+    per_round = [[d / rounds, a / rounds] for d, a in counts]
+    expected = [[d / stored_rounds, a / stored_rounds] for d, a in stored]
+    name = f"{record.case.case_id} acceptance by position"
+    if per_round == expected:
+        return GateResult(
+            "pass", 1.0, 1.0, (1.0, 1.0), f"{name}: equal to the baseline's {expected}", "exact"
+        )
+    return GateResult(
+        "regression",
+        math.nan,
+        0.0,
+        (math.nan, math.nan),
+        f"{name}: REGRESSION: drafted/accepted per position per round {per_round} differ from the "
+        f"baseline's {expected}; greedy decoding on deterministic kernels repeats these exactly, so drafting "
+        "or verification changed (rerun with --update-baselines if that was intended)",
+        "exact",
+    )
+
+
 def compare_to_baseline(
     root: str | os.PathLike[str],
     platform: str,

@@ -140,6 +140,36 @@ def acceptance_steps(m: Measurement) -> tuple[int, int]:
     return accepted, rejected
 
 
+def acceptance_by_position(m: Measurement) -> list[list[int]]:
+    """[[drafted, accepted], ...] per draft position over an assisted run's verify steps: position i
+    was drafted when a step proposed an i-th candidate, and accepted when candidates 0..i all were.
+
+    Under greedy decoding on deterministic kernels these counts are a function of the code alone (no
+    clock involved), so they can be held to a baseline exactly, as vLLM holds acceptance length per
+    position: a change in drafting or verification moves them.
+    """
+    target = [f for f in m.forwards if f.role == "target"]
+    if not target:
+        return []
+    sequence = list(target[0].token_ids[: m.prompt_tokens]) + list(m.output_ids)
+    counts: list[list[int]] = []
+    for i, f in enumerate(target):
+        if i == 0:
+            candidates, start = f.token_ids[m.prompt_tokens :], m.prompt_tokens
+        else:
+            candidates, start = f.token_ids[1:], f.cache_tokens + 1
+        run = True
+        for offset, token in enumerate(candidates):
+            if start + offset >= len(sequence):
+                break  # cut by the token budget: neither drafted nor judged
+            while len(counts) <= offset:
+                counts.append([0, 0])
+            counts[offset][0] += 1
+            run = run and sequence[start + offset] == token
+            counts[offset][1] += int(run)
+    return counts
+
+
 def alpha_mle(accepted: int, rejected: int) -> float | None:
     """Per-token acceptance probability, the alpha of Leviathan et al.: accepted / (accepted + rejected).
 
@@ -264,6 +294,24 @@ class CaseMeasurement:
         return sum(m.accepted for m in self.assisted) / drafted if drafted else None
 
     @property
+    def acceptance_by_position(self) -> list[list[int]]:
+        """Drafted/accepted per draft position, summed over the assisted rounds."""
+        total: list[list[int]] = []
+        for m in self.assisted:
+            for i, (drafted, accepted) in enumerate(acceptance_by_position(m)):
+                while len(total) <= i:
+                    total.append([0, 0])
+                total[i][0] += drafted
+                total[i][1] += accepted
+        return total
+
+    @property
+    def deterministic(self) -> bool:
+        """Greedy decoding whose outputs repeated exactly in every round: its acceptance counts are
+        a property of the code, gated exactly."""
+        return not self.case.do_sample and self.identical_outputs
+
+    @property
     def alpha(self) -> float | None:
         steps = [acceptance_steps(m) for m in self.assisted]
         return alpha_mle(sum(a for a, _ in steps), sum(r for _, r in steps))
@@ -362,6 +410,10 @@ class CaseMeasurement:
             "threads",
             "run_id",
         )
+        extra = {k: baselines.rounded(s[k]) if isinstance(s[k], float) else s[k] for k in keep}
+        if self.deterministic:
+            extra["acceptance_by_position"] = self.acceptance_by_position
+            extra["rounds"] = self.repetitions
         return baselines.make_record(
             self.case.key(),
             self.plain_tps,
@@ -372,12 +424,13 @@ class CaseMeasurement:
             },
             prefill_ms={"plain": s["plain_prefill_ms"], "assisted": s["assisted_prefill_ms"]},
             acceptance=self.acceptance_rate,
-            extra={k: baselines.rounded(s[k]) if isinstance(s[k], float) else s[k] for k in keep},
+            extra=extra,
         )
 
     def gate(self, root: str | os.PathLike[str], platform: str | None = None) -> dict[str, stats.GateResult]:
-        """Speedup and tokens/s gates against ``root/<platform>/<pair>/<case_id>.json``."""
-        return baselines.compare_to_baseline(
+        """Speedup and tokens/s gates against ``root/<platform>/<pair>/<case_id>.json``, and, for a
+        deterministic case whose baseline holds them, the exact acceptance-per-position gate."""
+        gates = baselines.compare_to_baseline(
             root,
             platform or self.platform,
             self.case.key(),
@@ -385,6 +438,12 @@ class CaseMeasurement:
             self.assisted_tps,
             forward_costs=(self.c, self.v),
         )
+        if self.deterministic:
+            record = baselines.load_baseline(root, platform or self.platform, self.case.key())
+            exact = baselines.acceptance_gate(record, self.acceptance_by_position, self.repetitions)
+            if exact is not None:
+                gates["acceptance_by_position"] = exact
+        return gates
 
 
 # --------------------------------------------------------------------------- measuring

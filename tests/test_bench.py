@@ -181,7 +181,13 @@ def test_record_round_trips_and_gates_itself(measured, tmp_path):
     gates = m.gate(tmp_path)
     # The record keeps alpha, c and v, so the speedup gate is host-adjusted (by x1 against itself,
     # up to the 6 significant digits a record keeps).
-    assert set(gates) == {"speedup", "speedup_unadjusted", "assisted_tokens_per_s", "plain_tokens_per_s"}
+    assert set(gates) == {
+        "speedup",
+        "speedup_unadjusted",
+        "assisted_tokens_per_s",
+        "plain_tokens_per_s",
+        "acceptance_by_position",
+    }
     assert all(g.status == "pass" and g.ratio == pytest.approx(1.0, rel=1e-5) for g in gates.values())
     assert "adjusted x1.000" in gates["speedup"].message
 
@@ -198,3 +204,40 @@ def test_summary_table_has_one_line_per_case(measured):
     lines = table.splitlines()
     assert len(lines) == 4 and "Speedup [95% CI]" in lines[0] and "Predicted (v=1)" in lines[0]
     assert SMALL.case_id in lines[2] and lines[3].rstrip("| ").endswith("pass")
+
+
+def test_acceptance_by_position_counts_each_draft_position(measured):
+    m, _ = measured
+    counts = m.acceptance_by_position
+    assert 0 < len(counts) <= SMALL.num_assistant_tokens
+    assert all(d >= a >= 0 for d, a in counts)
+    # a later position is accepted only when every earlier one was
+    assert all(counts[i][1] >= counts[i + 1][1] for i in range(len(counts) - 1))
+    assert sum(a for _, a in counts) == sum(x.accepted for x in m.assisted)
+
+
+def test_acceptance_gate_catches_a_changed_draft_without_timing(tiny, tmp_path, monkeypatch):
+    """Greedy on deterministic kernels repeats drafted/accepted per position exactly: an unchanged
+    rerun equals the baseline, and a draft with one token per step replaced does not, whatever the
+    clock said."""
+    from transformers.generation import candidate_generator as cg
+
+    m = bench.measure_case(tiny, SMALL, repetitions=2, write_rows=False, platform="box")
+    assert m.deterministic
+    baselines.save_baseline(tmp_path, "box", SMALL.key(), m.record())
+    again = bench.measure_case(tiny, SMALL, repetitions=3, write_rows=False, platform="box")
+    assert again.gate(tmp_path)["acceptance_by_position"].status == "pass"
+
+    real = cg.AssistedCandidateGenerator.get_candidates
+
+    def one_token_replaced(self, input_ids, **kwargs):
+        ids, logits = real(self, input_ids, **kwargs)
+        if ids.shape[1] > input_ids.shape[1]:
+            ids = ids.clone()
+            ids[:, input_ids.shape[1]] = (ids[:, input_ids.shape[1]] + 1) % tiny.target.config.vocab_size
+        return ids, logits
+
+    monkeypatch.setattr(cg.AssistedCandidateGenerator, "get_candidates", one_token_replaced)
+    changed = bench.measure_case(tiny, SMALL, repetitions=2, write_rows=False, platform="box")
+    gate = changed.gate(tmp_path)["acceptance_by_position"]
+    assert gate.status == "regression" and gate.failed and "drafting or verification changed" in gate.message
