@@ -7,6 +7,7 @@ at a time and flushed, so an interrupted run keeps every finished row and a reru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -167,12 +168,40 @@ def read_rows(path: str | os.PathLike[str]) -> list[Row]:
         if not line.strip():
             continue
         try:
-            rows.append(Row.from_dict(json.loads(line)))
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            if not isinstance(data.get("example"), int) or isinstance(data.get("example"), bool):
+                raise TypeError(f"'example' must be an integer, got {data.get('example')!r}")
+            rows.append(Row.from_dict(data))
         except (json.JSONDecodeError, TypeError) as exc:
             if number == len(lines):
                 break  # interrupted write: the row was not finished, so it is not a result
             raise ValueError(f"{path}:{number}: not a result row ({exc}); fix or remove that line") from exc
     return rows
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold ``<path>.lock`` for a run that appends to ``path``: a second run on the same file is
+    refused at once (two identical runs would each write every row, duplicating them)."""
+    import fcntl
+
+    from harness.errors import HarnessError
+
+    lock = Path(f"{path}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise HarnessError(
+                f"another run is writing {path}; wait for it to finish or pass another file"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def iter_rows(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Row]:

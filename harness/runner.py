@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness import platforms
+from harness import platforms, results
 from harness.errors import HarnessError
 from harness.generation import GenerationSettings, Measurement, generate
 from harness.models import LoadedPair
@@ -192,6 +192,17 @@ def run_prompts(
     platform = platform or platforms.detect().name
     for mode in modes:
         dataclasses.replace(settings, mode=mode).validate()
+    if json_path is None:
+        return _run(pair, prompts, settings, modes, task, None, platform, max_new_tokens, progress, on_row)
+    with results.exclusive(json_path):
+        return _run(
+            pair, prompts, settings, modes, task, json_path, platform, max_new_tokens, progress, on_row
+        )
+
+
+def _run(
+    pair, prompts, settings, modes, task, json_path, platform, max_new_tokens, progress, on_row
+) -> list[Row]:
     run_id = run_id_for(pair, task, settings, platform, modes)
     done: dict[tuple, Row] = {}
     if json_path is not None:

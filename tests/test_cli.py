@@ -424,3 +424,28 @@ def test_prompt_past_the_context_is_refused_and_a_budget_past_it_is_cut(
     assert "new tokens are cut to" in err
     (row,) = results.read_rows(rows)
     assert row.prompt_tokens + row.new_tokens <= 48
+
+
+@pytest.mark.parametrize("line", ["[1, 2, 3]", "null", '{"example": "1", "mode": "plain"}'])
+def test_a_rows_line_of_the_wrong_shape_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str
+) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(line + "\n" + '{"example": 2}\n')
+    code, _, err = run_cli(capsys, *TINY, "--json", str(path))
+    assert code == 2 and "Traceback" not in err
+    # named by line when it looks like a row, refused whole when it does not start like one
+    assert (f"{path}:1" in err and "fix or remove that line" in err) or "is not a rows file" in err
+
+
+def test_two_runs_on_one_rows_file_never_write_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "rows.jsonl"
+    with results.exclusive(path):
+        code, _, err = run_cli(capsys, *TINY, "--json", str(path))
+    assert code == 2 and "another run is writing" in err
+    assert not path.exists() or results.read_rows(path) == []
+    code, _, err = run_cli(capsys, *TINY, "--json", str(path))
+    assert code == 0, err
+    assert len(results.read_rows(path)) == 2
