@@ -1,11 +1,11 @@
 import re
+from pathlib import Path
 
 import pytest
 
 from harness.baselines import list_baselines, read_baseline_file
 from harness.errors import HarnessError
 from harness.seeds import (
-    DEFAULT_SEEDS_DIR,
     REPO_ROOT,
     import_seed_baselines,
     parse_command,
@@ -13,10 +13,8 @@ from harness.seeds import (
     parse_seeds,
 )
 
-needs_seeds = pytest.mark.skipif(
-    not DEFAULT_SEEDS_DIR.is_dir(),
-    reason=f"seed files not found at {DEFAULT_SEEDS_DIR} (the shared seeds folder next to the repo)",
-)
+# The seed documents the project parses, kept with the tests so every clone runs every test.
+SEEDS_DIR = Path(__file__).resolve().parent / "fixtures" / "seeds"
 
 LLAMA = "000_c2f0946e9de8063c.txt"
 CODELLAMA = "001_3a949b52e976c26e.txt"
@@ -37,10 +35,9 @@ EXPECTED_PLATFORMS = {LLAMA: {"stx"}, CODELLAMA: {"hpt", "phx", "stx"}, OPT: {"p
 
 
 def tables_of(name):
-    return parse_seed_file(DEFAULT_SEEDS_DIR / name)
+    return parse_seed_file(SEEDS_DIR / name)
 
 
-@needs_seeds
 @pytest.mark.parametrize("name", sorted(EXPECTED_ROWS))
 def test_every_table_found_with_its_rows(name):
     tables = tables_of(name)
@@ -50,7 +47,6 @@ def test_every_table_found_with_its_rows(name):
         assert {t.platform for t in tables if t.is_result} == EXPECTED_PLATFORMS[name]
 
 
-@needs_seeds
 def test_codellama_hpt_plain_decode():
     hpt = [t for t in tables_of(CODELLAMA) if t.platform == "hpt"]
     plain = hpt[0]
@@ -71,15 +67,13 @@ def test_codellama_hpt_plain_decode():
     assert [t.flags["draft_precision"] for t in hpt[1:]] == [None, "w8af32"]
 
 
-@needs_seeds
 def test_bold_is_stripped():
     assisted = [t for t in tables_of(CODELLAMA) if t.platform == "hpt"][1]
     assert assisted.rows[0]["tokens_per_s"] == 15.2286  # published as **15.2286**
-    raw = (DEFAULT_SEEDS_DIR / CODELLAMA).read_text()
+    raw = (SEEDS_DIR / CODELLAMA).read_text()
     assert "**15.2286**" in raw
 
 
-@needs_seeds
 def test_na_cells_become_none_and_reference_tables_are_phx():
     cpu = [t for t in tables_of(CODELLAMA) if t.is_result and t.context.get("target_device") == "CPU"]
     assert len(cpu) == 2 and {t.platform for t in cpu} == {"phx"}  # "## PHX - Just for reference" in STX
@@ -87,7 +81,6 @@ def test_na_cells_become_none_and_reference_tables_are_phx():
     assert first["tokens_per_s"] is None and first["prefill_ms"] is None and first["total_s"] == 76.5971
 
 
-@needs_seeds
 def test_llama_settings_come_from_bullets_and_headings():
     tables = tables_of(LLAMA)
     assert all(t.platform_heading == "STX B0 with MCDM - 7/13/2024" for t in tables)
@@ -157,10 +150,9 @@ def test_missing_seeds_folder(tmp_path):
         parse_seeds(tmp_path / "nope")
 
 
-@needs_seeds
 def test_import_writes_one_baseline_per_assisted_table(tmp_path):
-    paths = import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
-    assisted_tables = [t for t in parse_seeds(DEFAULT_SEEDS_DIR) if t.is_result and t.assisted]
+    paths = import_seed_baselines(SEEDS_DIR, tmp_path)
+    assisted_tables = [t for t in parse_seeds(SEEDS_DIR) if t.is_result and t.assisted]
     assert len(paths) == len(assisted_tables) == 15  # llama 3, CodeLlama 7, OPT 3, Qwen 2
     assert paths == list_baselines(tmp_path)
     assert {p.relative_to(tmp_path).parts[0] for p in paths} == {"phx", "stx", "hpt"}
@@ -171,13 +163,12 @@ def test_import_writes_one_baseline_per_assisted_table(tmp_path):
     assert [r.case.task for r in no_plain] == ["benchmark"]  # llama benchmark has no plain table
     # Deterministic: a second import rewrites byte-identical files.
     before = {p: p.read_bytes() for p in paths}
-    import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
+    import_seed_baselines(SEEDS_DIR, tmp_path)
     assert {p: p.read_bytes() for p in paths} == before
 
 
-@needs_seeds
 def test_imported_speedups_match_the_seed_summary(tmp_path):
-    import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
+    import_seed_baselines(SEEDS_DIR, tmp_path)
     rec = read_baseline_file(
         tmp_path / "phx" / "CodeLlama-7b-hf" / "decode-t_bf16-d_bf16-kdefault-greedy.json"
     )
@@ -194,10 +185,9 @@ def test_imported_speedups_match_the_seed_summary(tmp_path):
     assert "Target: AIE/w6a16" in hpt.extra["notes"]
 
 
-@needs_seeds
 def test_committed_baselines_match_the_seeds(tmp_path):
     committed_root = REPO_ROOT / "baselines"
-    fresh = import_seed_baselines(DEFAULT_SEEDS_DIR, tmp_path)
+    fresh = import_seed_baselines(SEEDS_DIR, tmp_path)
     for path in fresh:
         committed = committed_root / path.relative_to(tmp_path)
         assert committed.is_file(), (
