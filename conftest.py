@@ -113,7 +113,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     models.offline_env()
+    _check_options(config)
     config.stash[THREADS] = _threads_for_real_models()
+
+
+def _check_options(config: pytest.Config) -> None:
+    """Option values that would make a run test less than it says, refused before collection."""
+    problems = []
+    for option in ("--real-prompts", "--perf-repetitions", "--humaneval-limit"):
+        value = config.getoption(option)
+        if value < 1:
+            problems.append(f"{option} must be at least 1 (got {value})")
+    if config.getoption("--perf-repetitions") < 2:
+        problems.append("--perf-repetitions must be at least 2: a confidence interval needs two rounds")
+    if not [b for b in config.getoption("--target-backends").split(",") if b.strip()]:
+        problems.append("--target-backends names no backend; give torch, onnxruntime or both")
+    wanted = config.getoption("--real-pairs")
+    if wanted.strip().lower() != "all":
+        names = [w.strip() for w in wanted.split(",") if w.strip()]
+        unknown = [n for n in names if n.lower() not in {r.lower() for r in REAL}]
+        if unknown or not names:
+            problems.append(
+                f"--real-pairs {wanted!r}: unknown {', '.join(unknown) or '(empty)'}; choose from "
+                f"{', '.join(REAL)} or 'all'"
+            )
+    for option in ("--weights_dir", "--seeds-dir"):
+        value = config.getoption(option)
+        default = ROOT.parent / "shared" / "seeds" if option == "--seeds-dir" else None
+        if value is not None and Path(value) != default and not Path(value).expanduser().is_dir():
+            problems.append(f"{option} {value} is not a folder")
+    if problems:
+        raise pytest.UsageError("; ".join(problems))
 
 
 THREADS = pytest.StashKey[int]()
