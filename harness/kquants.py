@@ -15,6 +15,9 @@ biases, embeddings: the file's own values, dequantized once by the weights' conv
 from __future__ import annotations
 
 import functools
+import json
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +35,7 @@ BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 # Bytes of one block in the kernels' layout (what a forward reads per block).
 PACKED_BYTES = {"Q4_K": 152, "Q6_K": 212}
 _SOURCE = Path(__file__).with_name("kernels") / "kquants.cpp"
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -182,22 +186,33 @@ def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
 
 
 class KQuantLinear(nn.Module):
-    """nn.Linear replacement holding a GGUF tensor's k-quant blocks; float32 in, float32 out."""
+    """nn.Linear replacement holding a GGUF tensor's k-quant blocks (as ``pack`` lays them out);
+    float32 in, float32 out."""
 
-    def __init__(self, kind: str, codes: Q4KCodes | Q6KCodes, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, kind: str, blocks: torch.Tensor, out_features: int, in_features: int, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
-        n, k = codes.codes.shape
-        self.kind, self.in_features, self.out_features = kind, k, n
-        self.register_buffer("blocks", torch.from_numpy(pack(codes)))
+        if kind not in PACKED_BYTES:
+            raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
+        groups, nb = -(-out_features // COLUMNS), in_features // QK
+        if in_features % QK or tuple(blocks.shape) != (groups, nb * COLUMNS * PACKED_BYTES[kind]):
+            raise HarnessError(
+                f"{kind} blocks of shape {tuple(blocks.shape)} do not hold a "
+                f"{out_features} x {in_features} weight"
+            )
+        self.kind, self.in_features, self.out_features = kind, in_features, out_features
+        self.register_buffer("blocks", blocks.contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     @classmethod
     def from_raw(cls, kind: str, raw: np.ndarray, bias: torch.Tensor | None = None) -> KQuantLinear:
-        if kind == "Q4_K":
-            return cls(kind, decode_q4k(raw), bias)
-        if kind == "Q6_K":
-            return cls(kind, decode_q6k(raw), bias)
-        raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
+        """From the file's bytes of one tensor, [rows, blocks x block bytes]."""
+        if kind not in ("Q4_K", "Q6_K"):
+            raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
+        codes = decode_q4k(raw) if kind == "Q4_K" else decode_q6k(raw)
+        n, k = codes.codes.shape
+        return cls(kind, torch.from_numpy(pack(codes)), n, k, bias)
 
     @property
     def bytes_read(self) -> int:
@@ -262,27 +277,87 @@ def read_linear_blocks(gguf_file: str | Path, module_names: list[str], n_layers:
     return out
 
 
+# Bumped whenever pack() changes, so a cache of another layout is rebuilt rather than misread.
+LAYOUT = 3
+
+
+def packed_cache_path(gguf_file: str | Path) -> Path:
+    """Where a GGUF's re-packed blocks are cached: beside the file, named by layout version."""
+    gguf_file = Path(gguf_file)
+    return gguf_file.with_name(f"{gguf_file.name}.kquants-v{LAYOUT}.safetensors")
+
+
+def _read_packed(path: Path, gguf_file: Path, names: list[str]) -> dict[str, tuple[str, torch.Tensor]] | None:
+    """The cached blocks, or None when absent, of another source or layout, or unreadable."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            if meta.get("layout") != str(LAYOUT) or meta.get("source_size") != str(gguf_file.stat().st_size):
+                return None
+            kinds = json.loads(meta.get("kinds", "{}"))
+            if sorted(kinds) != sorted(names):
+                return None
+            return {name: (kinds[name], fh.get_tensor(name)) for name in names}
+    except (SafetensorError, OSError, ValueError, KeyError) as exc:
+        log.warning("re-packed blocks at %s are unreadable (%s); re-packing", path, exc)
+        return None
+
+
+def _write_packed(path: Path, gguf_file: Path, packed: dict[str, tuple[str, torch.Tensor]]) -> None:
+    from safetensors.torch import save_file
+
+    meta = {
+        "layout": str(LAYOUT),
+        "source": gguf_file.name,
+        "source_size": str(gguf_file.stat().st_size),
+        "kinds": json.dumps({name: kind for name, (kind, _) in packed.items()}),
+    }
+    tmp = path.with_name(path.name + f".partial-{os.getpid()}")
+    try:
+        save_file({name: t for name, (_, t) in packed.items()}, str(tmp), metadata=meta)
+        os.replace(tmp, path)  # whole or not at all: a reader never sees half a file
+    except OSError as exc:  # a read-only cache only costs the next load its re-packing
+        log.warning("could not cache re-packed blocks at %s (%s)", path, exc)
+        tmp.unlink(missing_ok=True)
+
+
 def apply_gguf_blocks(model: nn.Module, gguf_file: str | Path) -> nn.Module:
     """Replace every nn.Linear of ``model`` (float32, converted from ``gguf_file``) by a
     ``KQuantLinear`` on that tensor's blocks in the file, and switch attention to the batch-invariant
-    one-query-per-row path; in place."""
+    one-query-per-row path; in place. The re-packed blocks are cached beside the file (a second load
+    reads them instead of decoding the file again)."""
     from harness import invariant, precision
 
+    gguf_file = Path(gguf_file)
     linears = {name: mod for name, mod in model.named_modules() if type(mod) is nn.Linear}
     if not linears:
         raise UnsupportedError(f"{type(model).__name__} has no linear layers to run on GGUF blocks")
-    n_layers = int(getattr(model.config, "num_hidden_layers", 0))
-    blocks = read_linear_blocks(gguf_file, list(linears), n_layers)
+    cache = packed_cache_path(gguf_file)
+    packed = _read_packed(cache, gguf_file, list(linears))
+    if packed is None:
+        n_layers = int(getattr(model.config, "num_hidden_layers", 0))
+        raw = read_linear_blocks(gguf_file, list(linears), n_layers)
+        packed = {}
+        for name, (kind, data) in raw.items():
+            codes = decode_q4k(data) if kind == "Q4_K" else decode_q6k(data)
+            n, k = codes.codes.shape
+            if (n, k) != tuple(linears[name].weight.shape):
+                raise HarnessError(
+                    f"{name}: the file's tensor is {n} x {k}, the model's "
+                    f"{tuple(linears[name].weight.shape)}; the converted weights do not come from "
+                    f"{gguf_file.name}"
+                )
+            packed[name] = (kind, torch.from_numpy(pack(codes)))
+        _write_packed(cache, gguf_file, packed)
     precision.untie_output_embeddings(model)
     extension()
     for name, lin in linears.items():
-        kind, raw = blocks[name]
-        twin = KQuantLinear.from_raw(kind, raw, lin.bias)
-        if (twin.out_features, twin.in_features) != tuple(lin.weight.shape):
-            raise HarnessError(
-                f"{name}: the file's tensor is {twin.out_features} x {twin.in_features}, the model's "
-                f"{tuple(lin.weight.shape)}; the converted weights do not come from {Path(gguf_file).name}"
-            )
+        kind, blocks = packed[name]
+        twin = KQuantLinear(kind, blocks, lin.out_features, lin.in_features, lin.bias)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, twin)
     invariant.use_invariant_attention(model)

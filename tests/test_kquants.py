@@ -198,3 +198,27 @@ def test_draft_blocks_without_a_kernel_are_refused(pairs):
     pairs.require_weights(models.DEFAULT_PAIR)
     with pytest.raises(kquants.UnsupportedError, match="Q5_0"):
         models.load_pair(models.DEFAULT_PAIR, draft_precision="gguf", draft_kernels="invariant")
+
+
+def test_packed_blocks_cache_round_trips_and_refuses_stale_or_damaged_files(tmp_path):
+    """The re-packed blocks are cached beside the GGUF: read back equal; a cache of another source
+    size, another layout, other layers, or a truncated file is not used (the caller re-packs)."""
+    gguf_file = tmp_path / "m.gguf"
+    gguf_file.write_bytes(b"GGUF" + bytes(100))
+    _, lin = layer("Q4_K", 20, 2)
+    _, lin6 = layer("Q6_K", 16, 1)
+    packed = {"a.q_proj": ("Q4_K", lin.blocks), "a.down_proj": ("Q6_K", lin6.blocks)}
+    path = kquants.packed_cache_path(gguf_file)
+    kquants._write_packed(path, gguf_file, packed)
+    back = kquants._read_packed(path, gguf_file, list(packed))
+    assert {k: (kind, t.tolist()) for k, (kind, t) in back.items()} == {
+        k: (kind, t.tolist()) for k, (kind, t) in packed.items()
+    }
+    assert kquants._read_packed(path, gguf_file, ["a.q_proj"]) is None  # other layers
+    gguf_file.write_bytes(b"GGUF" + bytes(101))
+    assert kquants._read_packed(path, gguf_file, list(packed)) is None  # another source
+    gguf_file.write_bytes(b"GGUF" + bytes(100))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert kquants._read_packed(path, gguf_file, list(packed)) is None  # truncated
+    assert str(kquants.LAYOUT) in path.name
