@@ -227,3 +227,35 @@ def test_attention_refuses_batches(ext):
     model = invariant.apply_precision(tiny.build_target("tiny-llama"), "fp32")
     with pytest.raises(UnsupportedError, match="batch size 1"), torch.inference_mode():
         model(torch.tensor([[3, 4, 5], [6, 7, 8]]))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    heads=st.sampled_from([(4, 4), (6, 2), (12, 2)]),
+    m=st.integers(1, 9),
+    extra=st.integers(0, 40),
+    d=st.sampled_from([8, 64, 72]),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_rows_are_causal_sdpa_and_do_not_depend_on_m(ext, heads, m, extra, d, seed):
+    """One call for M query rows: each row equals the same row computed alone over its own prefix
+    (bit for bit) and causal SDPA with grouped heads (to rounding)."""
+    h, hkv = heads
+    g = torch.Generator().manual_seed(seed)
+    length = m + extra
+    q = torch.randn(h, m, d, generator=g)
+    k = torch.randn(hkv, length, d, generator=g)
+    v = torch.randn(hkv, length, d, generator=g)
+    out = ext.attention_rows(q, k, v, d**-0.5)
+    for i in range(m):
+        end = length - m + i + 1
+        alone = ext.attention_rows(q[:, i : i + 1].contiguous(), k[:, :end], v[:, :end], d**-0.5)
+        assert torch.equal(alone[:, 0], out[:, i])
+    mask = torch.ones(m, length, dtype=torch.bool).tril(length - m)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q[None],
+        k.repeat_interleave(h // hkv, 0)[None],
+        v.repeat_interleave(h // hkv, 0)[None],
+        attn_mask=mask,
+    )[0]
+    torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
