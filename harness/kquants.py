@@ -320,6 +320,7 @@ def _write_packed(path: Path, gguf_file: Path, packed: dict[str, tuple[str, torc
     try:
         save_file({name: t for name, (_, t) in packed.items()}, str(tmp), metadata=meta)
         os.replace(tmp, path)  # whole or not at all: a reader never sees half a file
+        path.chmod(0o644)  # the cache may be shared, as the converted weights are
     except OSError as exc:  # a read-only cache only costs the next load its re-packing
         log.warning("could not cache re-packed blocks at %s (%s)", path, exc)
         tmp.unlink(missing_ok=True)
