@@ -123,10 +123,10 @@ REGISTRY: dict[str, PairSpec] = dict(
                 vocab_size=151936,
             ),
             "code",
-            # The fastest configuration measured here (README "Configuration sweep"), and exact:
-            # int8 target on the batch-invariant kernels (assisted == plain), int8 draft on the
-            # same kernels scoring the 16384 most frequent tokens, K=3 with the dynamic schedule.
-            target_precision="w8af32",
+            # The fastest exact configuration measured (docs/RESULTS.md, sweep): the target on its
+            # GGUF file's own blocks on the batch-invariant kernels (assisted == plain), the int8
+            # draft on the invariant kernels scoring the 16384 most frequent tokens, K=3, dynamic.
+            target_precision="gguf",
             draft_precision="w8af32",
             num_assistant_tokens=3,
             assistant_schedule="dynamic",

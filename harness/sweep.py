@@ -54,6 +54,7 @@ import json
 import math
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -899,7 +900,7 @@ def plot_sweep(result: SweepResult, path: str | Path) -> Path:
     values = [r.speedup.value for r in rs]
     lows = [r.speedup.value - r.speedup.low if math.isfinite(r.speedup.low) else 0.0 for r in rs]
     highs = [r.speedup.high - r.speedup.value if math.isfinite(r.speedup.high) else 0.0 for r in rs]
-    fig = Figure(figsize=(max(6.0, 1.3 * len(rs) + 2.0), 4.8))
+    fig = Figure(figsize=(max(7.0, 1.6 * len(rs) + 3.0), 5.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     colors = ["tab:green" if v >= 1.0 else "tab:red" for v in values]
@@ -912,17 +913,17 @@ def plot_sweep(result: SweepResult, path: str | Path) -> Path:
         )
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no speedup")
     ax.set_xticks(xs)
-    ax.set_xticklabels([r.config.label for r in rs], rotation=30, ha="right", fontsize=8)
+    # Labels broken at their dashes into short lines, so none is clipped or runs into another.
+    ax.set_xticklabels([textwrap.fill(r.config.label.replace("-", " "), 18) for r in rs], fontsize=8)
     ax.set_ylabel("assisted / plain tokens/s")
     ax.set_title(
-        f"{result.pair} on {result.platform}: {len(result.prompt_labels)} prompts, "
+        f"{result.pair} on {result.platform}\n{len(result.prompt_labels)} prompts, "
         f"{result.new_tokens} new tokens, {result.threads} thread{'s' if result.threads != 1 else ''}",
         fontsize=10,
     )
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="lower right")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     report._atomic_write(path, buf.getvalue())
