@@ -313,7 +313,11 @@ def test_gate_catches_injected_slowdown(
     # when the machine got quieter between arms (seen once here: 1.13x on tiny), which is not a failure.
     assert not any(g.failed for g in unchanged.values()), [g.message for g in unchanged.values()]
     assert unchanged["speedup"].conclusive, unchanged["speedup"].message
-    assert slowed["speedup"].status == "regression", slowed["speedup"].message
+    # The slowed arm must never pass. The host-adjusted gate may call it a regression or, where the
+    # busy-wait also moved the measured draft/target cost ratio (seen on a Xeon host: c 0.69 -> 0.86,
+    # adjustment x0.85), inconclusive; CI fails on both. The raw speedup drop is a regression.
+    assert slowed["speedup"].status in ("regression", "inconclusive"), slowed["speedup"].message
+    assert slowed["speedup_unadjusted"].status == "regression", slowed["speedup_unadjusted"].message
     assert slowed["assisted_tokens_per_s"].status == "regression", slowed["assisted_tokens_per_s"].message
     # The slowdown is where it was injected: the plain runs of the slowed arm are untouched.
     assert slowed["plain_tokens_per_s"].status != "regression", slowed["plain_tokens_per_s"].message

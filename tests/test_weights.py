@@ -49,7 +49,8 @@ def fake_converted(key: str) -> Path:
     """A packaged model's converted folder as harness.packaged marks it complete."""
     model = packaged.get_model(key)
     folder = fake_model_dir(packaged.converted_dir(model))
-    (folder / packaged.MARKER).write_text(json.dumps({"source_sha256": model.sha256}))
+    files = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
+    (folder / packaged.MARKER).write_text(json.dumps({"source_sha256": model.sha256, "files": files}))
     assert packaged.is_converted(model)
     return folder
 
