@@ -28,7 +28,6 @@ from torch import nn
 from harness import cppext
 from harness.errors import HarnessError, UnsupportedError
 
-NAME = "gguf"
 QK = 256
 # Bytes of one block as stored in the file, per type.
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
@@ -116,6 +115,15 @@ def decode_q6k(raw: np.ndarray) -> Q6KCodes:
     )
 
 
+def decode(kind: str, raw: np.ndarray) -> Q4KCodes | Q6KCodes:
+    """One tensor's file bytes decoded by its block type."""
+    if kind == "Q4_K":
+        return decode_q4k(raw)
+    if kind == "Q6_K":
+        return decode_q6k(raw)
+    raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
+
+
 def dequantize(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
     """The float32 weights the codes stand for (the reference the kernels are tested against)."""
     n, k = codes.codes.shape
@@ -143,9 +151,9 @@ def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
     """Blocks in the kernels' layout: [groups of 16 columns, blocks x record bytes] (see kquants.cpp).
 
     Per group and block: the codes by steps of 4 inputs, 16 columns x 4 codes per step (Q4_K two steps
-    per 64 bytes, in the low and high nibbles; Q6_K per 4 steps two such nibble vectors and one of their
-    top two bits); the scales (and
-    Q4_K's mins) as [pair][column][2]; d (and dmin) as 16 float32. Columns are padded to 16 with zeros.
+    per 64 bytes, in the low and high nibbles; Q6_K per 4 steps two such nibble vectors and one of
+    their top two bits); the scales (and Q4_K's mins) as [pair][column][2]; d (and dmin) as 16
+    float32. Columns are padded to 16 with zeros.
     """
     n, k = codes.codes.shape
     nb, groups = k // QK, -(-n // COLUMNS)
@@ -208,9 +216,7 @@ class KQuantLinear(nn.Module):
     @classmethod
     def from_raw(cls, kind: str, raw: np.ndarray, bias: torch.Tensor | None = None) -> KQuantLinear:
         """From the file's bytes of one tensor, [rows, blocks x block bytes]."""
-        if kind not in ("Q4_K", "Q6_K"):
-            raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
-        codes = decode_q4k(raw) if kind == "Q4_K" else decode_q6k(raw)
+        codes = decode(kind, raw)
         n, k = codes.codes.shape
         return cls(kind, torch.from_numpy(pack(codes)), n, k, bias)
 
@@ -344,7 +350,7 @@ def apply_gguf_blocks(model: nn.Module, gguf_file: str | Path) -> nn.Module:
         raw = read_linear_blocks(gguf_file, list(linears), n_layers)
         packed = {}
         for name, (kind, data) in raw.items():
-            codes = decode_q4k(data) if kind == "Q4_K" else decode_q6k(data)
+            codes = decode(kind, data)
             n, k = codes.codes.shape
             if (n, k) != tuple(linears[name].weight.shape):
                 raise HarnessError(

@@ -383,7 +383,6 @@ def load_pair(
         target_path = weights.resolve(
             spec.target.name, spec.target.hf_id, spec.target.packaged_key, weights_dir
         )
-
         if with_draft:
             draft_path = weights.resolve(
                 spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir

@@ -8,6 +8,7 @@ already holds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -192,56 +193,49 @@ def run_prompts(
     platform = platform or platforms.detect().name
     for mode in modes:
         dataclasses.replace(settings, mode=mode).validate()
-    if json_path is None:
-        return _run(pair, prompts, settings, modes, task, None, platform, max_new_tokens, progress, on_row)
-    with results.exclusive(json_path):
-        return _run(
-            pair, prompts, settings, modes, task, json_path, platform, max_new_tokens, progress, on_row
-        )
-
-
-def _run(
-    pair, prompts, settings, modes, task, json_path, platform, max_new_tokens, progress, on_row
-) -> list[Row]:
-    run_id = run_id_for(pair, task, settings, platform, modes)
-    done: dict[tuple, Row] = {}
-    if json_path is not None:
-        try:
-            stored = read_rows(json_path)
-        except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
-            raise HarnessError(f"cannot resume from {json_path}: {exc}") from exc
-        done = {r.key(): r for r in stored if r.run_id == run_id}
-        drop_torn_tail(json_path)
-        total = len(prompts) * len(modes)
-        print(f"resumed {min(len(done), total)} of {total} runs from {json_path}", file=sys.stderr)
-    rows: list[Row] = []
-    ids_of = check_context(pair, prompts, max_new_tokens)
-    jobs = [(i, p, mode) for i, p in enumerate(prompts, 1) for mode in modes]
-    bar = tqdm(jobs, desc=f"{pair.spec.name} {task}", unit="gen", file=sys.stderr, disable=progress is False)
-    for example, prompt, mode in bar:
-        ids = ids_of[example - 1]
-        budget = max_new_tokens or prompt.max_new_tokens
-        limit = context_length(pair)
-        if limit is not None:
-            budget = min(budget, limit - len(ids))
-        s = dataclasses.replace(settings, mode=mode, max_new_tokens=budget)
-        probe = make_row(
-            pair, _empty(len(ids)), s, example=example, task=task, platform=platform, run_id=run_id
-        )
-        if probe.key() in done:
-            rows.append(done[probe.key()])
-            continue
-        m = generate(pair, ids, s)
-        row = make_row(
-            pair, m, s, example=example, task=task, label=prompt.label, platform=platform, run_id=run_id
-        )
+    # A run appending to a rows file holds its lock throughout, so a second run on it is refused.
+    with results.exclusive(json_path) if json_path is not None else contextlib.nullcontext():
+        run_id = run_id_for(pair, task, settings, platform, modes)
+        done: dict[tuple, Row] = {}
         if json_path is not None:
-            append_row(json_path, row)
-        if on_row is not None:
-            on_row(row)
-        rows.append(row)
-        bar.set_postfix(tok_s=f"{row.tokens_per_s:.2f}", mode=mode)
-    return rows
+            try:
+                stored = read_rows(json_path)
+            except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
+                raise HarnessError(f"cannot resume from {json_path}: {exc}") from exc
+            done = {r.key(): r for r in stored if r.run_id == run_id}
+            drop_torn_tail(json_path)
+            total = len(prompts) * len(modes)
+            print(f"resumed {min(len(done), total)} of {total} runs from {json_path}", file=sys.stderr)
+        rows: list[Row] = []
+        ids_of = check_context(pair, prompts, max_new_tokens)
+        limit = context_length(pair)
+        jobs = [(i, p, mode) for i, p in enumerate(prompts, 1) for mode in modes]
+        bar = tqdm(
+            jobs, desc=f"{pair.spec.name} {task}", unit="gen", file=sys.stderr, disable=progress is False
+        )
+        for example, prompt, mode in bar:
+            ids = ids_of[example - 1]
+            budget = max_new_tokens or prompt.max_new_tokens
+            if limit is not None:
+                budget = min(budget, limit - len(ids))
+            s = dataclasses.replace(settings, mode=mode, max_new_tokens=budget)
+            probe = make_row(
+                pair, _empty(len(ids)), s, example=example, task=task, platform=platform, run_id=run_id
+            )
+            if probe.key() in done:
+                rows.append(done[probe.key()])
+                continue
+            m = generate(pair, ids, s)
+            row = make_row(
+                pair, m, s, example=example, task=task, label=prompt.label, platform=platform, run_id=run_id
+            )
+            if json_path is not None:
+                append_row(json_path, row)
+            if on_row is not None:
+                on_row(row)
+            rows.append(row)
+            bar.set_postfix(tok_s=f"{row.tokens_per_s:.2f}", mode=mode)
+        return rows
 
 
 def drop_torn_tail(path: str | Path) -> bool:

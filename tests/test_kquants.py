@@ -27,16 +27,12 @@ def random_blocks(kind: str, n: int, nb: int, seed: int = 0) -> np.ndarray:
     return raw.reshape(n, nb * size)
 
 
-def decoded(kind: str, raw: np.ndarray):
-    return kquants.decode_q4k(raw) if kind == "Q4_K" else kquants.decode_q6k(raw)
-
-
 def reference(kind: str, raw: np.ndarray, x: torch.Tensor) -> np.ndarray:
     """Dequantize-and-multiply spelled out with the kernels' own activation codes and arithmetic:
     per block and column, integer sums (codes x activations x sub-block scale; min or scale x the
     activations' sub-block sums), then float32 steps block after block, v - o at the end (numpy
     spells each IEEE float32 step)."""
-    codes = decoded(kind, raw)
+    codes = kquants.decode(kind, raw)
     q, ad = (t.numpy() for t in kquants.extension().quantize_act(x))
     m, k = q.shape
     n, nb = codes.codes.shape[0], k // kquants.QK
@@ -69,7 +65,7 @@ def test_decoding_matches_gguf_dequantize(kind):
     raw = random_blocks(kind, 5, 3)
     qtype = getattr(gguf.GGMLQuantizationType, kind)
     expected = gguf.quants.dequantize(raw, qtype)
-    np.testing.assert_allclose(kquants.dequantize(decoded(kind, raw)), expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(kquants.dequantize(kquants.decode(kind, raw)), expected, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -80,7 +76,7 @@ def test_kernel_equals_reference_bit_for_bit(kind, force_avx2):
     y = lin(x, force_avx2=force_avx2)
     assert np.array_equal(y.numpy(), reference(kind, raw, x))
     # and close to the float product (the activation's int8 rounding is the only difference)
-    w = torch.from_numpy(kquants.dequantize(decoded(kind, raw)))
+    w = torch.from_numpy(kquants.dequantize(kquants.decode(kind, raw)))
     exact = x @ w.T
     assert float((y - exact).abs().max()) <= 0.02 * float(exact.abs().max())
 
@@ -181,7 +177,7 @@ def test_real_target_runs_the_files_blocks_exactly(pairs):
         blocks = kquants.read_linear_blocks(models.gguf_file(pair.spec.target, None), [name], 28)[name]
         expected = floats[name].weight.detach().numpy()
         np.testing.assert_allclose(
-            kquants.dequantize(decoded(kind, blocks[1])), expected, rtol=1e-6, atol=1e-7
+            kquants.dequantize(kquants.decode(kind, blocks[1])), expected, rtol=1e-6, atol=1e-7
         )
     del float_model
     ids = list(pair.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n")["input_ids"])

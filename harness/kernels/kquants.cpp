@@ -132,6 +132,20 @@ AVX512 inline __m512i bcast512(const int8_t* p) {
 struct Q4KTag {};
 struct Q6KTag {};
 
+// The float steps of one block, the same for every block type and, lane for lane, on both
+// instruction sets: v += float(isum) * (ad * d); o += float(imin) * (ad * dmin).
+AVX512 inline void add_block_512(__m512& v, __m512& o, __m512i isum, __m512i imin, float ad_, __m512 d, __m512 dmin) {
+  const __m512 ad = _mm512_set1_ps(ad_);
+  v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ad, d)));
+  o = _mm512_add_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(ad, dmin)));
+}
+
+// y = v - o for the group's columns that exist (the last group may hold fewer than 16).
+AVX512 inline void store_512(float* row, int64_t N, int64_t n0, __m512 v, __m512 o) {
+  const __mmask16 keep = n0 + G <= N ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  _mm512_mask_storeu_ps(row + n0, keep, _mm512_sub_ps(v, o));
+}
+
 // ---------------------------------------------------------------- AVX-512 VNNI: 16 columns per vector
 
 template <int R>
@@ -170,13 +184,10 @@ AVX512 void q4k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int6
         const __m512i pairs = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2176 + 32 * p)));
         mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair32(m0 + r, b, p)));
       }
-      const __m512 ad = _mm512_set1_ps(a.d[(m0 + r) * a.nb + b]);
-      v[r] = _mm512_add_ps(v[r], _mm512_mul_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_mul_ps(ad, d)));
-      o[r] = _mm512_add_ps(o[r], _mm512_mul_ps(_mm512_cvtepi32_ps(mn), _mm512_mul_ps(ad, dmin)));
+      add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
     }
   }
-  const __mmask16 keep = n0 + G <= N ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, keep, _mm512_sub_ps(v[r], o[r]));
+  for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
 }
 
 template <int R>
@@ -223,13 +234,10 @@ AVX512 void q6k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int6
         const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 3072 + 32 * p)));
         mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair16(m0 + r, b, p)));
       }
-      const __m512 ad = _mm512_set1_ps(a.d[(m0 + r) * a.nb + b]);
-      v[r] = _mm512_add_ps(v[r], _mm512_mul_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_mul_ps(ad, d)));
-      o[r] = _mm512_add_ps(o[r], _mm512_mul_ps(_mm512_cvtepi32_ps(mn), _mm512_mul_ps(ad, dmin)));
+      add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
     }
   }
-  const __mmask16 keep = n0 + G <= N ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, keep, _mm512_sub_ps(v[r], o[r]));
+  for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
 }
 
 // ---------------------------------------------------------------- AVX2: 8 columns per vector, two halves
@@ -244,6 +252,13 @@ AVX2 inline void store8(float* y, int64_t N, int64_t n0, __m256 val) {
   alignas(32) float tmp[8];
   _mm256_store_ps(tmp, val);
   for (int64_t c = 0; c < 8 && n0 + c < N; ++c) y[n0 + c] = tmp[c];
+}
+
+// add_block_512's steps on 8 lanes.
+AVX2 inline void add_block_256(__m256& v, __m256& o, __m256i isum, __m256i imin, float ad_, __m256 d, __m256 dmin) {
+  const __m256 ad = _mm256_set1_ps(ad_);
+  v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ad, d)));
+  o = _mm256_add_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(ad, dmin)));
 }
 
 template <int R>
@@ -280,9 +295,7 @@ AVX2 void q4k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
           const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2176 + 32 * p + 16 * h)));
           mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
         }
-        const __m256 ad = _mm256_set1_ps(a.d[(m0 + r) * a.nb + b]);
-        v[r] = _mm256_add_ps(v[r], _mm256_mul_ps(_mm256_cvtepi32_ps(tot[r]), _mm256_mul_ps(ad, d)));
-        o[r] = _mm256_add_ps(o[r], _mm256_mul_ps(_mm256_cvtepi32_ps(mn), _mm256_mul_ps(ad, dmin)));
+        add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
       }
     }
     for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[r], o[r]));
@@ -327,9 +340,7 @@ AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
           const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 3072 + 32 * p + 16 * h)));
           mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
         }
-        const __m256 ad = _mm256_set1_ps(a.d[(m0 + r) * a.nb + b]);
-        v[r] = _mm256_add_ps(v[r], _mm256_mul_ps(_mm256_cvtepi32_ps(tot[r]), _mm256_mul_ps(ad, d)));
-        o[r] = _mm256_add_ps(o[r], _mm256_mul_ps(_mm256_cvtepi32_ps(mn), _mm256_mul_ps(ad, dmin)));
+        add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
       }
     }
     for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[r], o[r]));
