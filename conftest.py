@@ -120,7 +120,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _check_options(config: pytest.Config) -> None:
     """Option values that would make a run test less than it says, refused before collection."""
     problems = []
-    for option in ("--real-prompts", "--perf-repetitions", "--humaneval-limit"):
+    for option in ("--real-prompts", "--humaneval-limit"):
         value = config.getoption(option)
         if value < 1:
             problems.append(f"{option} must be at least 1 (got {value})")

@@ -112,6 +112,25 @@ def decode_forwards(forwards: Sequence[Forward]) -> list[Forward]:
     return [f for f in forwards if f.cache_tokens > 0]
 
 
+def _judged_steps(m: Measurement) -> list[list[bool]]:
+    """Per verify step of an assisted run, whether each candidate equals the token the final output
+    holds at its position, read off the target's verify inputs; candidates past the token budget are
+    left out (cut, not judged)."""
+    target = [f for f in m.forwards if f.role == "target"]
+    if not target:
+        return []
+    sequence = list(target[0].token_ids[: m.prompt_tokens]) + list(m.output_ids)
+    steps = []
+    for i, f in enumerate(target):
+        if i == 0:
+            candidates, start = f.token_ids[m.prompt_tokens :], m.prompt_tokens
+        else:
+            candidates, start = f.token_ids[1:], f.cache_tokens + 1
+        judged = list(candidates)[: max(0, len(sequence) - start)]
+        steps.append([sequence[start + offset] == token for offset, token in enumerate(judged)])
+    return steps
+
+
 def acceptance_steps(m: Measurement) -> tuple[int, int]:
     """(accepted candidates, verify steps that rejected one) over an assisted run's verify forwards.
 
@@ -119,24 +138,11 @@ def acceptance_steps(m: Measurement) -> tuple[int, int]:
     that total drops: whether each step ended on a rejection or ran out of candidates or budget.
     That split is what the per-token acceptance probability needs (``alpha_mle``).
     """
-    target = [f for f in m.forwards if f.role == "target"]
-    if not target:
-        return 0, 0
-    sequence = list(target[0].token_ids[: m.prompt_tokens]) + list(m.output_ids)
     accepted = rejected = 0
-    for i, f in enumerate(target):
-        if i == 0:
-            candidates, start = f.token_ids[m.prompt_tokens :], m.prompt_tokens
-        else:
-            candidates, start = f.token_ids[1:], f.cache_tokens + 1
-        for offset, token in enumerate(candidates):
-            pos = start + offset
-            if pos >= len(sequence):
-                break  # cut by the token budget: not a rejection
-            if sequence[pos] != token:
-                rejected += 1
-                break
-            accepted += 1
+    for judged in _judged_steps(m):
+        run = judged.index(False) if False in judged else len(judged)
+        accepted += run
+        rejected += int(run < len(judged))
     return accepted, rejected
 
 
@@ -148,25 +154,14 @@ def acceptance_by_position(m: Measurement) -> list[list[int]]:
     clock involved), so they can be held to a baseline exactly, as vLLM holds acceptance length per
     position: a change in drafting or verification moves them.
     """
-    target = [f for f in m.forwards if f.role == "target"]
-    if not target:
-        return []
-    sequence = list(target[0].token_ids[: m.prompt_tokens]) + list(m.output_ids)
     counts: list[list[int]] = []
-    for i, f in enumerate(target):
-        if i == 0:
-            candidates, start = f.token_ids[m.prompt_tokens :], m.prompt_tokens
-        else:
-            candidates, start = f.token_ids[1:], f.cache_tokens + 1
-        run = True
-        for offset, token in enumerate(candidates):
-            if start + offset >= len(sequence):
-                break  # cut by the token budget: neither drafted nor judged
+    for judged in _judged_steps(m):
+        run = judged.index(False) if False in judged else len(judged)
+        for offset in range(len(judged)):
             while len(counts) <= offset:
                 counts.append([0, 0])
             counts[offset][0] += 1
-            run = run and sequence[start + offset] == token
-            counts[offset][1] += int(run)
+            counts[offset][1] += int(offset < run)
     return counts
 
 

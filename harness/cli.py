@@ -605,19 +605,12 @@ def run_sweep(args: argparse.Namespace) -> int:
 def llama_reference(binary: Path | None, spec: models.PairSpec, new_tokens: int, result) -> str:
     """llama.cpp's plain decoding of the target's GGUF, measured now, and this sweep's fastest plain
     and fastest exact assisted decoding as multiples of it (or why there is no reference)."""
-    if binary is None:
-        return llamacpp.absent_note()
     gguf = models.gguf_file(spec.target, None)
-    if gguf is None:
-        return f"llama.cpp reference: not measured ({spec.target.name} has no GGUF file here)"
-    try:
-        ref = llamacpp.measure(binary, gguf, threads=result.threads, new_tokens=new_tokens)
-    except HarnessError as exc:
-        return f"llama.cpp reference: failed ({exc})"
-    line = (
-        f"llama.cpp reference ({ref.build}, {gguf.name}, {ref.threads} threads, {ref.new_tokens} tokens): "
-        f"plain decoding {ref.tokens_per_s:.2f} tok/s"
+    ref, line = llamacpp.reference(
+        binary, gguf, spec.target.name, threads=result.threads, new_tokens=new_tokens
     )
+    if ref is None:
+        return line
     if result.best_plain:
         line += f"; fastest plain here {result.best_plain[1] / ref.tokens_per_s:.2f}x of it"
     exact = [r.assisted_tokens_per_s for r in result.results if r.identical and r.assisted_tokens_per_s]

@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -237,23 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def reference_line(name: str, role: str, binary) -> str:
+def reference_line(name: str, role: str, binary: Path | None) -> str:
     """llama.cpp's plain decoding of the same model's GGUF, or why it is absent."""
-    if binary is None:
-        return llamacpp.absent_note()
     pair = models.get_pair(name)
     spec = pair.target if role == "target" else pair.draft
     gguf = models.gguf_file(spec, None)
-    if gguf is None:
-        return f"llama.cpp reference: not measured ({spec.name} has no GGUF file here)"
-    try:
-        ref = llamacpp.measure(binary, gguf, threads=torch.get_num_threads())
-    except HarnessError as exc:
-        return f"llama.cpp reference: failed ({exc})"
-    return (
-        f"llama.cpp {ref.build}, {gguf.name}: plain decoding {ref.tokens_per_s:.2f} tokens/s "
-        f"(+-{ref.tokens_per_s_std:.2f}, {ref.threads} threads) = {ref.ms_per_token:.1f} ms/token"
-    )
+    return llamacpp.reference(binary, gguf, spec.name, threads=torch.get_num_threads())[1]
 
 
 if __name__ == "__main__":

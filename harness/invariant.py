@@ -10,8 +10,9 @@ module provides them:
 - linear layers (every projection and the output layer): ``harness/kernels/invariant.cpp``, one
   fixed reduction order per output element for fp32, bf16, int8 and int4 weights, float32
   accumulation; compiled once with torch's C++ extension loader and cached;
-- attention: each query row attends to its own prefix with the one-query SDPA call a decode step
-  makes, so a verification row runs exactly the decode step's attention;
+- attention: ``attention_rows`` in the same file computes every query row over its own prefix in
+  one fixed order, whatever the number of rows, so a verification row runs exactly the decode
+  step's attention;
 - everything else in a decoder layer (norms, rotary, activations, residuals) is row-wise already;
   ``row_divergence`` measures that instead of assuming it.
 
@@ -240,7 +241,7 @@ def apply_precision(
 
 
 def use_invariant_attention(model: nn.Module) -> None:
-    """Switch ``model`` to the one-query-per-row attention below (every other op is row-wise)."""
+    """Switch ``model`` to the batch-invariant attention below (every other op is row-wise)."""
     _register_attention()
     model.set_attn_implementation(ATTENTION_NAME)
 

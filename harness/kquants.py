@@ -335,7 +335,7 @@ def _write_packed(path: Path, gguf_file: Path, packed: dict[str, tuple[str, torc
 def apply_gguf_blocks(model: nn.Module, gguf_file: str | Path) -> nn.Module:
     """Replace every nn.Linear of ``model`` (float32, converted from ``gguf_file``) by a
     ``KQuantLinear`` on that tensor's blocks in the file, and switch attention to the batch-invariant
-    one-query-per-row path; in place. The re-packed blocks are cached beside the file (a second load
+    batch-invariant attention; in place. The re-packed blocks are cached beside the file (a second load
     reads them instead of decoding the file again)."""
     from harness import invariant, precision
 

@@ -52,6 +52,26 @@ def absent_note() -> str:
     return f"llama.cpp reference: not measured (no llama-bench given: --llama-bench PATH or {ENV})"
 
 
+def reference(
+    binary: Path | None, gguf: Path | None, model: str, *, threads: int, new_tokens: int = 64
+) -> tuple[Reference | None, str]:
+    """llama.cpp's plain decoding of ``gguf`` measured now and a line saying it, or None and a line
+    saying why there is none (no binary given, no GGUF file, llama-bench failed): never an error."""
+    if binary is None:
+        return None, absent_note()
+    if gguf is None:
+        return None, f"llama.cpp reference: not measured ({model} has no GGUF file here)"
+    try:
+        ref = measure(binary, gguf, threads=threads, new_tokens=new_tokens)
+    except HarnessError as exc:
+        return None, f"llama.cpp reference: failed ({exc})"
+    return ref, (
+        f"llama.cpp reference ({ref.build}, {gguf.name}, {ref.threads} threads, {ref.new_tokens} tokens): "
+        f"plain decoding {ref.tokens_per_s:.2f} tok/s (+-{ref.tokens_per_s_std:.2f}) "
+        f"= {ref.ms_per_token:.1f} ms/token"
+    )
+
+
 def measure(
     binary: Path, gguf: Path, *, threads: int, new_tokens: int = 64, repetitions: int = 3
 ) -> Reference:
