@@ -98,8 +98,8 @@ def ort_case(spec: models.PairSpec, provider: str) -> bench.BenchCase:
 def real_case(pair_name: str, which: str) -> bench.BenchCase:
     """The CI subset cases: short, because the 1.5B fp32 target decodes only ~2 tokens/s here.
 
-    "registered" gates the default configuration (issue 7's numbers); "fp32" the stock fp32 pair,
-    the reference the earlier baselines were taken with."""
+    "registered" gates the pair's default configuration; "fp32" the stock fp32 pair, the plain
+    reference with no quantization or hand-written kernel involved."""
     spec = models.get_pair(pair_name)
     if which == "fp32" and spec.name == models.DEFAULT_PAIR:
         return bench.BenchCase(spec.name, 128, 32, "fp32", "fp32", num_assistant_tokens=5)
