@@ -29,7 +29,7 @@ from tabulate import tabulate
 
 from harness import baselines, platforms, runner, stats, tasks
 from harness.errors import HarnessError
-from harness.generation import GenerationSettings, Measurement, generate
+from harness.generation import GenerationSettings, Measurement, generate, verify_steps
 from harness.models import LoadedPair
 from harness.results import append_row, runs_dir
 from harness.timing import Forward
@@ -121,12 +121,8 @@ def _judged_steps(m: Measurement) -> list[list[bool]]:
         return []
     sequence = list(target[0].token_ids[: m.prompt_tokens]) + list(m.output_ids)
     steps = []
-    for i, f in enumerate(target):
-        if i == 0:
-            candidates, start = f.token_ids[m.prompt_tokens :], m.prompt_tokens
-        else:
-            candidates, start = f.token_ids[1:], f.cache_tokens + 1
-        judged = list(candidates)[: max(0, len(sequence) - start)]
+    for candidates, start in verify_steps(target, m.prompt_tokens):
+        judged = candidates[: max(0, len(sequence) - start)]
         steps.append([sequence[start + offset] == token for offset, token in enumerate(judged)])
     return steps
 

@@ -160,21 +160,29 @@ def pin_assistant(draft: torch.nn.Module, settings: GenerationSettings) -> None:
     config.assistant_confidence_threshold = settings.confidence_threshold_in_effect
 
 
-def count_acceptance(target_forwards: list[Forward], prompt_len: int, sequence: list[int]) -> tuple[int, int]:
-    """Drafted and accepted tokens, read off the target's verify inputs.
-
-    The first verify is fed prompt + candidates; later ones the previous step's bonus token +
-    candidates, starting right after the cached tokens. A candidate is accepted when it is the token
-    the final sequence holds at its position, counting from the first candidate up to the first
-    miss. Comparing with the output (rather than inferring from lengths) stays exact when EOS or the
-    token budget cuts the last step short. Plain decoding drafts nothing by the same reading.
-    """
-    drafted = accepted = 0
+def verify_steps(target_forwards: list[Forward], prompt_len: int) -> list[tuple[list[int], int]]:
+    """(candidates, position of the first) per target forward of an assisted run: the first verify
+    is fed prompt + candidates; later ones the previous step's bonus token + candidates, starting
+    right after the cached tokens."""
+    steps = []
     for i, f in enumerate(target_forwards):
         if i == 0:
-            candidates, start = f.token_ids[prompt_len:], prompt_len
+            steps.append((list(f.token_ids[prompt_len:]), prompt_len))
         else:
-            candidates, start = f.token_ids[1:], f.cache_tokens + 1
+            steps.append((list(f.token_ids[1:]), f.cache_tokens + 1))
+    return steps
+
+
+def count_acceptance(target_forwards: list[Forward], prompt_len: int, sequence: list[int]) -> tuple[int, int]:
+    """Drafted and accepted tokens, read off the target's verify inputs (``verify_steps``).
+
+    A candidate is accepted when it is the token the final sequence holds at its position, counting
+    from the first candidate up to the first miss. Comparing with the output (rather than inferring
+    from lengths) stays exact when EOS or the token budget cuts the last step short. Plain decoding
+    drafts nothing by the same reading.
+    """
+    drafted = accepted = 0
+    for candidates, start in verify_steps(target_forwards, prompt_len):
         drafted += len(candidates)
         for offset, token in enumerate(candidates):
             pos = start + offset
