@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import invariant, models, precision, tiny
+from harness import invariant, models, precision, row_divergence, tiny
 from harness.errors import HarnessError, UnsupportedError
 
 PRECISIONS = ("fp32", "bf16", "w8abf16", "w4abf16", "w8af32")
@@ -164,7 +164,7 @@ def test_every_op_is_row_invariant_on_the_invariant_path(ext, name, prec):
     model = invariant.apply_precision(tiny.build_target(name), prec)
     ids = list(range(3, 45))
     for m in (2, 5, 9):
-        report = invariant.row_divergence(model, ids, m)
+        report = row_divergence.row_divergence(model, ids, m)
         assert {d.op for d in report} >= {"logits", "InvariantLinear"}
         inexact = [d for d in report if not d.exact]
         assert not inexact, f"{name} {prec} M={m}: rows differ from one-token rows: {inexact}"
@@ -180,7 +180,7 @@ def test_row_divergence_sees_a_batch_dependent_op(ext):
 
     handle = layer.register_forward_hook(mix)
     try:
-        report = {d.op: d for d in invariant.row_divergence(model, list(range(3, 30)), 4)}
+        report = {d.op: d for d in row_divergence.row_divergence(model, list(range(3, 30)), 4)}
     finally:
         handle.remove()
     assert not report["logits"].exact

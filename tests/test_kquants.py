@@ -159,7 +159,7 @@ def test_real_target_runs_the_files_blocks_exactly(pairs):
     """Every linear layer holds its GGUF tensor's blocks (their values are the converted float
     weights, which were dequantized from the same file), and a 4-token verification computes
     each row exactly as a one-token step does."""
-    from harness import invariant, models
+    from harness import models, row_divergence
 
     pair = pairs.get(models.DEFAULT_PAIR, target_precision="gguf", with_draft=False)
     layers = {n: m for n, m in pair.target.named_modules() if isinstance(m, kquants.KQuantLinear)}
@@ -181,7 +181,7 @@ def test_real_target_runs_the_files_blocks_exactly(pairs):
         )
     del float_model
     ids = list(pair.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n")["input_ids"])
-    report = invariant.row_divergence(pair.target, ids, 4)
+    report = row_divergence.row_divergence(pair.target, ids, 4)
     assert all(d.exact for d in report), [d for d in report if not d.exact]
     # bytes a token reads: the packed blocks (about 4.6-6.6 bits per weight)
     assert sum(m.bytes_read for m in layers.values()) < 1.1e9
