@@ -21,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
         (["--target-backends", ","], "--target-backends names no backend"),
         (["--real-pairs", "bogus"], "--real-pairs 'bogus': unknown bogus"),
         (["--weights_dir", "/nonexistent"], "--weights_dir /nonexistent is not a folder"),
-        (["--seeds-dir", "/nonexistent"], "--seeds-dir /nonexistent is not a folder"),
     ],
 )
 def test_bad_option_is_a_usage_error(option, expected):

@@ -1,0 +1,63 @@
+"""The suite is a pytest plugin: another repository's tests get its options, fixtures and
+parametrisation by installing the harness, with no conftest of their own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+USER_TEST = """
+import pytest
+
+
+@pytest.mark.pairs(real=False)
+def test_assisted_equals_plain(pair_name, pairs):
+    from harness.generation import GenerationSettings, generate
+
+    pair = pairs.get(pair_name)
+    ids = list(pair.tokenizer("def add(a, b):")["input_ids"])
+    plain = generate(pair, ids, GenerationSettings(mode="plain", max_new_tokens=8))
+    assisted = generate(pair, ids, GenerationSettings(mode="assisted", max_new_tokens=8))
+    assert assisted.output_ids == plain.output_ids
+"""
+
+
+def test_plugin_is_a_pytest11_entry_point():
+    found = {ep.name: ep.value for ep in entry_points(group="pytest11")}
+    assert found.get("assisted_generation") == "harness.pytest_plugin"
+
+
+def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_a_users_repository_runs_the_suites_fixtures(tmp_path):
+    (tmp_path / "test_mine.py").write_text(USER_TEST)
+    done = _pytest(tmp_path, "-q", "-k", "tiny-llama or tiny-qwen2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # parametrised over the registry's tiny pairs, ids carrying the pair name
+    assert "2 passed" in done.stdout, done.stdout
+    listed = _pytest(tmp_path, "--collect-only", "-q")
+    assert "test_mine.py::test_assisted_equals_plain[tiny-llama]" in listed.stdout
+
+
+def test_help_lists_every_option_under_one_group(tmp_path):
+    done = _pytest(tmp_path, "--help")
+    assert done.returncode == 0, done.stderr
+    section = done.stdout.split("assisted generation:", 1)[1]
+    options = ("--weights_dir", "--platform", "--update-baselines", "--regen-tables", "--real-prompts",
+               "--perf-repetitions", "--target-backends", "--real-pairs", "--allow-inconclusive")  # fmt: skip
+    for option in options:
+        assert option in section
+
+
+@pytest.mark.parametrize("marker", ["real", "slow", "perf", "pairs", "backends"])
+def test_plugin_registers_the_markers(pytestconfig, marker):
+    assert any(line.startswith(marker) for line in pytestconfig.getini("markers"))
