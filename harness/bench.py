@@ -29,9 +29,10 @@ from tabulate import tabulate
 
 from harness import baselines, platforms, runner, stats, tasks
 from harness.errors import HarnessError
-from harness.generation import GenerationSettings, Measurement, generate, verify_steps
+from harness.generation import Measurement, generate, verify_steps
 from harness.models import LoadedPair
 from harness.results import append_row, runs_dir
+from harness.setup import GenerationSettings
 from harness.timing import Forward
 
 TASK = "benchmark"

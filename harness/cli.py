@@ -21,7 +21,6 @@ from tabulate import tabulate
 from harness import (
     backends,
     devices,
-    generation,
     invariant,
     llamacpp,
     models,
@@ -30,6 +29,7 @@ from harness import (
     report,
     results,
     runner,
+    setup,
     sweep,
     tasks,
 )
@@ -140,14 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--num_assistant_tokens", type=int, help="draft tokens K per step (default: the pair's)")
     a.add_argument(
         "--assistant_schedule",
-        choices=tuple(generation.SCHEDULES),
+        choices=tuple(setup.SCHEDULES),
         help="default: the pair's. How K evolves: constant, heuristic (+2 on full accept, -1 otherwise), "
         "dynamic (draft stops early below a confidence threshold)",
     )
     a.add_argument(
         "--assistant_confidence_threshold",
         type=float,
-        default=generation.DEFAULT_CONFIDENCE_THRESHOLD,
+        default=setup.DEFAULT_CONFIDENCE_THRESHOLD,
         help="threshold for the dynamic schedule",
     )
 
@@ -368,12 +368,12 @@ def _check_rows_path(path: Path) -> None:
             )
 
 
-def _settings(args: argparse.Namespace, spec: models.PairSpec) -> generation.GenerationSettings:
+def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.GenerationSettings:
     def given(value: int | None, default: int) -> int:
         # Not `value or default`: an explicit 0 must reach validation and fail, not become the default.
         return default if value is None else value
 
-    return generation.GenerationSettings(
+    return setup.GenerationSettings(
         # Without --max_new_tokens each prompt's own budget applies (the runner replaces this per
         # prompt); the placeholder only has to pass validation.
         max_new_tokens=given(args.max_new_tokens, max(1, args.min_new_tokens)),

@@ -19,8 +19,9 @@ from tabulate import tabulate
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from harness import vocab
-from harness.generation import GenerationSettings, Measurement, generate
+from harness.generation import Measurement, generate
 from harness.models import LoadedPair
+from harness.setup import GenerationSettings
 
 STRATEGIES = ("registered", "self", "random", "partial", "prompt_lookup")
 

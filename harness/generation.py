@@ -11,7 +11,7 @@ every forward of both models is timed (``harness.timing``).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,73 +19,8 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from harness.errors import HarnessError
 from harness.models import LoadedPair
+from harness.setup import SCHEDULES, GenerationSettings
 from harness.timing import Forward, record_forwards
-
-MODES = ("plain", "assisted", "prompt_lookup")
-# User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
-# "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
-# second prompt of a run would not start from the K the user set.
-SCHEDULES = {"constant": "constant", "heuristic": "heuristic_transient", "dynamic": "constant"}
-DEFAULT_CONFIDENCE_THRESHOLD = 0.4  # transformers' own default for its dynamic speculation
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    mode: str = "plain"
-    max_new_tokens: int = 30
-    min_new_tokens: int = 0
-    num_assistant_tokens: int = 5
-    assistant_schedule: str = "constant"
-    assistant_confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD  # used by "dynamic" only
-    prompt_lookup_num_tokens: int = 10
-    max_matching_ngram_size: int = 2
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables top-k
-    seed: int = 0
-    eos_token_id: int | None = None  # None: the tokenizer's
-    ignore_eos: bool = False  # decode the whole budget even past an EOS
-    # Stop once the new text holds one of these (HumanEval's end-of-function markers). Assisted
-    # decoding checks after each verify step, so it may run on by up to K tokens past the step
-    # plain decoding stops at; callers that compare outputs cut both at the first stop string.
-    stop_strings: tuple[str, ...] = ()
-
-    def validate(self) -> GenerationSettings:
-        def bad(what: str) -> HarnessError:
-            return HarnessError(f"invalid generation setting: {what}")
-
-        if self.mode not in MODES:
-            raise bad(f"mode {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.max_new_tokens < 1:
-            raise bad(f"--max_new_tokens must be at least 1 (got {self.max_new_tokens})")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise bad(f"min_new_tokens must be between 0 and max_new_tokens (got {self.min_new_tokens})")
-        if self.num_assistant_tokens < 1:
-            raise bad(f"--num_assistant_tokens must be at least 1 (got {self.num_assistant_tokens})")
-        if self.assistant_schedule not in SCHEDULES:
-            raise bad(
-                f"--assistant_schedule {self.assistant_schedule!r}; choose one of {', '.join(SCHEDULES)}"
-            )
-        if not 0.0 < self.assistant_confidence_threshold < 1.0:
-            raise bad(f"confidence threshold must be in (0, 1) (got {self.assistant_confidence_threshold})")
-        if self.prompt_lookup_num_tokens < 1:
-            raise bad(f"--prompt_lookup must be at least 1 (got {self.prompt_lookup_num_tokens})")
-        if self.do_sample:
-            if not self.temperature > 0:
-                raise bad(f"--temperature must be > 0 when sampling (got {self.temperature})")
-            if not 0.0 < self.top_p <= 1.0:
-                raise bad(f"--top_p must be in (0, 1] (got {self.top_p})")
-            if self.top_k < 0:
-                raise bad(f"--top_k must be >= 0, 0 meaning off (got {self.top_k})")
-        return self
-
-    @property
-    def confidence_threshold_in_effect(self) -> float:
-        return self.assistant_confidence_threshold if self.assistant_schedule == "dynamic" else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from harness import backends, devices, invariant, kquants, packaged, precision, tiny, vocab, weights
 from harness.backends import OrtSettings
 from harness.errors import UnknownModelError, UnsupportedError
+from harness.setup import Draft, GenerationSettings, RunSetup, Target
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class PairSpec:
     target_precision: str = "fp32"
     draft_precision: str = "fp32"
     num_assistant_tokens: int = 5
-    assistant_schedule: str = "constant"  # how K evolves (harness.generation.SCHEDULES)
+    assistant_schedule: str = "constant"  # how K evolves (harness.setup.SCHEDULES)
     target_kernels: str = "stock"
     draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
     draft_kernels: str = "stock"  # "invariant": the draft runs the harness's kernels (for speed only)
@@ -177,20 +178,54 @@ class LoadedPair:
     target: PreTrainedModel
     draft: PreTrainedModel | None
     tokenizer: Any
-    target_precision: str
-    draft_precision: str | None
-    target_device: str
-    draft_device: str | None
+    target_setup: Target  # how the target runs, resolved (harness.setup)
+    draft_setup: Draft | None  # how the draft runs; None: loaded without one
     origins: dict[str, str] = field(default_factory=dict)  # role -> where the weights came from
-    target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
-    draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
-    draft_kernels: str = "stock"  # "invariant": the draft runs the harness's small-M kernels too
-    target_backend: str = "torch"  # "onnxruntime": the target is an exported graph (harness.onnx_model)
-    execution_provider: str | None = None  # ONNX Runtime's provider for the target
+
+    # The row columns of the two setups, read where rows and checks name them.
+    @property
+    def target_precision(self) -> str:
+        return self.target_setup.precision
+
+    @property
+    def target_kernels(self) -> str:
+        return self.target_setup.kernels
+
+    @property
+    def target_backend(self) -> str:
+        return self.target_setup.backend
+
+    @property
+    def execution_provider(self) -> str | None:
+        return self.target_setup.provider
+
+    @property
+    def target_device(self) -> str:
+        return self.target_setup.device
+
+    @property
+    def draft_precision(self) -> str | None:
+        return self.draft_setup.precision if self.draft_setup else None
+
+    @property
+    def draft_kernels(self) -> str:
+        return self.draft_setup.kernels if self.draft_setup else "stock"
+
+    @property
+    def draft_vocab(self) -> int | None:
+        return self.draft_setup.vocab if self.draft_setup else None
+
+    @property
+    def draft_device(self) -> str | None:
+        return self.draft_setup.device if self.draft_setup else None
 
     @property
     def eos_token_id(self) -> int | None:
         return self.tokenizer.eos_token_id
+
+    def run_setup(self, decoding: GenerationSettings) -> RunSetup:
+        """This pair decoding with ``decoding``: the value every row, id and key derives from."""
+        return RunSetup(self.spec.name, self.target_setup, self.draft_setup, decoding)
 
 
 def _pin_generation_config(model: PreTrainedModel, tokenizer: Any) -> None:
@@ -427,16 +462,15 @@ def load_pair(
         target=target,
         draft=draft,
         tokenizer=tokenizer,
-        target_precision=target_precision,
-        draft_precision=draft_precision,
-        target_device=str(t_dev),
-        draft_device=str(d_dev) if d_dev is not None else None,
+        target_setup=Target(
+            target_precision,
+            target_kernels,
+            target_backend,
+            ort_settings.provider if ort_settings is not None else None,
+            str(t_dev),
+        ),
+        draft_setup=Draft(draft_precision, draft_kernels, draft_vocab, str(d_dev)) if with_draft else None,
         origins=origins,
-        target_kernels=target_kernels,
-        draft_vocab=draft_vocab if with_draft else None,
-        draft_kernels=draft_kernels if with_draft else "stock",
-        target_backend=target_backend,
-        execution_provider=ort_settings.provider if ort_settings is not None else None,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from tabulate import tabulate
 
+from harness import setup
 from harness.backends import DEFAULT_PROVIDER, OrtSettings
 from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
 
@@ -67,27 +68,6 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _pair_key(row: Row) -> tuple[Any, ...]:
-    # Beyond what identifies the prompt, the target's setup and sampling must match too: a plain row is
-    # the baseline for an assisted row only if the target decodes the same way, so never pair across
-    # precisions, devices or sampling settings even when one run holds several.
-    return (
-        row.run_id,
-        row.task,
-        row.model,
-        row.example,
-        row.prompt_tokens,
-        row.max_new_tokens,
-        row.target_precision,
-        row.target_device,
-        row.do_sample,
-        row.temperature,
-        row.top_p,
-        row.top_k,
-        row.seed,
-    )
-
-
 def _sort_key(row: Row) -> tuple[Any, ...]:
     return tuple("" if v is None else str(v) for v in (row.run_id, row.task, row.model)) + (
         row.example,
@@ -106,10 +86,10 @@ def compare_rows(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None)
     plain: dict[tuple[Any, ...], Row] = {}
     for row in rows:
         if row.mode == "plain":
-            plain[_pair_key(row)] = row
+            plain[setup.pairing_key(row)] = row
     pairs = []
     for row in sorted((r for r in rows if r.mode != "plain"), key=_sort_key):
-        base = plain.get(_pair_key(row))
+        base = plain.get(setup.pairing_key(row))
         if base is None:
             continue
         speedup = row.tokens_per_s / base.tokens_per_s if _finite_positive(base.tokens_per_s) else None
@@ -377,7 +357,7 @@ def _speedup_png(title: str, sections: list[tuple[str, list[Row]]]) -> bytes:
     by_task: dict[str, list[tuple[str, list[Row]]]] = defaultdict(list)
     for command, rows in sections:
         by_task[rows[0].task].append((command, rows))
-    plain = {_pair_key(r): r for _, rows in sections for r in rows if r.mode == "plain"}
+    plain = {setup.pairing_key(r): r for _, rows in sections for r in rows if r.mode == "plain"}
     tasks = sorted(by_task)
     fig = Figure(figsize=(11, 4.2 * len(tasks)))
     FigureCanvasAgg(fig)
@@ -393,7 +373,7 @@ def _speedup_png(title: str, sections: list[tuple[str, list[Row]]]) -> bytes:
             ys = [r.tokens_per_s if math.isfinite(r.tokens_per_s) else 0.0 for r in rows]
             ax.bar(xs, ys, width=width, label=_series_label(rows[0]))
             for x, y, row in zip(xs, ys, rows, strict=True):
-                base = plain.get(_pair_key(row)) if row.mode != "plain" else None
+                base = plain.get(setup.pairing_key(row)) if row.mode != "plain" else None
                 if base is not None and _finite_positive(base.tokens_per_s) and y > 0:
                     ax.annotate(f"{y / base.tokens_per_s:.2f}x", (x, y), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(prompts)))

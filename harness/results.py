@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import setup
+
 # Columns the seeds publish, in their order, mapped to the row attribute that fills each.
 SEED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("Example#", "example"),
@@ -54,7 +56,7 @@ class Row:
     draft_precision: str | None
     target_device: str
     draft_device: str | None
-    # Settings pinned for this run (see harness.generation.GenerationSettings)
+    # Settings pinned for this run (see harness.setup.GenerationSettings)
     num_assistant_tokens: int | None
     assistant_schedule: str | None
     assistant_confidence_threshold: float | None
@@ -110,27 +112,8 @@ class Row:
         return row
 
     def key(self) -> tuple[Any, ...]:
-        """Identity of a row for resuming: same prompt, mode and settings means already done."""
-        return (
-            self.task,
-            self.model,
-            self.example,
-            self.mode,
-            self.target_precision,
-            self.target_backend,
-            self.execution_provider,
-            self.draft_precision,
-            self.num_assistant_tokens,
-            self.assistant_schedule,
-            self.prompt_lookup_num_tokens,
-            self.do_sample,
-            self.temperature,
-            self.top_p,
-            self.top_k,
-            self.seed,
-            self.max_new_tokens,
-            self.prompt_tokens,
-        )
+        """Identity of a row for resuming: same run, prompt and settings means already done."""
+        return setup.row_key(self)
 
 
 RUNS_ENV = "ASSISTED_GENERATION_RUNS"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import hashlib
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -19,11 +18,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness import platforms, results
+from harness import platforms, results, setup
 from harness.errors import HarnessError
-from harness.generation import GenerationSettings, Measurement, generate
+from harness.generation import Measurement, generate
 from harness.models import LoadedPair
 from harness.results import Row, append_row, read_rows
+from harness.setup import GenerationSettings
 from harness.tasks import Prompt
 
 
@@ -81,25 +81,16 @@ def run_id_for(
     The modes are part of it: a plain-only run and a later ``--compare`` run writing to the same file
     are different runs, so a speedup never pairs rows measured in separate runs.
     """
-    blob = json.dumps(
-        [
-            pair.spec.name,
-            task,
-            pair.target_precision,
-            pair.draft_precision,
-            settings.to_dict(),
-            platform,
-            list(modes),
-            platforms.host_id(),
-            platforms.code_version(),
-        ]
-        # Appended only when not stock, so the ids of runs made before kernels existed still match.
-        + ([pair.target_kernels] if pair.target_kernels != "stock" else [])
-        + ([f"draft_vocab={pair.draft_vocab}"] if pair.draft_vocab else [])
-        + ([f"draft_kernels={pair.draft_kernels}"] if pair.draft_kernels != "stock" else []),
-        sort_keys=True,
+    arms = [pair.run_setup(dataclasses.replace(settings, mode=mode)).columns() for mode in modes]
+    return setup.run_id(
+        arms[0],
+        task=task,
+        platform=platform,
+        host=platforms.host_id(),
+        code=platforms.code_version(),
+        # Settings without a column (ignore_eos, the n-gram size) and every further mode's columns.
+        extra=[settings.to_dict(), *arms[1:]],
     )
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def make_row(
@@ -113,42 +104,14 @@ def make_row(
     platform: str = "",
     run_id: str = "",
 ) -> Row:
-    assisted = settings.mode != "plain"
-    uses_draft = settings.mode == "assisted"
+    run = pair.run_setup(settings)
     return Row(
+        **run.columns(),
         example=example,
-        mode=settings.mode,
-        assisted=assisted,
+        assisted=settings.mode != "plain",
         task=task,
-        model=pair.spec.name,
         target_model=pair.spec.target.hf_id or pair.spec.target.name,
-        draft_model=(pair.spec.draft.hf_id or pair.spec.draft.name) if uses_draft else None,
-        target_precision=pair.target_precision,
-        target_kernels=pair.target_kernels,
-        target_backend=pair.target_backend,
-        execution_provider=pair.execution_provider,
-        draft_vocab=pair.draft_vocab if uses_draft else None,
-        draft_kernels=pair.draft_kernels if uses_draft else None,
-        draft_precision=pair.draft_precision if uses_draft else None,
-        target_device=pair.target_device,
-        draft_device=pair.draft_device if uses_draft else None,
-        num_assistant_tokens=settings.num_assistant_tokens if uses_draft else None,
-        assistant_schedule=settings.assistant_schedule if uses_draft else None,
-        # None unless the schedule reads it, like temperature when greedy: a value here would be printed
-        # in the row's reproduce command, and the CLI rejects the 0.0 "in effect" for other schedules.
-        assistant_confidence_threshold=settings.assistant_confidence_threshold
-        if uses_draft and settings.assistant_schedule == "dynamic"
-        else None,
-        prompt_lookup_num_tokens=settings.prompt_lookup_num_tokens
-        if settings.mode == "prompt_lookup"
-        else None,
-        do_sample=settings.do_sample,
-        temperature=settings.temperature if settings.do_sample else None,
-        top_p=settings.top_p if settings.do_sample else None,
-        top_k=settings.top_k if settings.do_sample else None,
-        seed=settings.seed,
-        max_new_tokens=settings.max_new_tokens,
-        min_new_tokens=settings.min_new_tokens,
+        draft_model=(pair.spec.draft.hf_id or pair.spec.draft.name) if run.uses_draft else None,
         prompt_tokens=m.prompt_tokens,
         new_tokens=m.new_tokens,
         total_s=m.total_s,

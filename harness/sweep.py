@@ -72,14 +72,16 @@ from harness import (
     precision,
     report,
     runner,
+    setup,
     stats,
     tiny,
     vocab,
     weights,
 )
 from harness.errors import HarnessError
-from harness.generation import SCHEDULES, GenerationSettings, Measurement, generate
+from harness.generation import Measurement, generate
 from harness.results import Row, append_row, read_rows
+from harness.setup import SCHEDULES, GenerationSettings
 from harness.tasks import Prompt
 
 TASK = "sweep"
@@ -160,6 +162,14 @@ class SweepConfig:
             + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
             + ("-dk_invariant" if self.draft_kernels != "stock" else "")
         )
+
+    @property
+    def target(self) -> setup.Target:
+        """The target this configuration runs on, as the loaded pair will report it."""
+        if self.target_kernels == ORT:
+            ort = backends.OrtSettings(self.target_precision)
+            return setup.Target(ort.label, "stock", "onnxruntime", ort.provider)
+        return setup.Target(self.target_precision, self.target_kernels)
 
     @property
     def target_key(self) -> tuple[str, str]:
@@ -375,9 +385,9 @@ def load_target_group(
         pairs[key] = dataclasses.replace(
             first,
             draft=draft,
-            draft_precision=key[0],
-            draft_vocab=key[1],
-            draft_kernels=key[2] if len(key) > 2 else "stock",
+            draft_setup=dataclasses.replace(
+                first.draft_setup, precision=key[0], vocab=key[1], kernels=key[2] if len(key) > 2 else "stock"
+            ),
         )
     return pairs
 
@@ -444,23 +454,19 @@ def _prompt_digest(prompt: Prompt) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _run_id(pair: str, target_key: tuple[str, str], new_tokens: int, platform: str, threads: int) -> str:
+def _run_id(pair: str, config: SweepConfig, new_tokens: int, platform: str, threads: int) -> str:
     # One id per target and workload: plain and assisted rows of a target share it (so report tables
     # pair them), and a resumed run continues the same id. Thread count is part of it: rows measured
     # with other threads are a different run and must not be mixed in.
-    blob = json.dumps(
-        [
-            pair,
-            TASK,
-            *target_key,
-            new_tokens,
-            platform,
-            threads,
-            platforms.host_id(),
-            platforms.code_version(),
-        ]
+    plain = setup.RunSetup(pair, config.target, None, _plain_settings(new_tokens))
+    return setup.run_id(
+        plain.columns(),
+        task=TASK,
+        platform=platform,
+        host=platforms.host_id(),
+        code=platforms.code_version(),
+        extra=[threads],
     )
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _key(run_id: str, arm: str, example: int, digest: str) -> tuple[str, str, int, str]:
@@ -681,7 +687,7 @@ def run_sweep(
 
     plans: list[tuple[tuple[str, str], str, list[tuple[int, Prompt, SweepConfig | None, int]]]] = []
     for target_key, group in groups.items():
-        run_id = _run_id(spec.name, target_key, new_tokens, platform, threads)
+        run_id = _run_id(spec.name, group[0], new_tokens, platform, threads)
         arms: list[SweepConfig | None] = [None, *group]
         jobs = []
         for i, prompt in enumerate(prompts):

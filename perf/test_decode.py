@@ -22,8 +22,9 @@ from scipy import stats
 from harness import equivalence, sweep, tasks, tiny
 from harness.backends import OrtSettings
 from harness.errors import UnsupportedError
-from harness.generation import GenerationSettings, generate, generation_config
+from harness.generation import generate, generation_config
 from harness.models import LoadedPair, get_pair, load_ort_target
+from harness.setup import Draft, GenerationSettings, Target
 
 KS = (1, 2, 5, 8)
 SCHEDULES = ("constant", "dynamic")
@@ -298,7 +299,7 @@ def sampling_pair(request, selected_target_backends) -> LoadedPair:
     target = tiny.build_target(SAMPLE_RECIPE)
     draft = tiny.build_draft(SAMPLE_RECIPE, target)
     tokenizer = tiny.build_tokenizer()
-    pair = LoadedPair(get_pair("tiny-llama"), target, draft, tokenizer, "fp32", "fp32", "cpu", "cpu")
+    pair = LoadedPair(get_pair("tiny-llama"), target, draft, tokenizer, Target("fp32"), Draft("fp32"))
     if request.param == "torch":
         return pair
     provider = dict(selected_target_backends).get("onnxruntime")
@@ -311,9 +312,7 @@ def sampling_pair(request, selected_target_backends) -> LoadedPair:
     return dataclasses.replace(
         pair,
         target=exported,
-        target_precision=settings.label,
-        target_backend="onnxruntime",
-        execution_provider=settings.provider,
+        target_setup=Target(settings.label, backend="onnxruntime", provider=settings.provider),
     )
 
 

@@ -15,8 +15,9 @@ import torch
 
 from harness import baselines, bench, equivalence, stats
 from harness.errors import HarnessError
-from harness.generation import GenerationSettings, generate
+from harness.generation import generate
 from harness.results import read_rows
+from harness.setup import GenerationSettings
 from harness.timing import Forward, record_forwards
 
 SMALL = bench.BenchCase("tiny-llama", prompt_tokens=24, new_tokens=12, num_assistant_tokens=4)
@@ -188,7 +189,12 @@ def test_record_round_trips_and_gates_itself(measured, tmp_path):
         "plain_tokens_per_s",
         "acceptance_by_position",
     }
-    assert all(g.status == "pass" and g.ratio == pytest.approx(1.0, rel=1e-5) for g in gates.values())
+    assert all(g.ratio == pytest.approx(1.0, rel=1e-5) for g in gates.values())
+    # Two rounds of a tiny model: its own spread may keep the interval from excluding the 8% margin,
+    # and then (only then) the gate must say inconclusive, never regression or improvement.
+    for name, g in gates.items():
+        noisy = g.status == "inconclusive" and min(g.ci) < 1 - stats.DEFAULT_MARGIN
+        assert g.status == "pass" or noisy, (name, g)
     assert "adjusted x1.000" in gates["speedup"].message
 
 

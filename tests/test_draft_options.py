@@ -8,7 +8,8 @@ import torch
 
 from harness import models, sweep, vocab
 from harness.errors import HarnessError
-from harness.generation import GenerationSettings, generate
+from harness.generation import generate
+from harness.setup import GenerationSettings
 
 IDS = list(range(3, 40))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from harness import equivalence, models
-from harness.generation import GenerationSettings
+from harness.setup import GenerationSettings
 
 
 def test_divergence_rows_are_written_as_cases_finish(tmp_path):

@@ -14,7 +14,8 @@ from transformers import GenerationConfig
 
 from harness import models, tiny
 from harness.errors import HarnessError
-from harness.generation import GenerationSettings, Measurement, count_acceptance, generate
+from harness.generation import Measurement, count_acceptance, generate
+from harness.setup import GenerationSettings
 from harness.timing import Forward
 
 PROMPT = [tiny.BOS_ID, *range(40, 59)]  # 20 tokens

@@ -153,7 +153,8 @@ def test_codellama_draft_is_padded_to_the_target_vocabulary() -> None:
 
 
 def test_padded_draft_never_proposes_a_target_only_token_when_sampling() -> None:
-    from harness.generation import GenerationSettings, generate
+    from harness.generation import generate
+    from harness.setup import GenerationSettings
 
     pair = models.load_pair("tiny-codellama")
     settings = GenerationSettings(

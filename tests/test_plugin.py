@@ -16,7 +16,8 @@ import pytest
 
 @pytest.mark.pairs(real=False)
 def test_assisted_equals_plain(pair_name, pairs):
-    from harness.generation import GenerationSettings, generate
+    from harness.generation import generate
+    from harness.setup import GenerationSettings
 
     pair = pairs.get(pair_name)
     ids = list(pair.tokenizer("def add(a, b):")["input_ids"])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from harness import models, timing, tiny
-from harness.generation import GenerationSettings, generate
+from harness.generation import generate
+from harness.setup import GenerationSettings
 
 
 def _hook_counts(module: torch.nn.Module) -> tuple[int, int]:

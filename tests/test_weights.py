@@ -11,7 +11,8 @@ import torch
 
 from harness import models, packaged, tiny, weights
 from harness.errors import VocabMismatchError, WeightsNotFoundError
-from harness.generation import GenerationSettings, generate
+from harness.generation import generate
+from harness.setup import GenerationSettings
 
 LLAMA = ("llama-2-7b", "meta-llama/Llama-2-7b-hf", None)  # name, hf_id, packaged_key
 QWEN = ("qwen2.5-coder-1.5b", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-1.5b")

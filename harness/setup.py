@@ -1,0 +1,242 @@
+"""What a run is: one value holding every setting that decides what is decoded, and how fast.
+
+A ``RunSetup`` is a pair name, a ``Target`` (precision, kernels, backend and provider, device), a
+``Draft`` (precision, kernels, vocabulary, device; None when no draft model runs) and the decoding
+settings (``GenerationSettings``: mode, K and its schedule, sampling, budget). ``resolve`` fills one
+from a pair's registered defaults; it is the only place that does.
+
+``FIELDS`` lists, once, the settings that identify a result: the column a row carries, the CLI flag
+that sets it and which side of the run it belongs to. Every identity derives from it: a row's resume
+key (``row_key``), the plain row an assisted row is paired with (``pairing_key``), run ids
+(``run_id``), the columns ``runner.make_row`` writes (``columns``).
+
+This module imports no model code, so anything (the registry, the loaders, the experiments, the CLI)
+can build and compare setups before a weight is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from harness.errors import HarnessError
+
+MODES = ("plain", "assisted", "prompt_lookup")
+# User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
+# "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
+# second prompt of a run would not start from the K the user set.
+SCHEDULES = {"constant": "constant", "heuristic": "heuristic_transient", "dynamic": "constant"}
+DEFAULT_CONFIDENCE_THRESHOLD = 0.4  # transformers' own default for its dynamic speculation
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How one prompt is decoded: the mode, the draft's K and schedule, sampling and the budget."""
+
+    mode: str = "plain"
+    max_new_tokens: int = 30
+    min_new_tokens: int = 0
+    num_assistant_tokens: int = 5
+    assistant_schedule: str = "constant"
+    assistant_confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD  # used by "dynamic" only
+    prompt_lookup_num_tokens: int = 10
+    max_matching_ngram_size: int = 2
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int = 0
+    eos_token_id: int | None = None  # None: the tokenizer's
+    ignore_eos: bool = False  # decode the whole budget even past an EOS
+    # Stop once the new text holds one of these (HumanEval's end-of-function markers). Assisted
+    # decoding checks after each verify step, so it may run on by up to K tokens past the step
+    # plain decoding stops at; callers that compare outputs cut both at the first stop string.
+    stop_strings: tuple[str, ...] = ()
+
+    def validate(self) -> GenerationSettings:
+        def bad(what: str) -> HarnessError:
+            return HarnessError(f"invalid generation setting: {what}")
+
+        if self.mode not in MODES:
+            raise bad(f"mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        if self.max_new_tokens < 1:
+            raise bad(f"--max_new_tokens must be at least 1 (got {self.max_new_tokens})")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise bad(f"min_new_tokens must be between 0 and max_new_tokens (got {self.min_new_tokens})")
+        if self.num_assistant_tokens < 1:
+            raise bad(f"--num_assistant_tokens must be at least 1 (got {self.num_assistant_tokens})")
+        if self.assistant_schedule not in SCHEDULES:
+            raise bad(
+                f"--assistant_schedule {self.assistant_schedule!r}; choose one of {', '.join(SCHEDULES)}"
+            )
+        if not 0.0 < self.assistant_confidence_threshold < 1.0:
+            raise bad(f"confidence threshold must be in (0, 1) (got {self.assistant_confidence_threshold})")
+        if self.prompt_lookup_num_tokens < 1:
+            raise bad(f"--prompt_lookup must be at least 1 (got {self.prompt_lookup_num_tokens})")
+        if self.do_sample:
+            if not self.temperature > 0:
+                raise bad(f"--temperature must be > 0 when sampling (got {self.temperature})")
+            if not 0.0 < self.top_p <= 1.0:
+                raise bad(f"--top_p must be in (0, 1] (got {self.top_p})")
+            if self.top_k < 0:
+                raise bad(f"--top_k must be >= 0, 0 meaning off (got {self.top_k})")
+        return self
+
+    @property
+    def confidence_threshold_in_effect(self) -> float:
+        return self.assistant_confidence_threshold if self.assistant_schedule == "dynamic" else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Target:
+    """How the target runs. ``precision`` is the label rows carry: a harness precision on torch, the
+    export's settings (``backends.OrtSettings.label``, e.g. ``ort-int4-b32-aint8``) on ONNX Runtime."""
+
+    precision: str
+    kernels: str = "stock"
+    backend: str = "torch"
+    provider: str | None = None  # ONNX Runtime's execution provider; None on torch
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Draft:
+    """How the draft model runs (its output is only ever a proposal: none of this changes tokens)."""
+
+    precision: str
+    kernels: str = "stock"
+    vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    pair: str
+    target: Target
+    draft: Draft | None  # None: no draft model (plain decoding or prompt lookup)
+    decoding: GenerationSettings
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.decoding.mode == "assisted" and self.draft is not None
+
+    def columns(self) -> dict[str, Any]:
+        """The identity as rows carry it, one column per field of ``FIELDS``."""
+        return {f.column: f.get(self) for f in FIELDS}
+
+
+@dataclass(frozen=True)
+class Field:
+    column: str  # the row column (and ``Row`` attribute) that carries it
+    flag: str | None  # the CLI flag that sets it (None: set by the task or mode)
+    side: str  # "target", "draft", "sampling" or "budget"
+    get: Callable[[RunSetup], Any]
+
+
+def _draft(get: Callable[[Draft], Any]) -> Callable[[RunSetup], Any]:
+    # A draft setting means something only when a draft model assists; elsewhere it is None, so a
+    # plain row never differs from another plain row by a draft it did not use.
+    return lambda s: get(s.draft) if s.uses_draft else None  # type: ignore[arg-type]
+
+
+def _sampled(get: Callable[[GenerationSettings], Any]) -> Callable[[RunSetup], Any]:
+    return lambda s: get(s.decoding) if s.decoding.do_sample else None
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("model", "--model_name", "target", lambda s: s.pair),
+    Field("target_precision", "--target_precision", "target", lambda s: s.target.precision),
+    Field("target_kernels", "--target_kernels", "target", lambda s: s.target.kernels),
+    Field("target_backend", "--target_backend", "target", lambda s: s.target.backend),
+    Field("execution_provider", "--execution_provider", "target", lambda s: s.target.provider),
+    Field("target_device", "--target_device", "target", lambda s: s.target.device),
+    Field("mode", None, "draft", lambda s: s.decoding.mode),
+    Field("draft_precision", "--draft_precision", "draft", _draft(lambda d: d.precision)),
+    Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels)),
+    Field("draft_vocab", "--draft_vocab", "draft", _draft(lambda d: d.vocab)),
+    Field("draft_device", "--draft_device", "draft", _draft(lambda d: d.device)),
+    Field(
+        "num_assistant_tokens",
+        "--num_assistant_tokens",
+        "draft",
+        lambda s: s.decoding.num_assistant_tokens if s.uses_draft else None,
+    ),
+    Field(
+        "assistant_schedule",
+        "--assistant_schedule",
+        "draft",
+        lambda s: s.decoding.assistant_schedule if s.uses_draft else None,
+    ),
+    # None unless the schedule reads it, as temperature when greedy: a value here would be printed
+    # in a row's reproduce command, and the CLI rejects it for other schedules.
+    Field(
+        "assistant_confidence_threshold",
+        "--assistant_confidence_threshold",
+        "draft",
+        lambda s: (
+            s.decoding.assistant_confidence_threshold
+            if s.uses_draft and s.decoding.assistant_schedule == "dynamic"
+            else None
+        ),
+    ),
+    Field(
+        "prompt_lookup_num_tokens",
+        "--prompt_lookup",
+        "draft",
+        lambda s: s.decoding.prompt_lookup_num_tokens if s.decoding.mode == "prompt_lookup" else None,
+    ),
+    Field("do_sample", "--do_sample", "sampling", lambda s: s.decoding.do_sample),
+    Field("temperature", "--temperature", "sampling", _sampled(lambda d: d.temperature)),
+    Field("top_p", "--top_p", "sampling", _sampled(lambda d: d.top_p)),
+    Field("top_k", "--top_k", "sampling", _sampled(lambda d: d.top_k)),
+    Field("seed", "--seed", "sampling", lambda s: s.decoding.seed),
+    Field("max_new_tokens", "--max_new_tokens", "budget", lambda s: s.decoding.max_new_tokens),
+    Field("min_new_tokens", "--min_new_tokens", "budget", lambda s: s.decoding.min_new_tokens),
+)
+
+COLUMNS = tuple(f.column for f in FIELDS)
+
+
+def _values(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
+    # Rows are ``Row`` objects or their dicts (a JSON line); a column an old row lacks reads None.
+    if isinstance(row, Mapping):
+        return tuple(row.get(n) for n in names)
+    return tuple(getattr(row, n, None) for n in names)
+
+
+_WHERE = ("run_id", "task", "example", "prompt_tokens")  # which run and prompt a row belongs to
+
+
+def row_key(row: Any) -> tuple[Any, ...]:
+    """A finished row's identity within its run: the same prompt decoded with the same settings is
+    the same result (a rerun skips it)."""
+    return _values(row, (*_WHERE, *COLUMNS))
+
+
+def pairing_key(row: Any) -> tuple[Any, ...]:
+    """What a plain row must share with an assisted row to be its baseline: the run, the prompt, the
+    target's setup, sampling and budget (never across precisions, devices or sampling settings)."""
+    sides = ("target", "sampling", "budget")
+    return _values(row, (*_WHERE, *(f.column for f in FIELDS if f.side in sides)))
+
+
+def run_id(
+    columns: Mapping[str, Any], *, task: str, platform: str, host: str, code: str, extra: Sequence[Any] = ()
+) -> str:
+    """Same configuration, same host and code, same id: resumed rows belong to the run they continue.
+
+    ``columns`` is a setup's identity (``RunSetup.columns``, or the target side of it for a run that
+    measures several arms on one target); ``extra`` holds what else the caller's run depends on (its
+    modes, thread count, prompt set)."""
+    blob = json.dumps(
+        [{c: columns.get(c) for c in COLUMNS if c in columns}, task, platform, host, code, list(extra)],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
