@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from harness.analysis import leviathan_speedup_verify
 from harness.errors import HarnessError
 from harness.stats import (
     DEFAULT_ALPHA,
     DEFAULT_MARGIN,
     GateResult,
     gate,
-    leviathan_speedup_verify,
     mean_ci,
     speedup_ci,
 )

@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
-from harness import baselines, platforms, runner, stats, tasks
+from harness import analysis, baselines, platforms, runner, stats, tasks
 from harness.errors import HarnessError
-from harness.generation import Measurement, generate, verify_steps
+from harness.generation import generate
 from harness.models import LoadedPair
 from harness.results import append_row, runs_dir
 from harness.setup import GenerationSettings
-from harness.timing import Forward
+from harness.timing import Measurement
 
 TASK = "benchmark"
 
@@ -101,92 +101,6 @@ class BenchCase:
             seed=self.seed,
             ignore_eos=True,
         ).validate()
-
-
-# --------------------------------------------------------------------------- per-forward analysis
-
-
-def decode_forwards(forwards: Sequence[Forward]) -> list[Forward]:
-    """The forwards onto a non-empty KV cache: decode steps (plain) or verify/draft steps (assisted)."""
-    # A forward onto an empty KV cache is a prefill (the whole prompt): it costs far more than a
-    # decode step and would inflate every per-step cost ratio.
-    return [f for f in forwards if f.cache_tokens > 0]
-
-
-def _judged_steps(m: Measurement) -> list[list[bool]]:
-    """Per verify step of an assisted run, whether each candidate equals the token the final output
-    holds at its position, read off the target's verify inputs; candidates past the token budget are
-    left out (cut, not judged)."""
-    target = [f for f in m.forwards if f.role == "target"]
-    if not target:
-        return []
-    sequence = list(target[0].token_ids[: m.prompt_tokens]) + list(m.output_ids)
-    steps = []
-    for candidates, start in verify_steps(target, m.prompt_tokens):
-        judged = candidates[: max(0, len(sequence) - start)]
-        steps.append([sequence[start + offset] == token for offset, token in enumerate(judged)])
-    return steps
-
-
-def acceptance_steps(m: Measurement) -> tuple[int, int]:
-    """(accepted candidates, verify steps that rejected one) over an assisted run's verify forwards.
-
-    Reads the target's verify inputs the way ``generation.count_acceptance`` does, but keeps what
-    that total drops: whether each step ended on a rejection or ran out of candidates or budget.
-    That split is what the per-token acceptance probability needs (``alpha_mle``).
-    """
-    accepted = rejected = 0
-    for judged in _judged_steps(m):
-        run = judged.index(False) if False in judged else len(judged)
-        accepted += run
-        rejected += int(run < len(judged))
-    return accepted, rejected
-
-
-def acceptance_by_position(m: Measurement) -> list[list[int]]:
-    """[[drafted, accepted], ...] per draft position over an assisted run's verify steps: position i
-    was drafted when a step proposed an i-th candidate, and accepted when candidates 0..i all were.
-
-    Under greedy decoding on deterministic kernels these counts are a function of the code alone (no
-    clock involved), so they can be held to a baseline exactly, as vLLM holds acceptance length per
-    position: a change in drafting or verification moves them.
-    """
-    counts: list[list[int]] = []
-    for judged in _judged_steps(m):
-        run = judged.index(False) if False in judged else len(judged)
-        for offset in range(len(judged)):
-            while len(counts) <= offset:
-                counts.append([0, 0])
-            counts[offset][0] += 1
-            counts[offset][1] += int(offset < run)
-    return counts
-
-
-def alpha_mle(accepted: int, rejected: int) -> float | None:
-    """Per-token acceptance probability, the alpha of Leviathan et al.: accepted / (accepted + rejected).
-
-    Each candidate is a Bernoulli trial that either passes (and the next one is tried) or fails (and
-    the step ends); steps that accept every candidate end without a failure. This is the maximum-
-    likelihood estimate under that geometric model. It differs from accepted/drafted (the rows'
-    ``acceptance_rate``), which also counts the candidates after a rejection that were never tried.
-    """
-    trials = accepted + rejected
-    return accepted / trials if trials else None
-
-
-def _mean_ms(forwards: Sequence[Forward]) -> float:
-    return statistics.fmean(f.ms for f in forwards) if forwards else math.nan
-
-
-def predict_speedup(alpha: float | None, k: int, c: float, v: float = 1.0) -> float | None:
-    """Leviathan et al.'s expected speedup for measured alpha, K, cost ratio c and verify cost v.
-
-    None when an input was not measured (no candidate was ever tried, or a mode without the forwards
-    a ratio needs): a missing prediction reads as "-" in tables rather than a made-up number.
-    """
-    if alpha is None or not (math.isfinite(c) and math.isfinite(v)) or v <= 0:
-        return None
-    return stats.leviathan_speedup_verify(alpha, k, c, v)
 
 
 # --------------------------------------------------------------------------- slowdown injection
@@ -290,7 +204,7 @@ class CaseMeasurement:
         """Drafted/accepted per draft position, summed over the assisted rounds."""
         total: list[list[int]] = []
         for m in self.assisted:
-            for i, (drafted, accepted) in enumerate(acceptance_by_position(m)):
+            for i, (drafted, accepted) in enumerate(analysis.acceptance_by_position(m)):
                 while len(total) <= i:
                     total.append([0, 0])
                 total[i][0] += drafted
@@ -305,23 +219,23 @@ class CaseMeasurement:
 
     @property
     def alpha(self) -> float | None:
-        steps = [acceptance_steps(m) for m in self.assisted]
-        return alpha_mle(sum(a for a, _ in steps), sum(r for _, r in steps))
+        steps = [analysis.acceptance_steps(m) for m in self.assisted]
+        return analysis.alpha_mle(sum(a for a, _ in steps), sum(r for _, r in steps))
 
     @property
     def target_forward_ms(self) -> float:
         """Mean one-token target forward (plain decode steps): the unit of the theory's costs."""
-        return _mean_ms([f for m in self.plain for f in decode_forwards(m.forwards) if f.role == "target"])
+        return analysis.decode_ms(self.plain, "target")
 
     @property
     def verify_forward_ms(self) -> float:
         """Mean target verify forward of the assisted runs (K+1 tokens), first (prefill) one excluded."""
-        return _mean_ms([f for m in self.assisted for f in decode_forwards(m.forwards) if f.role == "target"])
+        return analysis.decode_ms(self.assisted, "target")
 
     @property
     def draft_forward_ms(self) -> float:
         """Mean draft forward per draft forward, the draft's prompt prefill excluded."""
-        return _mean_ms([f for m in self.assisted for f in decode_forwards(m.forwards) if f.role == "draft"])
+        return analysis.decode_ms(self.assisted, "draft")
 
     @property
     def c(self) -> float:
@@ -332,7 +246,7 @@ class CaseMeasurement:
         return self.verify_forward_ms / self.target_forward_ms
 
     def _predict(self, v: float) -> float | None:
-        return predict_speedup(self.alpha, self.case.num_assistant_tokens, self.c, v)
+        return analysis.predict_speedup(self.alpha, self.case.num_assistant_tokens, self.c, v)
 
     @property
     def predicted_speedup(self) -> float | None:

@@ -19,9 +19,10 @@ from tabulate import tabulate
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from harness import vocab
-from harness.generation import Measurement, generate
+from harness.generation import generate
 from harness.models import LoadedPair
 from harness.setup import GenerationSettings
+from harness.timing import Measurement
 
 STRATEGIES = ("registered", "self", "random", "partial", "prompt_lookup")
 

@@ -11,49 +11,16 @@ every forward of both models is timed (``harness.timing``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
+from harness.analysis import count_acceptance
 from harness.errors import HarnessError
 from harness.models import LoadedPair
 from harness.setup import SCHEDULES, GenerationSettings
-from harness.timing import Forward, record_forwards
-
-
-@dataclass
-class Measurement:
-    """One ``generate`` call, measured. Times in ms unless named ``_s``."""
-
-    prompt_tokens: int
-    output_ids: list[int]
-    total_s: float
-    prefill_ms: float
-    target_prefill_ms: float
-    time_per_token_ms: float
-    tokens_per_s: float
-    target_forwards: int
-    draft_forwards: int
-    target_ms: float
-    draft_ms: float
-    other_ms: float
-    drafted: int
-    accepted: int
-    forwards: list[Forward] = field(default_factory=list, repr=False)
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
-
-    @property
-    def tokens_per_target_forward(self) -> float:
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+from harness.timing import Measurement, record_forwards
 
 
 def generation_config(settings: GenerationSettings, pair: LoadedPair) -> GenerationConfig:
@@ -93,38 +60,6 @@ def pin_assistant(draft: torch.nn.Module, settings: GenerationSettings) -> None:
     # 0 turns the confidence stop off; transformers' default (0.4) would otherwise make every
     # "constant" run silently dynamic.
     config.assistant_confidence_threshold = settings.confidence_threshold_in_effect
-
-
-def verify_steps(target_forwards: list[Forward], prompt_len: int) -> list[tuple[list[int], int]]:
-    """(candidates, position of the first) per target forward of an assisted run: the first verify
-    is fed prompt + candidates; later ones the previous step's bonus token + candidates, starting
-    right after the cached tokens."""
-    steps = []
-    for i, f in enumerate(target_forwards):
-        if i == 0:
-            steps.append((list(f.token_ids[prompt_len:]), prompt_len))
-        else:
-            steps.append((list(f.token_ids[1:]), f.cache_tokens + 1))
-    return steps
-
-
-def count_acceptance(target_forwards: list[Forward], prompt_len: int, sequence: list[int]) -> tuple[int, int]:
-    """Drafted and accepted tokens, read off the target's verify inputs (``verify_steps``).
-
-    A candidate is accepted when it is the token the final sequence holds at its position, counting
-    from the first candidate up to the first miss. Comparing with the output (rather than inferring
-    from lengths) stays exact when EOS or the token budget cuts the last step short. Plain decoding
-    drafts nothing by the same reading.
-    """
-    drafted = accepted = 0
-    for candidates, start in verify_steps(target_forwards, prompt_len):
-        drafted += len(candidates)
-        for offset, token in enumerate(candidates):
-            pos = start + offset
-            if pos >= len(sequence) or sequence[pos] != token:
-                break
-            accepted += 1
-    return drafted, accepted
 
 
 class StopInNewText(StoppingCriteria):

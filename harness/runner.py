@@ -20,11 +20,12 @@ from tqdm import tqdm
 
 from harness import platforms, results, setup
 from harness.errors import HarnessError
-from harness.generation import Measurement, generate
+from harness.generation import generate
 from harness.models import LoadedPair
 from harness.results import Row, append_row, read_rows
 from harness.setup import GenerationSettings
 from harness.tasks import Prompt
+from harness.timing import Measurement
 
 
 def prompt_ids(pair: LoadedPair, prompt: Prompt) -> list[int]:

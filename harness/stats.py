@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -349,64 +349,3 @@ def simulate_gate(
         base = base.mean(axis=1, keepdims=True)
     codes, *_ = _decide(cur, base, margin, alpha, True)
     return float(np.mean(codes == _REGRESSION))
-
-
-# --- Speculative decoding theory (Leviathan, Kalman & Matias 2023, "Fast Inference from Transformers via
-# Speculative Decoding", Theorem 3.8 and Eq. 1) ---
-
-
-def _check_alpha_k(alpha: float, k: int) -> None:
-    if not 0.0 <= alpha <= 1.0:
-        raise HarnessError(f"acceptance rate alpha must be in [0, 1], got {alpha}")
-    if k < 0 or int(k) != k:
-        raise HarnessError(f"K (draft tokens per step) must be a non-negative integer, got {k}")
-
-
-def expected_tokens_per_forward(alpha: float, k: int) -> float:
-    """Expected tokens per target forward: (1 - alpha^(k+1)) / (1 - alpha); k + 1 when alpha = 1."""
-    _check_alpha_k(alpha, k)
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def leviathan_speedup_verify(alpha: float, k: int, c: float, v: float) -> float:
-    """Expected walltime speedup when a K+1-token verification forward costs ``v`` one-token forwards.
-
-    (1 - alpha^(k+1)) / ((1 - alpha) (k c + v)). On a compute-bound CPU, v grows with K (the paper's
-    v = 1 assumes memory-bound decoding, where K+1 tokens cost as much as one).
-    """
-    _check_alpha_k(alpha, k)
-    if c < 0:
-        raise HarnessError(f"draft/target cost ratio c must be >= 0, got {c}")
-    if v <= 0:
-        raise HarnessError(f"verification cost ratio v must be > 0, got {v}")
-    return expected_tokens_per_forward(alpha, k) / (k * c + v)
-
-
-def leviathan_speedup(alpha: float, k: int, c: float) -> float:
-    """Expected speedup (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)) for acceptance alpha, K drafts, cost c."""
-    return leviathan_speedup_verify(alpha, k, c, 1.0)
-
-
-def optimal_k(alpha: float, c: float, v_of_k: Callable[[int], float] | None = None, k_max: int = 16) -> int:
-    """K in 0..k_max maximising the expected speedup; 0 means drafting does not pay at all."""
-    if k_max < 0:
-        raise HarnessError(f"k_max must be >= 0, got {k_max}")
-    best_k, best = 0, -math.inf
-    for k in range(k_max + 1):
-        v = 1.0 if v_of_k is None or k == 0 else float(v_of_k(k))
-        s = leviathan_speedup_verify(alpha, k, c, v)
-        if s > best + 1e-12:  # strict, so ties go to the smaller (cheaper) K
-            best_k, best = k, s
-    return best_k
-
-
-def acceptance_from_counts(accepted: int, drafted: int) -> float | None:
-    """accepted / drafted; None when nothing was drafted (an undefined rate, not zero)."""
-    if accepted < 0 or drafted < 0 or accepted > drafted:
-        raise HarnessError(
-            f"acceptance counts must satisfy 0 <= accepted <= drafted, got accepted={accepted}, "
-            f"drafted={drafted}; the candidate generator's counters are inconsistent"
-        )
-    return None if drafted == 0 else accepted / drafted

@@ -65,8 +65,8 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from harness import (
+    analysis,
     backends,
-    bench,
     models,
     platforms,
     precision,
@@ -79,10 +79,11 @@ from harness import (
     weights,
 )
 from harness.errors import HarnessError
-from harness.generation import Measurement, generate
+from harness.generation import generate
 from harness.results import Row, append_row, read_rows
 from harness.setup import SCHEDULES, GenerationSettings
 from harness.tasks import Prompt
+from harness.timing import Measurement
 
 TASK = "sweep"
 MODES = ("assisted", "prompt_lookup")
@@ -406,7 +407,7 @@ class ConfigResult:
     speedup: stats.Estimate
     vs_best_plain: float | None  # assisted tok/s over the fastest plain decoder of the sweep
     acceptance_rate: float | None  # accepted / drafted, pooled over prompts
-    alpha: float | None  # per-token acceptance probability (bench.alpha_mle)
+    alpha: float | None  # per-token acceptance probability (analysis.alpha_mle)
     c: float  # draft decode-forward ms / target one-token forward ms (0 for prompt lookup)
     v: float  # target verify forward ms / target one-token forward ms
     predicted_speedup: float | None  # Leviathan with v = 1 (memory-bound verify)
@@ -482,10 +483,10 @@ def _row_key(row: Row) -> tuple[str, str, int, str] | None:
 
 def _forward_numbers(m: Measurement) -> dict[str, float | int]:
     """What the summary needs from a run's forwards, kept in its row so resumed rows carry it too."""
-    decode = bench.decode_forwards(m.forwards)
+    decode = analysis.decode_forwards(m.forwards)
     target = [f for f in decode if f.role == "target"]
     draft = [f for f in decode if f.role == "draft"]
-    accepted, rejected = bench.acceptance_steps(m)
+    accepted, rejected = analysis.acceptance_steps(m)
     return {
         "accepted_steps": accepted,
         "rejected_steps": rejected,
@@ -516,7 +517,7 @@ def summarize(
     assisted_tps = [r.tokens_per_s for r in a]
     drafted = sum(r.drafted for r in a)
     steps = [_sweep_extra(r) for r in a]
-    alpha = bench.alpha_mle(
+    alpha = analysis.alpha_mle(
         sum(s.get("accepted_steps", 0) for s in steps), sum(s.get("rejected_steps", 0) for s in steps)
     )
     target_ms = _pooled_ms(p, "target_decode")
@@ -536,8 +537,8 @@ def summarize(
         alpha=alpha,
         c=c,
         v=v,
-        predicted_speedup=bench.predict_speedup(alpha, config.num_assistant_tokens, c, 1.0),
-        predicted_speedup_verify=bench.predict_speedup(alpha, config.num_assistant_tokens, c, v),
+        predicted_speedup=analysis.predict_speedup(alpha, config.num_assistant_tokens, c, 1.0),
+        predicted_speedup_verify=analysis.predict_speedup(alpha, config.num_assistant_tokens, c, v),
         non_forward_share=statistics.fmean(r.other_ms / (r.total_s * 1000.0) for r in a),
         identical=all(list(plain[e].output_ids) == list(assisted[e].output_ids) for e in examples),
     )

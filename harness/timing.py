@@ -121,3 +121,36 @@ def hook_overhead_s(calls: int = 2000, input_tokens: int = 8) -> float:
     with record_forwards({"target": module}, keep_ids=("target",)):
         hooked = min(run() for _ in range(3))
     return max(hooked - bare, 0.0) / calls
+
+
+@dataclass
+class Measurement:
+    """One ``generate`` call, measured. Times in ms unless named ``_s``."""
+
+    prompt_tokens: int
+    output_ids: list[int]
+    total_s: float
+    prefill_ms: float
+    target_prefill_ms: float
+    time_per_token_ms: float
+    tokens_per_s: float
+    target_forwards: int
+    draft_forwards: int
+    target_ms: float
+    draft_ms: float
+    other_ms: float
+    drafted: int
+    accepted: int
+    forwards: list[Forward] = field(default_factory=list, repr=False)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0

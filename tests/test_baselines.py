@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness import stats
+from harness import analysis
 from harness.baselines import (
     BaselineRecord,
     CaseKey,
@@ -219,7 +219,7 @@ def test_host_adjustment_follows_the_cost_model():
     assert same.factor == pytest.approx(1.0)
     # A host whose target is relatively faster (higher c and v) is expected to speed up less.
     faster_target = host_adjustment(record, 5, 0.47, 1.23)
-    expected = stats.leviathan_speedup_verify(0.63, 5, 0.47, 1.23) / stats.leviathan_speedup_verify(
+    expected = analysis.leviathan_speedup_verify(0.63, 5, 0.47, 1.23) / analysis.leviathan_speedup_verify(
         0.63, 5, 0.39, 1.13
     )
     assert faster_target.factor == pytest.approx(expected) and faster_target.factor < 0.9

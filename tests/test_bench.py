@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from harness import baselines, bench, equivalence, stats
+from harness import analysis, baselines, bench, equivalence, stats
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.results import read_rows
@@ -56,10 +56,10 @@ def test_case_settings_decode_the_whole_budget_in_both_modes():
 
 
 def test_alpha_mle():
-    assert bench.alpha_mle(0, 0) is None
-    assert bench.alpha_mle(9, 0) == 1.0
-    assert bench.alpha_mle(0, 4) == 0.0
-    assert bench.alpha_mle(6, 2) == pytest.approx(0.75)
+    assert analysis.alpha_mle(0, 0) is None
+    assert analysis.alpha_mle(9, 0) == 1.0
+    assert analysis.alpha_mle(0, 4) == 0.0
+    assert analysis.alpha_mle(6, 2) == pytest.approx(0.75)
 
 
 def _verify(ids: list[int], cached: int) -> Forward:
@@ -67,7 +67,7 @@ def _verify(ids: list[int], cached: int) -> Forward:
 
 
 def test_acceptance_steps_tells_rejections_from_budget_cuts():
-    from harness.generation import Measurement
+    from harness.timing import Measurement
 
     prompt = [1, 2, 3]
     out = [10, 11, 12, 13, 14, 15]
@@ -77,13 +77,13 @@ def test_acceptance_steps_tells_rejections_from_budget_cuts():
         _verify([15, 16, 17], 8),  # bonus 15; budget ends, candidates cut, not rejected
     ]
     m = Measurement(3, out, 1.0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 7, 4, forwards)
-    assert bench.acceptance_steps(m) == (4, 1)
+    assert analysis.acceptance_steps(m) == (4, 1)
 
 
 def test_acceptance_steps_agrees_with_the_runs_own_counts(tiny):
     ids = list(range(5, 40))
     m = generate(tiny, ids, GenerationSettings(mode="assisted", max_new_tokens=20, ignore_eos=True))
-    accepted, rejected = bench.acceptance_steps(m)
+    accepted, rejected = analysis.acceptance_steps(m)
     assert accepted == m.accepted and m.drafted > 0
     assert 0 <= rejected <= m.target_forwards
 
@@ -97,8 +97,8 @@ def test_alpha_is_one_for_the_target_itself_and_chance_for_noise(tiny, strategy,
     if strategy == "self":
         # Every candidate accepted: each verify yields K+1 tokens, as the theory's best case.
         k = SMALL.num_assistant_tokens
-        assert m.predicted_speedup == pytest.approx(stats.leviathan_speedup(1.0, k, m.c))
-        assert stats.expected_tokens_per_forward(m.alpha, k) == k + 1
+        assert m.predicted_speedup == pytest.approx(analysis.leviathan_speedup(1.0, k, m.c))
+        assert analysis.expected_tokens_per_forward(m.alpha, k) == k + 1
 
 
 class _Spin(torch.nn.Module):
@@ -151,7 +151,7 @@ def test_measurement_holds_paired_rounds(measured):
     assert s["c"] == pytest.approx(s["draft_forward_ms"] / s["target_forward_ms"])
     assert s["v"] == pytest.approx(s["verify_forward_ms"] / s["target_forward_ms"])
     assert s["predicted_speedup_verify"] == pytest.approx(
-        stats.leviathan_speedup_verify(s["alpha"], SMALL.num_assistant_tokens, s["c"], s["v"])
+        analysis.leviathan_speedup_verify(s["alpha"], SMALL.num_assistant_tokens, s["c"], s["v"])
     )
     assert all(math.isfinite(s[k]) for k in ("plain_non_forward_share", "assisted_non_forward_share"))
 

@@ -13,10 +13,11 @@ import torch
 from transformers import GenerationConfig
 
 from harness import models, tiny
+from harness.analysis import count_acceptance
 from harness.errors import HarnessError
-from harness.generation import Measurement, count_acceptance, generate
+from harness.generation import generate
 from harness.setup import GenerationSettings
-from harness.timing import Forward
+from harness.timing import Forward, Measurement
 
 PROMPT = [tiny.BOS_ID, *range(40, 59)]  # 20 tokens
 

@@ -3,17 +3,19 @@ import math
 import numpy as np
 import pytest
 
+from harness.analysis import (
+    acceptance_from_counts,
+    expected_tokens_per_forward,
+    leviathan_speedup,
+    leviathan_speedup_verify,
+    optimal_k,
+)
 from harness.errors import HarnessError
 from harness.stats import (
     DEFAULT_ALPHA,
     DEFAULT_MARGIN,
-    acceptance_from_counts,
-    expected_tokens_per_forward,
     gate,
-    leviathan_speedup,
-    leviathan_speedup_verify,
     mean_ci,
-    optimal_k,
     simulate_gate,
     speedup_ci,
 )
