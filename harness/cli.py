@@ -369,19 +369,16 @@ def _check_rows_path(path: Path) -> None:
 
 
 def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.GenerationSettings:
-    def given(value: int | None, default: int) -> int:
-        # Not `value or default`: an explicit 0 must reach validation and fail, not become the default.
-        return default if value is None else value
-
-    return setup.GenerationSettings(
+    decoding = setup.GenerationSettings(
         # Without --max_new_tokens each prompt's own budget applies (the runner replaces this per
         # prompt); the placeholder only has to pass validation.
-        max_new_tokens=given(args.max_new_tokens, max(1, args.min_new_tokens)),
+        max_new_tokens=args.max_new_tokens
+        if args.max_new_tokens is not None
+        else max(1, args.min_new_tokens),
         min_new_tokens=args.min_new_tokens,
-        num_assistant_tokens=given(args.num_assistant_tokens, spec.num_assistant_tokens),
-        assistant_schedule=given(args.assistant_schedule, spec.assistant_schedule),
         assistant_confidence_threshold=args.assistant_confidence_threshold,
-        prompt_lookup_num_tokens=given(args.prompt_lookup, 10),
+        # Not `value or default`: an explicit 0 must reach validation and fail, not become the default.
+        prompt_lookup_num_tokens=10 if args.prompt_lookup is None else args.prompt_lookup,
         do_sample=args.do_sample,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -389,6 +386,12 @@ def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.Generati
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
+    return setup.resolve(
+        spec,
+        decoding=decoding,
+        num_assistant_tokens=args.num_assistant_tokens,
+        assistant_schedule=args.assistant_schedule,
+    ).decoding
 
 
 def _modes(args: argparse.Namespace) -> tuple[str, ...]:
@@ -466,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
     )
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name
-    defaults = command_defaults(build_parser(), pair.spec)
+    defaults = setup.defaults(pair.spec)
     try:
         rows = runner.run_prompts(
             pair,
@@ -491,7 +494,7 @@ def run(args: argparse.Namespace) -> int:
             + (f", draft {pair.draft_precision}" if mode == "assisted" else "")
             + ")\n"
         )
-        print(f"```{report.command_for(mode_rows[0], defaults)}```\n")
+        print(f"```{setup.command(mode_rows[0], defaults)}```\n")
         print(report.seed_table(mode_rows, acceptance=mode != "plain"))
     print()
     if args.compare:
@@ -617,25 +620,6 @@ def llama_reference(binary: Path | None, spec: models.PairSpec, new_tokens: int,
     if exact:
         line += f"; fastest exact assisted here {max(exact) / ref.tokens_per_s:.2f}x of it"
     return line
-
-
-def command_defaults(parser: argparse.ArgumentParser, spec: models.PairSpec) -> dict[str, object]:
-    """What this CLI uses when a flag is left out, so printed commands show only what was changed
-    (as the seeds' commands do) and still reproduce the run."""
-    d = parser.parse_args([])
-    return {
-        "target_precision": spec.target_precision,
-        "draft_precision": spec.draft_precision,
-        "num_assistant_tokens": spec.num_assistant_tokens,
-        "target_kernels": spec.target_kernels,
-        "draft_vocab": spec.draft_vocab or 0,
-        "draft_kernels": spec.draft_kernels,
-        "assistant_schedule": spec.assistant_schedule,
-        "assistant_confidence_threshold": d.assistant_confidence_threshold,
-        "top_p": d.top_p,
-        "top_k": d.top_k,
-        "seed": d.seed,
-    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,14 +8,14 @@ before any weights load, so a typo costs milliseconds, not a 7B load.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from harness import backends, devices, invariant, kquants, packaged, precision, tiny, vocab, weights
+from harness import backends, devices, invariant, kquants, packaged, precision, setup, tiny, vocab, weights
 from harness.backends import OrtSettings
 from harness.errors import UnknownModelError, UnsupportedError
 from harness.setup import Draft, GenerationSettings, RunSetup, Target
@@ -365,21 +365,33 @@ def load_pair(
         ort_settings = OrtSettings(
             target_precision or "int4", ort_block_size, ort_accuracy_level, execution_provider
         ).validate()
-        target_precision, target_kernels = ort_settings.label, "stock"
-    target_precision = target_precision or spec.target_precision
-    draft_precision = (draft_precision or spec.draft_precision) if with_draft else None
+    elif target_precision in backends.ORT_PRECISIONS and target_precision not in precision.PRECISIONS:
+        raise UnsupportedError(
+            f"--target_precision {target_precision} is the ONNX Runtime target's; add "
+            "--target_backend onnxruntime, or choose a torch precision "
+            f"({', '.join(precision.PRECISIONS)})"
+        )
+    run = setup.resolve(
+        spec,
+        target_precision=target_precision,
+        target_kernels=target_kernels,
+        target_backend=target_backend,
+        provider=execution_provider,
+        ort_block_size=ort_block_size,
+        ort_accuracy_level=ort_accuracy_level,
+        target_device=target_device,
+        draft_precision=draft_precision,
+        draft_kernels=draft_kernels,
+        draft_vocab=draft_vocab,
+        draft_device=draft_device,
+        with_draft=with_draft,
+    )
+    target_precision, target_kernels = run.target.precision, run.target.kernels
+    draft_precision = run.draft.precision if run.draft else None
+    draft_kernels = run.draft.kernels if run.draft else (draft_kernels or spec.draft_kernels)
+    draft_vocab = run.draft.vocab if run.draft else None
     if ort_settings is None:
-        if target_precision in backends.ORT_PRECISIONS and target_precision not in precision.PRECISIONS:
-            raise UnsupportedError(
-                f"--target_precision {target_precision} is the ONNX Runtime target's; add "
-                "--target_backend onnxruntime, or choose a torch precision "
-                f"({', '.join(precision.PRECISIONS)})"
-            )
         precision.check_precision(target_precision)
-    # None: the pair's registered settings; draft_vocab 0: the whole vocabulary.
-    target_kernels = target_kernels or spec.target_kernels
-    draft_kernels = draft_kernels or spec.draft_kernels
-    draft_vocab = spec.draft_vocab if draft_vocab is None else (draft_vocab or None)
     invariant.check_kernels(target_kernels)
     invariant.check_kernels(draft_kernels, "--draft_kernels")
     if ort_settings is None:
@@ -462,14 +474,8 @@ def load_pair(
         target=target,
         draft=draft,
         tokenizer=tokenizer,
-        target_setup=Target(
-            target_precision,
-            target_kernels,
-            target_backend,
-            ort_settings.provider if ort_settings is not None else None,
-            str(t_dev),
-        ),
-        draft_setup=Draft(draft_precision, draft_kernels, draft_vocab, str(d_dev)) if with_draft else None,
+        target_setup=replace(run.target, device=str(t_dev)),
+        draft_setup=replace(run.draft, device=str(d_dev)) if run.draft else None,
         origins=origins,
     )
 

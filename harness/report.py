@@ -11,7 +11,6 @@ import io
 import math
 import os
 import re
-import shlex
 import statistics
 import sys
 import tempfile
@@ -23,15 +22,10 @@ from typing import Any, TypeVar
 from tabulate import tabulate
 
 from harness import setup
-from harness.backends import DEFAULT_PROVIDER, OrtSettings
 from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
 
 T = TypeVar("T")
 
-# Flag values that command_for leaves out because the CLI would use them anyway. Empty here, so every
-# setting a row has is written out (always reproducible); the CLI passes its real defaults to shorten
-# commands to what the seeds show.
-DEFAULT_FLAGS: Mapping[str, Any] = {}
 
 _COMPARE_HEADERS = (
     "Example#",
@@ -72,7 +66,7 @@ def _sort_key(row: Row) -> tuple[Any, ...]:
     return tuple("" if v is None else str(v) for v in (row.run_id, row.task, row.model)) + (
         row.example,
         row.mode,
-        command_for(row),
+        setup.command(row),
     )
 
 
@@ -103,7 +97,7 @@ def compare_rows(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None)
                 "prompt_tokens": row.prompt_tokens,
                 "max_new_tokens": row.max_new_tokens,
                 "mode": row.mode,
-                "command": command_for(row, defaults),
+                "command": setup.command(row, defaults),
                 "plain_new_tokens": base.new_tokens,
                 "assisted_new_tokens": row.new_tokens,
                 "plain_tokens_per_s": base.tokens_per_s,
@@ -249,62 +243,6 @@ def summary_line(
     return _warned(line, cautions(rows, pairs))
 
 
-def command_for(row: Row, defaults: Mapping[str, Any] | None = None) -> str:
-    """The command line that reproduces ``row``; flags equal to ``defaults[flag]`` are left out."""
-    defaults = DEFAULT_FLAGS if defaults is None else defaults
-
-    def wanted(flag: str, value: Any) -> bool:
-        return value is not None and (flag not in defaults or defaults[flag] != value)
-
-    args = ["python", "assisted_generation.py", "--model_name", row.model, "--task", row.task]
-    if row.mode == "assisted":
-        args.append("--assisted_generation")
-        if wanted("draft_precision", row.draft_precision):
-            args += ["--draft_precision", str(row.draft_precision)]
-    if row.target_backend == "onnxruntime":
-        ort = OrtSettings.from_label(row.target_precision, row.execution_provider or DEFAULT_PROVIDER)
-        args += ["--target_backend", "onnxruntime", "--target_precision", ort.precision]
-        if ort.provider != DEFAULT_PROVIDER:
-            args += ["--execution_provider", ort.provider]
-        if ort.precision == "int4":
-            args += ["--ort_block_size", str(ort.block_size), "--ort_accuracy_level", str(ort.accuracy_level)]
-    elif wanted("target_precision", row.target_precision):
-        args += ["--target_precision", str(row.target_precision)]
-    # Compared with the defaults' value, "stock"/0 when they do not say: the registry's default
-    # may be either, and a command that leaves the flag out must still reproduce the row.
-    if row.target_backend == "torch" and row.target_kernels != defaults.get("target_kernels", "stock"):
-        args += ["--target_kernels", row.target_kernels]
-    if row.mode == "assisted" and (row.draft_vocab or 0) != defaults.get("draft_vocab", 0):
-        args += ["--draft_vocab", str(row.draft_vocab or 0)]
-    if (
-        row.mode == "assisted"
-        and row.draft_kernels
-        and row.draft_kernels != defaults.get("draft_kernels", "stock")
-    ):
-        args += ["--draft_kernels", row.draft_kernels]
-    if row.do_sample:
-        args.append("--do_sample")
-        # The seeds always spell out the temperature when sampling, default or not.
-        if row.temperature is not None:
-            args += ["--temperature", repr(float(row.temperature))]
-        if wanted("top_p", row.top_p):
-            args += ["--top_p", repr(float(row.top_p))]
-        if wanted("top_k", row.top_k):
-            args += ["--top_k", str(row.top_k)]
-    if row.mode == "assisted":
-        if wanted("num_assistant_tokens", row.num_assistant_tokens):
-            args += ["--num_assistant_tokens", str(row.num_assistant_tokens)]
-        if wanted("assistant_schedule", row.assistant_schedule):
-            args += ["--assistant_schedule", str(row.assistant_schedule)]
-        if wanted("assistant_confidence_threshold", row.assistant_confidence_threshold):
-            args += ["--assistant_confidence_threshold", repr(float(row.assistant_confidence_threshold))]
-    if row.mode == "prompt_lookup" and row.prompt_lookup_num_tokens is not None:
-        args += ["--prompt_lookup", str(row.prompt_lookup_num_tokens)]
-    if wanted("seed", row.seed):
-        args += ["--seed", str(row.seed)]
-    return shlex.join(args)
-
-
 def _file_name(text: str) -> str:
     # Model names can hold "/" (hub ids); keep names readable but safe as one path component.
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
@@ -448,7 +386,7 @@ def regen_results(
     for (platform, model), group in sorted(groups.items()):
         by_command: dict[str, list[Row]] = defaultdict(list)
         for row in group:
-            by_command[command_for(row, defaults)].append(row)
+            by_command[setup.command(row, defaults)].append(row)
         sections = [(command, _latest_per_prompt(by_command[command])) for command in sorted(by_command)]
         folder = out_dir / _file_name(platform)
         png_path = folder / f"{_file_name(model)}-speedup.png"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from harness.errors import HarnessError
@@ -240,3 +240,152 @@ def run_id(
         default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- registered defaults
+
+
+def resolve(
+    spec: Any,
+    *,
+    target_precision: str | None = None,
+    target_kernels: str | None = None,
+    target_backend: str = "torch",
+    provider: str | None = None,
+    ort_block_size: int = 32,
+    ort_accuracy_level: int = 4,
+    target_device: str = "cpu",
+    draft_precision: str | None = None,
+    draft_kernels: str | None = None,
+    draft_vocab: int | None = None,
+    draft_device: str = "cpu",
+    with_draft: bool = True,
+    decoding: GenerationSettings | None = None,
+    num_assistant_tokens: int | None = None,
+    assistant_schedule: str | None = None,
+) -> RunSetup:
+    """A run of pair ``spec`` (a ``models.PairSpec``) with every setting left as None taken from the
+    pair's registration: the one place registered defaults are applied.
+
+    ``draft_vocab`` 0 means the whole vocabulary (None: the registered restriction). On ONNX Runtime
+    the target's precision is the export's label, and its kernels are the runtime's own ("stock").
+    """
+    from harness.backends import DEFAULT_PROVIDER, OrtSettings
+
+    if target_backend == "onnxruntime":
+        ort = OrtSettings(
+            target_precision or "int4", ort_block_size, ort_accuracy_level, provider or DEFAULT_PROVIDER
+        )
+        target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device)
+    else:
+        target = Target(
+            target_precision or spec.target_precision,
+            target_kernels or spec.target_kernels,
+            device=target_device,
+        )
+    draft = None
+    if with_draft:
+        draft = Draft(
+            draft_precision or spec.draft_precision,
+            draft_kernels or spec.draft_kernels,
+            spec.draft_vocab if draft_vocab is None else (draft_vocab or None),
+            draft_device,
+        )
+    decoding = decoding or GenerationSettings()
+    decoding = replace(
+        decoding,
+        num_assistant_tokens=spec.num_assistant_tokens
+        if num_assistant_tokens is None
+        else num_assistant_tokens,
+        assistant_schedule=assistant_schedule or spec.assistant_schedule,
+    )
+    return RunSetup(spec.name, target, draft, decoding)
+
+
+def defaults(spec: Any) -> dict[str, Any]:
+    """The columns a run without flags has (``resolve`` with nothing given, and the decoding
+    defaults): a reproduce command leaves out every flag whose value equals these."""
+    run = resolve(spec)
+    d = run.decoding
+    assert run.draft is not None
+    return {
+        "target_precision": run.target.precision,
+        "target_kernels": run.target.kernels,
+        "target_device": run.target.device,
+        "draft_precision": run.draft.precision,
+        "draft_kernels": run.draft.kernels,
+        "draft_vocab": run.draft.vocab or 0,
+        "draft_device": run.draft.device,
+        "num_assistant_tokens": d.num_assistant_tokens,
+        "assistant_schedule": d.assistant_schedule,
+        "assistant_confidence_threshold": d.assistant_confidence_threshold,
+        "top_p": d.top_p,
+        "top_k": d.top_k,
+        "seed": d.seed,
+        "min_new_tokens": d.min_new_tokens,
+    }
+
+
+# --------------------------------------------------------------------------- the reproduce command
+
+PROGRAM = ("python", "assisted_generation.py")
+
+
+def _number(value: Any) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def _ort_target(get: Callable[[str], Any], _d: Mapping[str, Any]) -> list[str]:
+    from harness.backends import DEFAULT_PROVIDER, OrtSettings
+
+    ort = OrtSettings.from_label(get("target_precision"), get("execution_provider") or DEFAULT_PROVIDER)
+    args = ["--target_backend", "onnxruntime", "--target_precision", ort.precision]
+    if ort.provider != DEFAULT_PROVIDER:
+        args += ["--execution_provider", ort.provider]
+    if ort.precision == "int4":
+        args += ["--ort_block_size", str(ort.block_size), "--ort_accuracy_level", str(ort.accuracy_level)]
+    return args
+
+
+def _spell(column: str, flag: str, get: Callable[[str], Any], d: Mapping[str, Any]) -> list[str]:
+    value = get(column)
+    ort = get("target_backend") == "onnxruntime"
+    if column == "target_precision" and ort:
+        return _ort_target(get, d)
+    if column in ("target_backend", "execution_provider") or (column == "target_kernels" and ort):
+        return []  # the ONNX Runtime target spells these itself; torch is the CLI's default
+    if column == "do_sample":
+        return [flag] if value else []
+    if column in ("temperature", "prompt_lookup_num_tokens"):
+        # The seeds always spell the temperature out when sampling; prompt lookup names its N.
+        return [flag, _number(value)] if value is not None else []
+    if column == "draft_vocab":
+        if get("mode") != "assisted" or (value or 0) == d.get(column, 0):
+            return []
+        return [flag, str(value or 0)]
+    # Kernels, devices and the new-token floor compare with what the CLI does when not told, so a
+    # command that leaves the flag out still reproduces the row.
+    fallback = {"target_kernels": "stock", "draft_kernels": "stock", "target_device": "cpu",
+                "draft_device": "cpu", "min_new_tokens": 0}  # fmt: skip
+    if column in fallback:
+        return [flag, str(value)] if value is not None and value != d.get(column, fallback[column]) else []
+    if value is None or (column in d and d[column] == value):
+        return []
+    return [flag, _number(value)]
+
+
+def command(row: Any, defaults: Mapping[str, Any] | None = None) -> str:
+    """The command line that reproduces ``row`` (a ``Row`` or its dict), derived from ``FIELDS``'
+    flags; flags whose value equals ``defaults[column]`` are left out (no defaults: every setting)."""
+    import shlex
+
+    d = defaults or {}
+    get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
+    args = [*PROGRAM, "--model_name", str(get("model")), "--task", str(get("task"))]
+    if get("mode") == "assisted":
+        args.append("--assisted_generation")
+    for f in FIELDS:
+        # The model and task lead; each prompt's new-token budget comes from its task.
+        if f.flag is not None and f.column not in ("model", "max_new_tokens"):
+            args += _spell(f.column, f.flag, get, d)
+    return shlex.join(args)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from harness import setup
 from harness.report import (
     MIN_TIMED_TOKENS,
-    command_for,
     compare_rows,
     compare_table,
     progress,
@@ -240,8 +240,8 @@ DEFAULTS["assistant_schedule"] = "constant"
         make_row(mode="prompt_lookup", task="benchmark", model="facebook/opt 6.7b"),
     ],
 )
-def test_command_for_round_trips(row: Row) -> None:
-    command = command_for(row, DEFAULTS)
+def test_reproduce_command_round_trips(row: Row) -> None:
+    command = setup.command(row, DEFAULTS)
     argv = shlex.split(command)
     assert argv[:2] == ["python", "assisted_generation.py"]
     args = _cli_parser().parse_args(argv[2:])
@@ -259,18 +259,20 @@ def test_command_for_round_trips(row: Row) -> None:
     assert args.prompt_lookup == row.prompt_lookup_num_tokens
 
 
-def test_command_for_matches_seed_spelling() -> None:
+def test_reproduce_command_matches_seed_spelling() -> None:
     assert (
-        command_for(make_row(), DEFAULTS)
+        setup.command(make_row(), DEFAULTS)
         == "python assisted_generation.py --model_name qwen2.5-coder-1.5b --task decode"
     )
     assisted = make_row(mode="assisted", draft_precision="w8af32", do_sample=True, temperature=1.0)
-    assert command_for(assisted, DEFAULTS) == (
+    assert setup.command(assisted, DEFAULTS) == (
         "python assisted_generation.py --model_name qwen2.5-coder-1.5b --task decode --assisted_generation "
         "--draft_precision w8af32 --do_sample --temperature 1.0"
     )
     # Without defaults every setting is spelled out, so the command reproduces the row on its own.
-    assert "--num_assistant_tokens 6 --assistant_schedule constant" in command_for(make_row(mode="assisted"))
+    assert "--num_assistant_tokens 6 --assistant_schedule constant" in setup.command(
+        make_row(mode="assisted")
+    )
 
 
 def _regen_rows() -> list[Row]:
@@ -302,7 +304,7 @@ def test_regen_results_writes_md_and_png_deterministically(tmp_path: Path) -> No
 
     # One section per distinct command, in sorted order, each a fenced command then a seed table.
     commands = [line.strip("`") for line in md.splitlines() if line.startswith("```python")]
-    expected = sorted({command_for(r, DEFAULTS) for r in rows if r.model == "qwen2.5-coder-1.5b"})
+    expected = sorted({setup.command(r, DEFAULTS) for r in rows if r.model == "qwen2.5-coder-1.5b"})
     assert commands[: len(expected)] == expected
     assert md.count(SEED_HEADER[:-1]) == len(expected)
     assert "999" not in md  # the older row was superseded by the newer one of the same prompt
@@ -352,7 +354,7 @@ def test_reproduce_command_of_an_onnxruntime_row_parses_back_to_its_settings():
     from harness.backends import OrtSettings
 
     row = _ort_row()
-    command = command_for(row, cli.command_defaults(cli.build_parser(), models.get_pair("tiny-qwen2")))
+    command = setup.command(row, setup.defaults(models.get_pair("tiny-qwen2")))
     assert "--target_backend onnxruntime" in command and "--target_kernels" not in command
     args = cli.build_parser().parse_args(command.split()[2:])
     settings = OrtSettings(
