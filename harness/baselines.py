@@ -139,6 +139,29 @@ class CaseKey:
         return cls(**data)
 
 
+def case_key(columns: dict[str, Any], task: str, prompt_tokens: int | None) -> CaseKey:
+    """A setup's identity columns (``setup.RunSetup.columns``) as the key baseline files carry."""
+    return CaseKey(
+        model=columns["model"],
+        task=task,
+        prompt_tokens=prompt_tokens,
+        new_tokens=columns["max_new_tokens"],
+        target_precision=columns["target_precision"],
+        draft_precision=columns["draft_precision"],
+        num_assistant_tokens=columns["num_assistant_tokens"],
+        schedule=columns["assistant_schedule"],
+        do_sample=columns["do_sample"],
+        temperature=columns["temperature"],
+        top_p=columns["top_p"],
+        top_k=columns["top_k"],
+        kernels=columns["target_kernels"],
+        draft_vocab=columns["draft_vocab"],
+        draft_kernels=columns["draft_kernels"],
+        backend=columns["target_backend"],
+        provider=columns["execution_provider"],
+    )
+
+
 @dataclass
 class BaselineRecord:
     """What a baseline file holds. ``tokens_per_s`` maps mode ("plain"/"assisted") to mean and samples."""

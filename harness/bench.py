@@ -27,12 +27,12 @@ from typing import Any
 import torch
 from tabulate import tabulate
 
-from harness import analysis, baselines, platforms, runner, stats, tasks
+from harness import analysis, baselines, platforms, runner, setup, stats, tasks
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.models import LoadedPair
 from harness.results import append_row, runs_dir
-from harness.setup import GenerationSettings
+from harness.setup import Draft, GenerationSettings, RunSetup, Target
 from harness.timing import Measurement
 
 TASK = "benchmark"
@@ -61,27 +61,17 @@ class BenchCase:
     target_backend: str = "torch"  # "onnxruntime": target_precision is then the export's label
     execution_provider: str | None = None
 
-    def key(self) -> baselines.CaseKey:
-        sampled = self.do_sample
-        return baselines.CaseKey(
-            model=self.pair,
-            task=self.task,
-            prompt_tokens=self.prompt_tokens,
-            new_tokens=self.new_tokens,
-            target_precision=self.target_precision,
-            draft_precision=self.draft_precision,
-            num_assistant_tokens=self.num_assistant_tokens,
-            schedule=self.schedule,
-            do_sample=sampled,
-            temperature=self.temperature if sampled else None,
-            top_p=self.top_p if sampled else None,
-            top_k=self.top_k if sampled else None,
-            kernels=self.target_kernels,
-            draft_vocab=self.draft_vocab,
-            draft_kernels=self.draft_kernels,
-            backend=self.target_backend,
-            provider=self.execution_provider,
+    @property
+    def run(self) -> RunSetup:
+        """The case's assisted arm as a run setup: every key, id and check derives from it."""
+        target = Target(
+            self.target_precision, self.target_kernels, self.target_backend, self.execution_provider
         )
+        draft = Draft(self.draft_precision, self.draft_kernels, self.draft_vocab)
+        return RunSetup(self.pair, target, draft, self.settings("assisted"))
+
+    def key(self) -> baselines.CaseKey:
+        return baselines.case_key(self.run.columns(), self.task, self.prompt_tokens)
 
     @property
     def case_id(self) -> str:
@@ -366,27 +356,17 @@ def _check_pair(pair: LoadedPair, case: BenchCase) -> None:
         raise HarnessError(f"case is for {case.pair} but pair {pair.spec.name} was passed; load {case.pair}")
     if pair.draft is None:
         raise HarnessError(f"{pair.spec.name} was loaded without a draft; a benchmark needs both models")
-    got = (pair.target_precision, pair.draft_precision)
-    if got != (case.target_precision, case.draft_precision):
-        raise HarnessError(
-            f"case {case.case_id} wants target/draft precision {case.target_precision}/"
-            f"{case.draft_precision}, the loaded pair has {got[0]}/{got[1]}; load it with those precisions"
-        )
-    if pair.draft_vocab != case.draft_vocab:
-        raise HarnessError(
-            f"case {case.case_id} wants draft vocabulary {case.draft_vocab}, the loaded pair has "
-            f"{pair.draft_vocab}; load it with draft_vocab={case.draft_vocab or 0}"
-        )
-    if pair.target_kernels != case.target_kernels:
-        raise HarnessError(
-            f"case {case.case_id} wants {case.target_kernels} target kernels, the loaded pair has "
-            f"{pair.target_kernels}; load it with target_kernels={case.target_kernels!r}"
-        )
-    if pair.draft_kernels != case.draft_kernels:
-        raise HarnessError(
-            f"case {case.case_id} wants {case.draft_kernels} draft kernels, the loaded pair has "
-            f"{pair.draft_kernels}; load it with draft_kernels={case.draft_kernels!r}"
-        )
+    wanted = case.run.columns()
+    got = pair.run_setup(case.settings("assisted")).columns()
+    # Devices are where the case runs, not what it is.
+    differ = [
+        c
+        for c in setup.COLUMNS
+        if c not in ("model", "target_device", "draft_device") and wanted[c] != got[c]
+    ]
+    if differ:
+        diff = ", ".join(f"{c} {wanted[c]!r} (loaded: {got[c]!r})" for c in differ)
+        raise HarnessError(f"case {case.case_id} wants {diff}; load the pair with those settings")
 
 
 def _run_id(pair: LoadedPair, case: BenchCase, platform: str, arm: str) -> str:
