@@ -13,12 +13,12 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from harness import files
 from harness.analysis import leviathan_speedup_verify
 from harness.errors import HarnessError
 from harness.stats import (
@@ -285,24 +285,9 @@ def save_baseline(
         raise HarnessError(
             f"record is for case {record.case.case_id}, not {case.case_id}; pass the matching case"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            # Streamed on purpose: a value that cannot be serialised fails mid-file, inside the temp file.
-            json.dump(data, fh, sort_keys=True, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        # mkstemp creates 0600; a baseline is a shared, committed file: readable like any other.
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
+    # allow_nan=False: a value that cannot be stored fails here, before the old file is touched.
+    text = json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"
+    files.atomic_write(path, text.encode("utf-8"))
     return path
 
 

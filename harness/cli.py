@@ -34,6 +34,7 @@ from harness import (
     tasks,
 )
 from harness.errors import HarnessError
+from harness.report import sweep as sweep_report
 
 EXIT_USAGE = 2
 # HumanEval budget: the humaneval module's measurements used 384 new tokens per problem.
@@ -598,8 +599,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         )
         return 130
     reference = llama_reference(bench_binary, spec, new_tokens, result)
-    md_path, png_path = sweep.write_sweep(result, args.results_dir, reference)
-    print(sweep.sweep_table(result))
+    md_path, png_path = sweep_report.write_sweep(result, args.results_dir, reference)
+    print(sweep_report.sweep_table(result))
     print(f"\n{reference}")
     print(f"\nwrote {md_path} and {png_path}; rows in {rows_path}")
     return 0

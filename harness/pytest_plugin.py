@@ -349,11 +349,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     _divergence_summary(terminalreporter, config)
     entries = config.stash.get(BENCH_RESULTS, None)
     if entries:
-        from harness import bench, platforms
+        from harness import platforms
+        from harness.report import bench as bench_report
 
         terminalreporter.section("benchmark: plain vs assisted decoding")
         terminalreporter.write_line(f"machine: {platforms.detect().describe()}")
-        terminalreporter.write_line(bench.summary_table(entries))
+        terminalreporter.write_line(bench_report.summary_table(entries))
     if config.getoption("--regen-tables") and not under_xdist(config):
         from harness import report, results
 

@@ -16,6 +16,7 @@ import torch
 from harness import analysis, baselines, bench, equivalence, stats
 from harness.errors import HarnessError
 from harness.generation import generate
+from harness.report import bench as bench_report
 from harness.results import read_rows
 from harness.setup import GenerationSettings
 from harness.timing import Forward, record_forwards
@@ -206,7 +207,7 @@ def test_arms_share_rounds_but_not_runs(tiny):
 
 def test_summary_table_has_one_line_per_case(measured):
     m, _ = measured
-    table = bench.summary_table([(m, "tiny: not gated"), (m, "pass")])
+    table = bench_report.summary_table([(m, "tiny: not gated"), (m, "pass")])
     lines = table.splitlines()
     assert len(lines) == 4 and "Speedup [95% CI]" in lines[0] and "Predicted (v=1)" in lines[0]
     assert SMALL.case_id in lines[2] and lines[3].rstrip("| ").endswith("pass")

@@ -15,6 +15,7 @@ import pytest
 
 from harness import cli, models, platforms, sweep
 from harness.errors import HarnessError
+from harness.report import sweep as sweep_report
 from harness.results import read_rows
 
 PAIR = "tiny-qwen2"
@@ -286,10 +287,10 @@ def test_group_pairs_share_one_target():
 
 def test_table_names_the_machine_the_workload_and_every_config(swept):
     result, _, _ = swept
-    text = sweep.sweep_table(result)
+    text = sweep_report.sweep_table(result)
     for label in (r.config.label for r in result.results):
         assert label in text
-    for header in sweep.TABLE_HEADERS:
+    for header in sweep_report.TABLE_HEADERS:
         assert header in text
     for fact in (
         "machine: `test-box-2c`",
@@ -307,7 +308,7 @@ def test_table_names_the_machine_the_workload_and_every_config(swept):
 
 def test_plot_and_markdown_are_written_side_by_side(swept, tmp_path):
     result, _, _ = swept
-    md, png = sweep.write_sweep(result, tmp_path)
+    md, png = sweep_report.write_sweep(result, tmp_path)
     assert (md.parent, md.name, png.name) == (
         tmp_path / "test-box-2c",
         "sweep-tiny-qwen2.md",
@@ -433,7 +434,7 @@ def test_a_speedup_far_from_its_prediction_is_flagged(swept):
     first = result.results[0]
     agreeing = dataclasses.replace(first, predicted_speedup_verify=first.speedup.value)
     far = dataclasses.replace(first, predicted_speedup_verify=first.speedup.value / 3)
-    assert sweep.warnings(dataclasses.replace(result, results=(agreeing,))) == []
-    flagged = sweep.warnings(dataclasses.replace(result, results=(far,)))
+    assert sweep_report.warnings(dataclasses.replace(result, results=(agreeing,))) == []
+    flagged = sweep_report.warnings(dataclasses.replace(result, results=(far,)))
     assert len(flagged) == 2 and flagged[1].startswith(f"WARNING: {first.config.label} measured")
-    assert "WARNING" in sweep.sweep_table(dataclasses.replace(result, results=(far,)))
+    assert "WARNING" in sweep_report.sweep_table(dataclasses.replace(result, results=(far,)))

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import re
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -21,7 +18,7 @@ from typing import Any, TypeVar
 
 from tabulate import tabulate
 
-from harness import setup
+from harness import files, setup
 from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
 
 T = TypeVar("T")
@@ -243,26 +240,6 @@ def summary_line(
     return _warned(line, cautions(rows, pairs))
 
 
-def _file_name(text: str) -> str:
-    # Model names can hold "/" (hub ids); keep names readable but safe as one path component.
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._")
-    return cleaned or "unknown"
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    # Temp file in the same directory + os.replace: readers never see a half-written table or image.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; published files should be readable like any other
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _latest_per_prompt(rows: list[Row]) -> list[Row]:
     # A results file accumulates reruns; the published table shows each prompt's newest measurement.
     latest: dict[tuple[Any, ...], Row] = {}
@@ -388,11 +365,11 @@ def regen_results(
         for row in group:
             by_command[setup.command(row, defaults)].append(row)
         sections = [(command, _latest_per_prompt(by_command[command])) for command in sorted(by_command)]
-        folder = out_dir / _file_name(platform)
-        png_path = folder / f"{_file_name(model)}-speedup.png"
-        md_path = folder / f"{_file_name(model)}.md"
-        _atomic_write(png_path, _speedup_png(f"{model} on {platform}", sections))
+        folder = out_dir / files.file_name(platform)
+        png_path = folder / f"{files.file_name(model)}-speedup.png"
+        md_path = folder / f"{files.file_name(model)}.md"
+        files.atomic_write(png_path, _speedup_png(f"{model} on {platform}", sections))
         md = _markdown(platform, model, sections, f"./{png_path.name}", defaults)
-        _atomic_write(md_path, md.encode("utf-8"))
+        files.atomic_write(md_path, md.encode("utf-8"))
         written += [md_path, png_path]
     return written
