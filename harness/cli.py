@@ -33,6 +33,7 @@ from harness import (
     sweep,
     tasks,
 )
+from harness import configs as sweep_spec
 from harness.errors import HarnessError
 from harness.report import sweep as sweep_report
 
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "',' (t=target precision, d=draft precision, mode=assisted|prompt_lookup, k=K, "
         "sched=constant|dynamic|heuristic, kernels=stock|invariant), e.g. "
         "'t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10'; "
-        f"default: '{sweep.DEFAULT_SPEC}'. Prints plain/assisted tok/s, speedup [95%% CI], acceptance, "
+        f"default: '{sweep_spec.DEFAULT_SPEC}'. Prints plain/assisted tok/s, speedup [95%% CI], acceptance, "
         "predicted speedup and more per configuration; writes results/<platform>/sweep-<model>.md/.png",
     )
     g.add_argument(
@@ -516,7 +517,7 @@ _NOT_FOR_SWEEP = (
 )
 
 
-def _sweep_configs(args: argparse.Namespace) -> list[sweep.SweepConfig]:
+def _sweep_configs(args: argparse.Namespace) -> list[sweep_spec.SweepConfig]:
     """Check every sweep flag and configuration before any model loads."""
     if args.task != "sweep":
         raise HarnessError(f"--sweep is used with --task sweep, not --task {args.task}; add --task sweep")
@@ -540,9 +541,9 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep.SweepConfig]:
     _check_flags(args)
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         raise HarnessError(f"--task sweep needs --max_new_tokens of at least 2 (got {args.max_new_tokens})")
-    configs = sweep.parse_configs(sweep.DEFAULT_SPEC if args.sweep is None else args.sweep)
+    configs = sweep_spec.parse_configs(sweep_spec.DEFAULT_SPEC if args.sweep is None else args.sweep)
     for config in configs:
-        if config.target_kernels == sweep.ORT:
+        if config.target_kernels == sweep_spec.ORT:
             backends.OrtSettings(config.target_precision).validate()
         else:
             precision.check_precision(config.target_precision, args.target_device)
@@ -569,7 +570,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         Path(args.json) if args.json else sweep.default_rows_path(args.results_dir, platform, spec.name)
     )
     command = ["python", "assisted_generation.py", "--model_name", spec.name, "--task", "sweep"]
-    command += ["--sweep", sweep.DEFAULT_SPEC if args.sweep is None else args.sweep]
+    command += ["--sweep", sweep_spec.DEFAULT_SPEC if args.sweep is None else args.sweep]
     command += ["--limit", str(limit), "--max_new_tokens", str(new_tokens)]
     if args.prompts:
         command += ["--prompts", args.prompts]

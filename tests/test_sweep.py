@@ -14,6 +14,7 @@ import weakref
 import pytest
 
 from harness import cli, models, platforms, sweep
+from harness import configs as sweep_spec
 from harness.errors import HarnessError
 from harness.report import sweep as sweep_report
 from harness.results import read_rows
@@ -56,7 +57,7 @@ def prompts():
 def swept(prompts, tmp_path_factory):
     path = tmp_path_factory.mktemp("sweep") / "rows.jsonl"
     loader = CountingLoader()
-    configs = sweep.parse_configs(SPEC)
+    configs = sweep_spec.parse_configs(SPEC)
     result = sweep.run_sweep(
         PAIR, configs, prompts, NEW_TOKENS, path, loader=loader, progress=False, platform="test-box-2c"
     )
@@ -67,13 +68,13 @@ def swept(prompts, tmp_path_factory):
 
 
 def test_parse_the_issue_example():
-    configs = sweep.parse_configs(
+    configs = sweep_spec.parse_configs(
         "t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10"
     )
     assert configs == [
-        sweep.SweepConfig("fp32", "fp32", "assisted", 5, "constant", "stock"),
-        sweep.SweepConfig("w8af32", "w8af32", "assisted", 3, "dynamic", "stock"),
-        sweep.SweepConfig("fp32", None, "prompt_lookup", 10, "constant", "stock"),
+        sweep_spec.SweepConfig("fp32", "fp32", "assisted", 5, "constant", "stock"),
+        sweep_spec.SweepConfig("w8af32", "w8af32", "assisted", 3, "dynamic", "stock"),
+        sweep_spec.SweepConfig("fp32", None, "prompt_lookup", 10, "constant", "stock"),
     ]
     assert [c.label for c in configs] == [
         "t_fp32-d_fp32-K5-constant-stock",
@@ -83,13 +84,13 @@ def test_parse_the_issue_example():
 
 
 def test_parse_defaults_long_names_spaces_and_a_trailing_semicolon():
-    (a, b, c) = sweep.parse_configs(
+    (a, b, c) = sweep_spec.parse_configs(
         " t = w8af32 ; target=fp32, draft=w8af32, schedule=heuristic ; mode=prompt_lookup ;"
     )
-    assert a == sweep.SweepConfig("w8af32", "fp32", "assisted", 5, "constant", "stock")
-    assert b == sweep.SweepConfig("fp32", "w8af32", "assisted", 5, "heuristic", "stock")
+    assert a == sweep_spec.SweepConfig("w8af32", "fp32", "assisted", 5, "constant", "stock")
+    assert b == sweep_spec.SweepConfig("fp32", "w8af32", "assisted", 5, "heuristic", "stock")
     assert c.label == "t_fp32-prompt_lookup-K10"  # prompt lookup's own default K
-    inv = sweep.parse_configs(
+    inv = sweep_spec.parse_configs(
         "t=w8af32,mode=prompt_lookup,kernels=invariant;t=fp32,d=w8af32,target_kernels=invariant"
     )
     assert [x.label for x in inv] == [
@@ -99,7 +100,7 @@ def test_parse_defaults_long_names_spaces_and_a_trailing_semicolon():
 
 
 def test_default_spec_is_the_documented_list():
-    assert [c.label for c in sweep.parse_configs(sweep.DEFAULT_SPEC)] == [
+    assert [c.label for c in sweep_spec.parse_configs(sweep_spec.DEFAULT_SPEC)] == [
         "t_fp32-d_fp32-K5-constant-stock",
         "t_fp32-d_w8af32-K3-constant-stock",
         "t_w8af32-d_w8af32-K3-constant-stock",
@@ -134,7 +135,7 @@ def test_default_spec_is_the_documented_list():
 )
 def test_parse_rejects_bad_specs_with_a_clear_message(spec, expected):
     with pytest.raises(HarnessError) as info:
-        sweep.parse_configs(spec)
+        sweep_spec.parse_configs(spec)
     assert expected in str(info.value)
 
 
@@ -180,7 +181,7 @@ def test_arm_order_rotates_from_prompt_to_prompt(swept):
 
 def test_summary_columns_are_consistent(swept):
     result, _, _ = swept
-    assert [r.config.label for r in result.results] == [c.label for c in sweep.parse_configs(SPEC)]
+    assert [r.config.label for r in result.results] == [c.label for c in sweep_spec.parse_configs(SPEC)]
     best_label, best = result.best_plain
     assert best == max(r.plain_tokens_per_s for r in result.results)
     assert best_label in ("t_fp32-plain", "t_w8af32-plain")
@@ -208,7 +209,7 @@ def test_fp32_target_outputs_are_identical_to_plain_greedy(swept):
 
 def test_resume_skips_finished_runs_and_finished_targets(prompts, tmp_path):
     path = tmp_path / "rows.jsonl"
-    configs = sweep.parse_configs(SPEC)
+    configs = sweep_spec.parse_configs(SPEC)
     first = CountingLoader()
     # A run stopped after its first configuration: plain and config 1 on both prompts.
     sweep.run_sweep(
@@ -243,7 +244,7 @@ def test_bad_run_input_is_rejected_before_loading(prompts, tmp_path):
     def never(*args, **kwargs):
         raise AssertionError("loaded before rejecting")
 
-    configs = sweep.parse_configs("t=fp32")
+    configs = sweep_spec.parse_configs("t=fp32")
     cases = [
         (dict(configs=[]), "at least one configuration"),
         (dict(prompts=[]), "at least one prompt"),
@@ -262,7 +263,7 @@ def test_bad_run_input_is_rejected_before_loading(prompts, tmp_path):
 
 def test_onnxruntime_target_in_a_sweep():
     """kernels=onnxruntime puts the exported target (int4 unless t says fp32) beside torch ones."""
-    [config] = sweep.parse_configs("kernels=onnxruntime,d=fp32,k=3")
+    [config] = sweep_spec.parse_configs("kernels=onnxruntime,d=fp32,k=3")
     assert (config.target_precision, config.target_kernels) == ("int4", "onnxruntime")
     assert config.label == "t_int4-d_fp32-K3-constant-onnxruntime"
     pairs = sweep.load_target_group(
