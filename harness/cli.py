@@ -10,17 +10,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import os
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tabulate import tabulate
-
 from harness import (
     backends,
     devices,
+    humaneval,
     invariant,
     llamacpp,
     models,
@@ -248,41 +246,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def list_models(weights_dir: str | None) -> str:
-    table = []
-    for pair in models.list_pairs():
-        t = models.locate_model(pair.target, weights_dir)
-        d = models.locate_model(pair.draft, weights_dir)
-        table.append(
-            [
-                pair.name,
-                pair.family,
-                pair.target.hf_id or pair.target.name,
-                pair.draft.hf_id or pair.draft.name,
-                f"{pair.target_precision}/{pair.draft_precision}",
-                "yes" if t.present and d.present else "no",
-                t.detail if t.detail == d.detail else f"target: {t.detail}; draft: {d.detail}",
-            ]
-        )
-    headers = ["model_name", "family", "target", "draft", "precision t/d", "present", "weights"]
-    return tabulate(table, headers=headers, tablefmt="github")
-
-
-def _humaneval_prompts(pair: models.LoadedPair, limit: int | None, budget: int) -> list[tasks.Prompt]:
-    from harness import humaneval
-
-    # The chat style needs a chat template; tokenizers without one (base models, the tiny stand-ins)
-    # get the raw HumanEval prompt to continue.
-    chat = getattr(pair.tokenizer, "chat_template", None) is not None
-    style = humaneval.STYLE_DEFAULT if chat else "completion"
-    prompts = []
-    for problem in humaneval.load_problems(limit):
-        text = humaneval.build_prompt(problem, pair.tokenizer, style)
-        ids = tuple(pair.tokenizer(text, add_special_tokens=False)["input_ids"])
-        prompts.append(tasks.Prompt(problem["task_id"], text, budget, ids))
-    return prompts
-
-
 def _prompts(
     args: argparse.Namespace, pair: models.LoadedPair, from_file: list[tasks.Prompt] | None
 ) -> list[tasks.Prompt]:
@@ -293,7 +256,7 @@ def _prompts(
     elif args.task == "benchmark":
         prompts = tasks.benchmark_prompts(pair.tokenizer, args.prompt_lengths, args.new_tokens)
     else:
-        prompts = _humaneval_prompts(pair, args.limit, args.max_new_tokens or HUMANEVAL_NEW_TOKENS)
+        prompts = humaneval.prompts(args.limit, args.max_new_tokens or HUMANEVAL_NEW_TOKENS, pair.tokenizer)
     if args.limit is not None:
         prompts = prompts[: args.limit]
     for prompt in prompts:
@@ -325,7 +288,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             "folders (see --list-models for the names looked for)"
         )
     if args.json is not None:
-        _check_rows_path(Path(args.json))
+        results.check_rows_path(Path(args.json))
     if not 0 <= args.seed < 2**63:
         raise HarnessError(f"--seed must be in [0, 2**63) (got {args.seed})")
     if args.draft_vocab is not None and args.draft_vocab < 0:
@@ -344,30 +307,6 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     devices.check_device(args.target_device)
     devices.check_device(args.draft_device)
-
-
-def _check_rows_path(path: Path) -> None:
-    """A rows file must be a regular file we can append to (or create), checked before any model
-    loads: a folder, a device, a path under a file or a read-only place fails now, not after a decode."""
-    if path.is_dir():
-        raise HarnessError(f"--json {path} is a folder; pass a file path such as runs/run.jsonl")
-    if path.exists() and not path.is_file():
-        raise HarnessError(f"--json {path} is not a regular file (a device or pipe); pass a file path")
-    parent = path.parent if str(path.parent) else Path(".")
-    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise HarnessError(f"--json {path}: {existing} is a file, so nothing can be created under it")
-    target = path if path.exists() else existing
-    if not os.access(target, os.W_OK):
-        raise HarnessError(f"--json {path}: {target} is not writable; pass a path you can write to")
-    if path.exists():
-        with path.open("rb") as fh:
-            head = fh.read(1)  # read, not stat: /proc files report size 0 and still hold text
-        if head not in (b"", b"{"):
-            raise HarnessError(
-                f"--json {path} exists and is not a rows file (it does not start with a JSON row); "
-                "it is left untouched: pass a new file or a rows file of an earlier run"
-            )
 
 
 def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.GenerationSettings:
@@ -429,7 +368,7 @@ def regen(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.list_models:
-        print(list_models(args.weights_dir))
+        print(report.pairs_table(models.list_pairs(), args.weights_dir))
         return 0
     if args.regen_tables:
         return regen(args)
@@ -562,7 +501,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.prompts:
         prompts = tasks.load_prompts_file(args.prompts, new_tokens)[:limit]
     else:
-        prompts = sweep.humaneval_prompts(limit, new_tokens)
+        prompts = humaneval.prompts(limit, new_tokens)
     platform = args.platform or platforms.detect().name
     # An ordinary run never writes the committed results/: publishing is --regen-tables.
     args.results_dir = args.results_dir or str(results.runs_dir())

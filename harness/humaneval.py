@@ -27,6 +27,7 @@ from typing import Any
 from harness.errors import HarnessError
 from harness.results import append_row
 from harness.sandbox import SandboxResult, run_many, run_untrusted
+from harness.tasks import Prompt
 
 BENCHMARK = "humaneval"
 MODES = ("plain", "assisted")
@@ -137,6 +138,20 @@ def build_prompt(problem: Mapping[str, Any], tokenizer: Any, style: str = STYLE_
     if style == "chat_prefill":
         text += "```python\n" + prompt
     return text
+
+
+def prompts(limit: int | None, new_tokens: int, tokenizer: Any = None) -> list[Prompt]:
+    """The first ``limit`` problems as prompts (``STYLE_DEFAULT``) with a budget of ``new_tokens``.
+
+    Without a tokenizer they are text only, so they exist before any model loads (a sweep
+    recognises a finished target without loading it); with one they carry their token ids.
+    """
+    out = []
+    for problem in load_problems(limit):
+        text = build_prompt(problem, tokenizer, STYLE_DEFAULT)
+        ids = None if tokenizer is None else tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+        out.append(Prompt(problem["task_id"], text, new_tokens, ids))
+    return out
 
 
 def stop_strings(style: str = STYLE_DEFAULT) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import setup
+from harness.errors import HarnessError
 
 # Columns the seeds publish, in their order, mapped to the row attribute that fills each.
 SEED_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -140,6 +141,30 @@ def append_row(path: str | os.PathLike[str], row: Row | dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
+def check_rows_path(path: Path) -> None:
+    """A rows file must be a regular file we can append to (or create), checked before any model
+    loads: a folder, a device, a path under a file or a read-only place fails now, not after a decode."""
+    if path.is_dir():
+        raise HarnessError(f"--json {path} is a folder; pass a file path such as runs/run.jsonl")
+    if path.exists() and not path.is_file():
+        raise HarnessError(f"--json {path} is not a regular file (a device or pipe); pass a file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise HarnessError(f"--json {path}: {existing} is a file, so nothing can be created under it")
+    target = path if path.exists() else existing
+    if not os.access(target, os.W_OK):
+        raise HarnessError(f"--json {path}: {target} is not writable; pass a path you can write to")
+    if path.exists():
+        with path.open("rb") as fh:
+            head = fh.read(1)  # read, not stat: /proc files report size 0 and still hold text
+        if head not in (b"", b"{"):
+            raise HarnessError(
+                f"--json {path} exists and is not a rows file (it does not start with a JSON row); "
+                "it is left untouched: pass a new file or a rows file of an earlier run"
+            )
+
+
 def read_rows(path: str | os.PathLike[str]) -> list[Row]:
     """Read every complete row; a torn last line (killed mid-write) is ignored, not fatal."""
     path = Path(path)
@@ -169,8 +194,6 @@ def exclusive(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold ``<path>.lock`` for a run that appends to ``path``: a second run on the same file is
     refused at once (two identical runs would each write every row, duplicating them)."""
     import fcntl
-
-    from harness.errors import HarnessError
 
     lock = Path(f"{path}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)

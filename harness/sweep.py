@@ -539,20 +539,6 @@ def run_sweep(
     )
 
 
-def humaneval_prompts(limit: int = DEFAULT_LIMIT, new_tokens: int = DEFAULT_NEW_TOKENS) -> list[Prompt]:
-    """The first ``limit`` HumanEval prompts as raw completions (the harness's default prompt style).
-
-    Text only: each loaded pair's tokenizer turns them into ids, so prompts exist before any model
-    loads and a finished target can be recognised without loading it.
-    """
-    from harness import humaneval
-
-    return [
-        Prompt(p["task_id"], humaneval.build_prompt(p, None, "completion"), new_tokens)
-        for p in humaneval.load_problems(limit)
-    ]
-
-
 def default_rows_path(results_dir: str | Path, platform: str, pair: str) -> Path:
     # In a folder of their own: --regen-tables reads results/rows/*.jsonl into the per-model tables,
     # where a sweep's many configurations would add sections whose printed commands do not reproduce them.

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from harness import equivalence, sweep, tasks, tiny
+from harness import equivalence, humaneval, tasks, tiny
 from harness.backends import OrtSettings
 from harness.errors import UnsupportedError
 from harness.generation import generate, generation_config
@@ -478,7 +478,7 @@ def real_tier_prompts(n: int) -> list[tasks.Prompt]:
     (raw completions), so ``--real-prompts 186`` covers every prompt the suites use."""
     prompts = list(PROMPTS)
     if n > len(prompts):
-        prompts += sweep.humaneval_prompts(n - len(prompts), REAL_NEW_TOKENS)
+        prompts += humaneval.prompts(n - len(prompts), REAL_NEW_TOKENS)
     return prompts[:n]
 
 

@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 
-from harness import cli, models, platforms, sweep
+from harness import cli, humaneval, models, platforms, sweep
 from harness import configs as sweep_spec
 from harness.errors import HarnessError
 from harness.report import sweep as sweep_report
@@ -50,7 +50,7 @@ class CountingLoader:
 
 @pytest.fixture(scope="module")
 def prompts():
-    return sweep.humaneval_prompts(2, NEW_TOKENS)
+    return humaneval.prompts(2, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

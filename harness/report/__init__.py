@@ -12,7 +12,7 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -373,3 +373,26 @@ def regen_results(
         files.atomic_write(md_path, md.encode("utf-8"))
         written += [md_path, png_path]
     return written
+
+
+def pairs_table(pairs: Sequence[Any], weights_dir: str | None) -> str:
+    """``--list-models``: every registered pair, its precisions and where its weights were found."""
+    from harness import models
+
+    table = []
+    for pair in pairs:
+        t = models.locate_model(pair.target, weights_dir)
+        d = models.locate_model(pair.draft, weights_dir)
+        table.append(
+            [
+                pair.name,
+                pair.family,
+                pair.target.hf_id or pair.target.name,
+                pair.draft.hf_id or pair.draft.name,
+                f"{pair.target_precision}/{pair.draft_precision}",
+                "yes" if t.present and d.present else "no",
+                t.detail if t.detail == d.detail else f"target: {t.detail}; draft: {d.detail}",
+            ]
+        )
+    headers = ["model_name", "family", "target", "draft", "precision t/d", "present", "weights"]
+    return tabulate(table, headers=headers, tablefmt="github")
