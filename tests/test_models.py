@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import cli, models, packaged, tiny, weights
+from harness import cli, gguf_convert, models, packaged, tiny, weights
 from harness.errors import HarnessError, UnknownModelError, UnsupportedError, VocabMismatchError
 
 TINY_PAIRS = ["tiny-opt", "tiny-llama", "tiny-codellama", "tiny-qwen2"]
@@ -180,7 +180,7 @@ def test_offline_pair_loads_from_the_cache_and_runs(monkeypatch: pytest.MonkeyPa
 
     # Asserted directly rather than by a load-time bound: how long the load takes depends on the
     # host and on the precision step (the invariant kernels quantize and pack every layer).
-    monkeypatch.setattr(packaged, "build_hf_folder", no_conversion)
+    monkeypatch.setattr(gguf_convert, "build_hf_folder", no_conversion)
     pair = models.load_pair(models.DEFAULT_PAIR)
     ids = pair.tokenizer("def fib(n):", return_tensors="pt")["input_ids"]
     with torch.inference_mode():
