@@ -49,6 +49,32 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every default shown, except where there is none to show or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        # Identity, not equality: a default of 0 is shown, only "no default" (None, False) is not.
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return text
+        if "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _add(group: argparse._ActionsContainer, *names: str, **kw: object) -> argparse.Action:
+    """``add_argument`` taking each flag with underscores and with hyphens (``--model_name`` and
+    ``--model-name``): the seeds' spelling and pytest's both work."""
+    spellings = [
+        n
+        for name in names
+        for n in (name, "--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_"))
+    ]
+    if "dest" not in kw:
+        kw["dest"] = names[0][2:].replace("-", "_")
+    return group.add_argument(*dict.fromkeys(spellings), **kw)
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     return tasks.parse_int_list(text)
 
@@ -56,17 +82,40 @@ def _int_list(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="assisted_generation.py",
+        formatter_class=_Help,
         description="Decode prompts with or without an assistant (draft) model and print the seeds' table.",
     )
     g = p.add_argument_group("what to run")
-    g.add_argument("--model_name", default=models.DEFAULT_PAIR, help="registered pair (see --list-models)")
-    g.add_argument(
+    _add(g, "--model_name", default=models.DEFAULT_PAIR, help="registered pair (see --list-models)")
+    _add(
+        g,
+        "--model_name_or_path",
+        metavar="FOLDER",
+        help="a local Hugging Face folder as the target, instead of a registered pair (rows are named by "
+        "the folder); its config is read before anything loads",
+    )
+    _add(
+        g,
+        "--assistant_model",
+        metavar="FOLDER",
+        help="with --model_name_or_path: the draft's local folder (without it the target drafts for "
+        "itself: exact, accepts everything, and slow)",
+    )
+    _add(
+        g,
+        "--threads",
+        type=int,
+        help="CPU threads torch uses (default: torch's, one per core); recorded with every row",
+    )
+    _add(
+        g,
         "--task",
         default="decode",
         choices=(*tasks.TASKS, "sweep"),
         help="prompt set to decode; 'sweep' measures the --sweep configurations on HumanEval prompts",
     )
-    g.add_argument(
+    _add(
+        g,
         "--sweep",
         metavar="SPEC",
         help="with --task sweep: configurations separated by ';', each key=value items separated by "
@@ -76,75 +125,82 @@ def build_parser() -> argparse.ArgumentParser:
         f"default: '{sweep_spec.DEFAULT_SPEC}'. Prints plain/assisted tok/s, speedup [95%% CI], acceptance, "
         "predicted speedup and more per configuration; writes results/<platform>/sweep-<model>.md/.png",
     )
-    g.add_argument(
-        "--list-models", "--list_models", action="store_true", help="list registered pairs and exit"
-    )
-    g.add_argument(
+    _add(g, "--list-models", action="store_true", help="list registered pairs and exit")
+    _add(
+        g,
         "--regen-tables",
-        "--regen_tables",
         action="store_true",
         help="rebuild results/<platform>/<model>.md and plots from stored JSONL rows, then exit",
     )
-    g.add_argument(
+    _add(
+        g,
         "--results_dir",
         default=None,
         help="output folder: --task sweep writes its rows, table and plot there (default: runs/, or "
         "$ASSISTED_GENERATION_RUNS; never the committed results/); --regen-tables reads "
         "<dir>/rows/*.jsonl and writes the published tables there (default: results/)",
     )
-    g.add_argument(
+    _add(
+        g,
         "--rows",
         nargs="*",
         default=None,
         help="JSONL row files for --regen-tables (default: results/rows/*.jsonl)",
     )
-    g.add_argument("--prompts", help="your own prompts: one JSON string per line, or plain text lines")
-    g.add_argument(
-        "--limit", type=int, help=f"decode only the first N prompts (--task sweep: {sweep.DEFAULT_LIMIT})"
+    _add(g, "--prompts", help="your own prompts: one JSON string per line, or plain text lines")
+    _add(
+        g, "--limit", type=int, help=f"decode only the first N prompts (--task sweep: {sweep.DEFAULT_LIMIT})"
     )
-    g.add_argument(
+    _add(
+        g,
         "--prompt_lengths",
         type=_int_list,
         default=(256, 512, 1024, 2048),
         help="benchmark prompt lengths in tokens, comma separated",
     )
-    g.add_argument(
+    _add(
+        g,
         "--new_tokens",
         type=_int_list,
         default=(64, 128, 256),
         help="benchmark new-token counts, comma separated",
     )
-    g.add_argument(
+    _add(
+        g,
         "--max_new_tokens",
         type=int,
         help=f"override every prompt's new-token budget (decode: 30 general / 200 code; benchmark: "
         f"--new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: {PROMPTS_FILE_NEW_TOKENS}; "
         f"sweep: {sweep.DEFAULT_NEW_TOKENS})",
     )
-    g.add_argument("--min_new_tokens", type=int, default=0, help="decode at least this many tokens")
-    g.add_argument("--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
+    _add(g, "--min_new_tokens", type=int, default=0, help="decode at least this many tokens")
+    _add(g, "--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
 
     a = p.add_argument_group("assistance")
-    a.add_argument("--assisted_generation", action="store_true", help="decode with the pair's draft model")
-    a.add_argument(
+    _add(a, "--assisted_generation", action="store_true", help="decode with the pair's draft model")
+    _add(
+        a,
         "--compare",
         action="store_true",
         help="run plain and assisted interleaved per prompt and print the speedup",
     )
-    a.add_argument(
+    _add(
+        a,
         "--prompt_lookup",
         type=int,
         metavar="N",
         help="prompt-lookup decoding proposing N tokens (instead of a draft model)",
     )
-    a.add_argument("--num_assistant_tokens", type=int, help="draft tokens K per step (default: the pair's)")
-    a.add_argument(
+    _add(a, "--num_assistant_tokens", type=int, help="draft tokens K per step (default: the pair's)")
+    _add(
+        a,
         "--assistant_schedule",
         choices=tuple(setup.SCHEDULES),
         help="default: the pair's. How K evolves: constant, heuristic (+2 on full accept, -1 otherwise), "
         "dynamic (draft stops early below a confidence threshold)",
     )
-    a.add_argument(
+    _add(
+        a,
         "--assistant_confidence_threshold",
         type=float,
         default=setup.DEFAULT_CONFIDENCE_THRESHOLD,
@@ -152,14 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     s = p.add_argument_group("sampling")
-    s.add_argument("--do_sample", action="store_true", help="sample instead of greedy decoding")
-    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    s.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling mass")
-    s.add_argument("--top_k", type=int, default=0, help="top-k sampling (0: off)")
-    s.add_argument("--seed", type=int, default=0, help="random seed, set before every generate call")
+    _add(s, "--do_sample", action="store_true", help="sample instead of greedy decoding")
+    _add(s, "--temperature", type=float, default=1.0, help="sampling temperature")
+    _add(s, "--top_p", type=float, default=1.0, help="nucleus sampling mass")
+    _add(s, "--top_k", type=int, default=0, help="top-k sampling (0: off)")
+    _add(s, "--seed", type=int, default=0, help="random seed, set before every generate call")
 
     m = p.add_argument_group("models, precisions, devices")
-    m.add_argument(
+    _add(
+        m,
         "--target_precision",
         choices=(
             *precision.PRECISIONS,
@@ -169,76 +226,82 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32); gguf: the "
         "model's GGUF file's own 4/6-bit blocks on batch-invariant kernels",
     )
-    m.add_argument(
+    _add(
+        m,
         "--target_backend",
         choices=backends.BACKENDS,
         default="torch",
         help="what runs the target: torch, or onnxruntime (the target exported to ONNX once, cached, "
         "run on --execution_provider; the draft stays in torch on the CPU)",
     )
-    m.add_argument(
+    _add(
+        m,
         "--execution_provider",
         default=backends.DEFAULT_PROVIDER,
         help="ONNX Runtime execution provider for the target (onnxruntime backend); one this build "
         "lacks fails with the list of those it has",
     )
-    m.add_argument(
+    _add(
+        m,
         "--ort_block_size",
         type=int,
         default=32,
         help="int4 export: MatMulNBits quantization block size (16-256), recorded with every row",
     )
-    m.add_argument(
+    _add(
+        m,
         "--ort_accuracy_level",
         type=int,
         default=4,
         help="int4 export: MatMulNBits accuracy level, the type activations are computed in "
         "(1 fp32, 2 fp16, 3 bf16, 4 int8)",
     )
-    m.add_argument(
+    _add(
+        m,
         "--draft_precision",
         choices=(*precision.PRECISIONS, *precision.FILE_PRECISIONS),
         help="default: the pair's",
     )
-    m.add_argument("--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
-    m.add_argument(
+    _add(m, "--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
+    _add(
+        m,
         "--target_kernels",
         choices=invariant.KERNELS,
         help="default: the pair's. Target kernels: stock (torch/BLAS) or invariant (batch-invariant: "
         "every verification row equals the one-token decode step bit for bit, so assisted == plain at "
         "every precision)",
     )
-    m.add_argument("--draft_device", default="cpu", help="cpu, cuda[:N]")
-    m.add_argument(
+    _add(m, "--draft_device", default="cpu", help="cpu, cuda[:N]")
+    _add(
+        m,
         "--draft_kernels",
         choices=invariant.KERNELS,
         help="default: the pair's. Draft kernels: stock, or invariant (the harness's small-M kernels: "
         "chosen for speed, a draft's output is only a proposal)",
     )
-    m.add_argument(
+    _add(
+        m,
         "--draft_vocab",
         type=int,
         help="default: the pair's. The draft scores only the first N token ids plus the special tokens "
         "(a smaller output layer: faster drafts, same output; byte-level BPE ids are ordered by "
         "frequency); 0 = the whole vocabulary",
     )
-    m.add_argument("--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
-    m.add_argument(
+    _add(m, "--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
+    _add(
+        m,
         "--fast_attention",
         action="store_true",
         help="accepted for compatibility with the seeds; not supported here (ignored with a note)",
     )
 
     o = p.add_argument_group("output")
-    o.add_argument("--platform", help="platform name for rows and baselines (default: detected)")
-    o.add_argument(
-        "--json", metavar="PATH", help="append one JSON row per finished prompt and mode (resumable)"
-    )
-    o.add_argument("--no_progress", action="store_true", help="hide the progress bar")
-    o.add_argument(
+    _add(o, "--platform", help="platform name for rows and baselines (default: detected)")
+    _add(o, "--json", metavar="PATH", help="append one JSON row per finished prompt and mode (resumable)")
+    _add(o, "--no_progress", action="store_true", help="hide the progress bar")
+    _add(
+        o,
         "--llama-bench",
-        "--llama_bench",
-        dest="llama_bench",
         default=None,
         help="--task sweep: llama.cpp's llama-bench binary, to time its plain decoding of the same GGUF "
         f"in the same run as a reference row (or set {llamacpp.ENV}; absent: no reference)",
@@ -271,7 +334,7 @@ def _prompts(
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Flag values argparse cannot judge, checked before anything slow (model loading) starts."""
-    for flag in ("limit", "max_new_tokens", "num_assistant_tokens", "prompt_lookup"):
+    for flag in ("limit", "max_new_tokens", "num_assistant_tokens", "prompt_lookup", "threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise HarnessError(f"--{flag} must be at least 1 (got {value})")
@@ -335,6 +398,26 @@ def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.Generati
     ).decoding
 
 
+def _use_threads(threads: int | None) -> None:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _pair_spec(args: argparse.Namespace) -> models.PairSpec:
+    """The registered pair, or one made of local folders (checked now, before anything loads)."""
+    if args.model_name_or_path is None:
+        if args.assistant_model is not None:
+            raise HarnessError(
+                "--assistant_model goes with --model_name_or_path (a registered pair has its draft)"
+            )
+        return models.get_pair(args.model_name)
+    if args.model_name != models.DEFAULT_PAIR:
+        raise HarnessError("--model_name and --model_name_or_path are alternatives: give one")
+    return models.local_pair(args.model_name_or_path, args.assistant_model)
+
+
 def _modes(args: argparse.Namespace) -> tuple[str, ...]:
     if args.prompt_lookup is not None and args.assisted_generation:
         raise HarnessError("--prompt_lookup and --assisted_generation are alternatives: choose one")
@@ -374,7 +457,7 @@ def run(args: argparse.Namespace) -> int:
         return regen(args)
     if args.task == "sweep" or args.sweep is not None:
         return run_sweep(args)
-    spec = models.get_pair(args.model_name)
+    spec = _pair_spec(args)
     modes = _modes(args)
     _check_flags(args)
     settings = _settings(args, spec)
@@ -392,8 +475,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     models.offline_env()
+    _use_threads(args.threads)
     pair = models.load_pair(
-        spec.name,
+        spec,
         target_precision=args.target_precision,
         draft_precision=args.draft_precision,
         target_device=args.target_device,
@@ -494,7 +578,7 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep_spec.SweepConfig]:
 def run_sweep(args: argparse.Namespace) -> int:
     """``--task sweep``: measure every --sweep configuration, print the table, write .md/.png and rows."""
     configs = _sweep_configs(args)
-    spec = models.get_pair(args.model_name)
+    spec = _pair_spec(args)
     bench_binary = llamacpp.find(args.llama_bench)
     new_tokens = args.max_new_tokens or sweep.DEFAULT_NEW_TOKENS
     limit = args.limit or sweep.DEFAULT_LIMIT
@@ -514,6 +598,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.prompts:
         command += ["--prompts", args.prompts]
     models.offline_env()
+    _use_threads(args.threads)
     loader = functools.partial(
         sweep.load_target_group,
         weights_dir=args.weights_dir,
@@ -522,7 +607,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     )
     try:
         result = sweep.run_sweep(
-            spec.name,
+            spec,
             configs,
             prompts,
             new_tokens,

@@ -7,6 +7,7 @@ before any weights load, so a typo costs milliseconds, not a 7B load.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from harness import backends, devices, invariant, kquants, packaged, precision, setup, tiny, vocab, weights
 from harness.backends import OrtSettings
-from harness.errors import UnknownModelError, UnsupportedError
+from harness.errors import HarnessError, UnknownModelError, UnsupportedError
 from harness.setup import Draft, GenerationSettings, RunSetup, Target
 
 
@@ -29,6 +30,7 @@ class ModelSpec:
     packaged_key: str | None = None  # key in harness.packaged.PACKAGED
     vocab_size: int | None = None  # known up front, so a bad pairing fails before loading
     tiny: bool = False  # built from a config in harness.tiny, no weights to find
+    path: str | None = None  # a local Hugging Face folder, used as it is (``local_model``)
 
     @property
     def is_tiny(self) -> bool:
@@ -153,13 +155,21 @@ REGISTRY: dict[str, PairSpec] = dict(
 DEFAULT_PAIR = "qwen2.5-coder-1.5b"
 
 
-def get_pair(name: str) -> PairSpec:
-    """Look a pair up by name, case-insensitively; unknown names list the known ones."""
+def get_pair(name: str | PairSpec) -> PairSpec:
+    """Look a pair up by name, case-insensitively (a ``PairSpec`` is its own answer); unknown names
+    list the known ones."""
+    if isinstance(name, PairSpec):
+        return name
     try:
         return REGISTRY[name.lower()]
     except KeyError:
         known = ", ".join(p.name for p in REGISTRY.values())
-        raise UnknownModelError(f"unknown model {name!r}. Known models: {known}") from None
+        hint = (
+            "; for a local folder pass --model_name_or_path (and --assistant_model)"
+            if Path(name).expanduser().exists()
+            else ""
+        )
+        raise UnknownModelError(f"unknown model {name!r}. Known models: {known}{hint}") from None
 
 
 def list_pairs() -> list[PairSpec]:
@@ -169,7 +179,81 @@ def list_pairs() -> list[PairSpec]:
 def locate_model(spec: ModelSpec, weights_dir: str | None = None) -> weights.Location:
     if spec.is_tiny:
         return weights.Location("tiny", None, True, "built from a config (random weights, fixed seed)")
+    if spec.path is not None:
+        folder = Path(spec.path)
+        present = weights.has_weights(folder)
+        return weights.Location("dir", folder, present, str(folder) if present else f"no weights in {folder}")
     return weights.locate(spec.name, spec.hf_id, spec.packaged_key, weights_dir)
+
+
+def resolve_model(spec: ModelSpec, weights_dir: str | None = None) -> Path:
+    """A folder transformers can load offline for ``spec`` (converting packaged weights if needed)."""
+    if spec.path is not None:
+        where = locate_model(spec)
+        if not where.present:
+            raise HarnessError(
+                f"{spec.name}: {where.detail} (config.json and *.safetensors or *.bin expected)"
+            )
+        return Path(spec.path)
+    return weights.resolve(spec.name, spec.hf_id, spec.packaged_key, weights_dir)
+
+
+# model_type in a folder's config.json -> the harness's family name
+_FAMILIES = {"qwen2": "qwen2", "llama": "llama", "opt": "opt"}
+
+
+def local_model(path: str | os.PathLike[str]) -> ModelSpec:
+    """A model in a local Hugging Face folder, described from its own config.json (read now, so a
+    folder that is not a model fails before anything loads)."""
+    folder = Path(path).expanduser()
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise HarnessError(
+            f"{path} is not a Hugging Face model folder (no config.json); pass a folder saved with "
+            "save_pretrained, or a registered pair with --model_name"
+        )
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        model_type, vocab_size = config["model_type"], int(config["vocab_size"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise HarnessError(f"{config_file} is not a usable model config ({exc}); re-save the model") from None
+    family = _FAMILIES.get(model_type, model_type)
+    return ModelSpec(folder.resolve().name, family, vocab_size=vocab_size, path=str(folder.resolve()))
+
+
+def local_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None) -> PairSpec:
+    """A pair from local folders, registered nowhere: the target, and the draft (the target itself
+    when none is given: it then accepts every token, a valid but slow assistant)."""
+    t = local_model(target)
+    d = local_model(draft) if draft is not None else t
+    if t.vocab_size and d.vocab_size:
+        vocab.check_reconcilable(t.vocab_size, d.vocab_size, target=t.name, draft=d.name)
+    kind = "code" if "code" in t.name.lower() else "general"
+    return PairSpec(t.name if d is t else f"{t.name}+{d.name}", t, d, kind, note="local folders")
+
+
+def register_pair(spec: PairSpec) -> PairSpec:
+    """Make ``spec`` known by its name (``get_pair``, the pytest plugin's ``--local-pair``); a name a
+    different pair already has is refused."""
+    known = REGISTRY.get(spec.name.lower())
+    if known is not None and known != spec:
+        raise HarnessError(f"a pair named {spec.name!r} is already registered; choose another name")
+    REGISTRY[spec.name.lower()] = spec
+    return spec
+
+
+def _check_config(spec: ModelSpec, folder: Path) -> None:
+    """A folder found for a registered model must be that model: its vocabulary must match the
+    registry's, or the run would be labelled with a model it is not."""
+    if spec.vocab_size is None or spec.path is not None:
+        return
+    found = AutoConfig.from_pretrained(folder, local_files_only=True).vocab_size
+    if found != spec.vocab_size:
+        raise HarnessError(
+            f"{folder} has a vocabulary of {found} tokens, but {spec.name} is registered with "
+            f"{spec.vocab_size}: it is another model. Pass its folder with --model_name_or_path "
+            "(and --assistant_model) to run it under its own name"
+        )
 
 
 @dataclass
@@ -331,7 +415,7 @@ def prepare_draft(
 
 
 def load_pair(
-    name: str = DEFAULT_PAIR,
+    name: str | PairSpec = DEFAULT_PAIR,
     *,
     target_precision: str | None = None,
     draft_precision: str | None = None,
@@ -427,13 +511,11 @@ def load_pair(
         if ort_settings is not None:
             target_path = tiny.saved_folder(spec.name.lower(), target, tokenizer)
     else:
-        target_path = weights.resolve(
-            spec.target.name, spec.target.hf_id, spec.target.packaged_key, weights_dir
-        )
+        target_path = resolve_model(spec.target, weights_dir)
+        _check_config(spec.target, target_path)
         if with_draft:
-            draft_path = weights.resolve(
-                spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir
-            )
+            draft_path = resolve_model(spec.draft, weights_dir)
+            _check_config(spec.draft, draft_path)
             # Reading two config.json files is cheap; loading a 7B target before failing is not.
             vocab.check_reconcilable(
                 AutoConfig.from_pretrained(target_path, local_files_only=True).vocab_size,

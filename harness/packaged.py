@@ -252,6 +252,13 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir(APP_NAME))
 
 
+def portable(path: str | os.PathLike[str]) -> str:
+    """``path`` as rows record it: under the cache it is written ``<cache>/...``, so committed rows
+    do not carry the home folder of the machine that made them."""
+    root, text = str(cache_root()), str(path)
+    return "<cache>" + text[len(root) :] if text == root or text.startswith(root + os.sep) else text
+
+
 def model_dir(model: PackagedModel, cache: Path | None = None) -> Path:
     return Path(cache if cache is not None else cache_root()) / model.key
 

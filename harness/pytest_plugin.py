@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from harness import backends, equivalence, models, platforms
+from harness.errors import HarnessError
 
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
 REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
@@ -108,6 +109,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="qwen2.5-coder-1.5b",
         help="comma-separated real pairs to include ('all' for every registered pair)",
     )
+    group.addoption(
+        "--local-pair",
+        action="append",
+        default=[],
+        metavar="NAME=TARGET[,DRAFT]",
+        help="also run every pair test on a pair of local Hugging Face folders, named NAME in test ids "
+        "(repeatable; without DRAFT the target drafts for itself)",
+    )
 
 
 MARKERS = (
@@ -123,6 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     models.offline_env()
+    _register_local_pairs(config)
     _check_options(config)
     config.stash[THREADS] = _threads_for_real_models()
 
@@ -174,10 +184,34 @@ def _torch_threads(request: pytest.FixtureRequest) -> None:
 
 def _real_selected(config: pytest.Config) -> list[str]:
     wanted = config.getoption("--real-pairs")
+    local = config.stash.get(LOCAL_PAIRS, [])
     if wanted.strip().lower() == "all":
-        return REAL
+        return REAL + local
     names = {w.strip().lower() for w in wanted.split(",") if w.strip()}
-    return [n for n in REAL if n.lower() in names]
+    return [n for n in REAL if n.lower() in names] + local
+
+
+LOCAL_PAIRS = pytest.StashKey[list]()
+
+
+def _register_local_pairs(config: pytest.Config) -> None:
+    """``--local-pair NAME=TARGET[,DRAFT]``: pairs of the user's own folders, registered under NAME
+    for this run (their configs are read now: a wrong folder is a usage error, not 40 failed tests)."""
+    import dataclasses
+
+    names = []
+    for text in config.getoption("--local-pair"):
+        name, eq, folders = (part.strip() for part in text.partition("="))
+        paths = [f.strip() for f in folders.split(",") if f.strip()]
+        if not eq or not name or not 1 <= len(paths) <= 2:
+            raise pytest.UsageError(f"--local-pair {text!r}: write NAME=TARGET_FOLDER[,DRAFT_FOLDER]")
+        try:
+            spec = models.local_pair(paths[0], paths[1] if len(paths) > 1 else None)
+            models.register_pair(dataclasses.replace(spec, name=name))
+        except HarnessError as exc:
+            raise pytest.UsageError(f"--local-pair {text!r}: {exc}") from None
+        names.append(name)
+    config.stash[LOCAL_PAIRS] = names
 
 
 def pair_params(config: pytest.Config, *, tiny: bool = True, real: bool = True) -> list:

@@ -16,12 +16,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
-from harness import platforms, results, setup
+from harness import packaged, platforms, results, setup
 from harness.errors import HarnessError
 from harness.generation import generate
-from harness.models import LoadedPair
+from harness.models import LoadedPair, ModelSpec
 from harness.results import Row, append_row, read_rows
 from harness.setup import GenerationSettings
 from harness.tasks import Prompt
@@ -94,6 +95,11 @@ def run_id_for(
     )
 
 
+def _model_id(spec: ModelSpec) -> str:
+    # A local folder is named by its path: the reproduce command passes it back (--model_name_or_path).
+    return spec.path or spec.hf_id or spec.name
+
+
 def make_row(
     pair: LoadedPair,
     m: Measurement,
@@ -111,8 +117,8 @@ def make_row(
         example=example,
         assisted=settings.mode != "plain",
         task=task,
-        target_model=pair.spec.target.hf_id or pair.spec.target.name,
-        draft_model=(pair.spec.draft.hf_id or pair.spec.draft.name) if run.uses_draft else None,
+        target_model=_model_id(pair.spec.target),
+        draft_model=_model_id(pair.spec.draft) if run.uses_draft else None,
         prompt_tokens=m.prompt_tokens,
         new_tokens=m.new_tokens,
         total_s=m.total_s,
@@ -136,7 +142,11 @@ def make_row(
         run_id=run_id,
         timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         # Every setting, including those without a column (ignore_eos, eos_token_id, n-gram size).
-        extra={"weights": dict(pair.origins), "settings": settings.to_dict()},
+        extra={
+            "weights": {role: packaged.portable(where) for role, where in pair.origins.items()},
+            "settings": settings.to_dict(),
+            "threads": torch.get_num_threads(),
+        },
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -381,7 +382,14 @@ def command(row: Any, defaults: Mapping[str, Any] | None = None) -> str:
 
     d = defaults or {}
     get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
-    args = [*PROGRAM, "--model_name", str(get("model")), "--task", str(get("task"))]
+    target, draft = str(get("target_model") or ""), get("draft_model")
+    if os.path.isabs(target):  # a pair of local folders (models.local_pair), named by their paths
+        args = [*PROGRAM, "--model_name_or_path", target]
+        if draft and draft != target:
+            args += ["--assistant_model", str(draft)]
+        args += ["--task", str(get("task"))]
+    else:
+        args = [*PROGRAM, "--model_name", str(get("model")), "--task", str(get("task"))]
     if get("mode") == "assisted":
         args.append("--assisted_generation")
     for f in FIELDS:

@@ -50,7 +50,6 @@ from harness import (
     stats,
     tiny,
     vocab,
-    weights,
 )
 from harness.configs import ORT, SweepConfig, group_configs, plain_label
 from harness.errors import HarnessError
@@ -92,7 +91,7 @@ def _extra_draft(pair: models.LoadedPair, key: DraftKey, weights_dir: str | None
         # Tiny drafts are copied from the float target's first layers; rebuilding it takes milliseconds.
         draft = tiny.build_draft(spec.name.lower())
     else:
-        path = weights.resolve(spec.draft.name, spec.draft.hf_id, spec.draft.packaged_key, weights_dir)
+        path = models.resolve_model(spec.draft, weights_dir)
         draft = models._load_hf(path)
     draft_precision, draft_vocab, draft_kernels = (*key, "stock")[:3]
     return models.prepare_draft(
@@ -111,7 +110,7 @@ def _draft_key(item: str | DraftKey) -> DraftKey:
 
 
 def load_target_group(
-    pair_name: str,
+    pair_name: str | models.PairSpec,
     *,
     target_precision: str,
     draft_precisions: Sequence[str | DraftKey],
@@ -332,7 +331,7 @@ def _rotated(arms: Sequence[Any], index: int) -> list[Any]:
 
 
 def _measure_group(
-    pair_name: str,
+    pair_name: str | models.PairSpec,
     target_key: tuple[str, str],
     jobs: Sequence[tuple[int, Prompt, SweepConfig | None, int]],
     *,
@@ -412,7 +411,7 @@ def _measure_group(
 
 
 def run_sweep(
-    pair_name: str,
+    pair_name: str | models.PairSpec,
     configs: Sequence[SweepConfig],
     prompts: Sequence[Prompt],
     new_tokens: int,

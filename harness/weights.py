@@ -29,7 +29,7 @@ class Location:
     detail: str  # human-readable: where, or where it would come from
 
 
-def _has_weights(folder: Path) -> bool:
+def has_weights(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(any(folder.glob(p)) for p in _WEIGHT_FILES)
 
 
@@ -57,7 +57,7 @@ def weights_dirs(explicit: str | os.PathLike[str] | None) -> list[Path]:
 def _from_dirs(dirs: list[Path], hf_id: str | None, name: str) -> Path | None:
     for root in dirs:
         for candidate in _dir_candidates(root, hf_id, name):
-            if _has_weights(candidate):
+            if has_weights(candidate):
                 return candidate
     return None
 
@@ -71,7 +71,7 @@ def _from_hf_cache(hf_id: str | None) -> Path | None:
     found = try_to_load_from_cache(hf_id, "config.json", cache_dir=_hf_cache_dir())
     if isinstance(found, str):
         folder = Path(found).parent
-        if _has_weights(folder):
+        if has_weights(folder):
             return folder
     return None
 
@@ -122,7 +122,7 @@ def _not_found_message(
         looked.append(f"  - {d}/<{subfolders}>")
         # A folder that is there but incomplete is the likeliest mistake: name it.
         for candidate in _dir_candidates(d, hf_id, name):
-            if (candidate / "config.json").is_file() and not _has_weights(candidate):
+            if (candidate / "config.json").is_file() and not has_weights(candidate):
                 looked.append(
                     f"    ({candidate} has config.json but no {' or '.join(_WEIGHT_FILES)} weight files)"
                 )

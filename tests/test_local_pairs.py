@@ -1,0 +1,137 @@
+"""A user's own pair of local Hugging Face folders runs without touching the registry: through the
+CLI (``--model_name_or_path``/``--assistant_model``), the pytest plugin (``--local-pair``) and the
+loader; a folder found for a registered name must be that model."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli, models, setup, tiny
+from harness.errors import HarnessError
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[Path, Path]:
+    """tiny-llama's target and draft saved as ordinary Hugging Face folders."""
+    root = tmp_path_factory.mktemp("models")
+    target = tiny.build_target("tiny-llama")
+    tokenizer = tiny.build_tokenizer()
+    draft = tiny.build_draft("tiny-llama", target)
+    return (
+        tiny.saved_folder("my-target", target, tokenizer, root=str(root)),
+        tiny.saved_folder("my-draft", draft, tokenizer, root=str(root)),
+    )
+
+
+def test_a_local_pair_is_described_from_its_configs(folders):
+    target, draft = folders
+    spec = models.local_pair(target, draft)
+    assert spec.target.path == str(target) and spec.draft.path == str(draft)
+    assert spec.target.family == "llama"
+    assert spec.target.vocab_size == json.loads((target / "config.json").read_text())["vocab_size"]
+    pair = models.load_pair(spec)
+    assert pair.spec is spec and pair.origins == {"target": str(target), "draft": str(draft)}
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(None, "no config.json"), ("", "not a usable model config"), ('{"model_type": "llama"}', "vocab_size")],
+)
+def test_a_folder_that_is_not_a_model_is_refused_before_loading(tmp_path, content, expected):
+    if content is not None:
+        (tmp_path / "config.json").write_text(content)
+    with pytest.raises(HarnessError, match=expected):
+        models.local_pair(tmp_path)
+
+
+def test_the_cli_runs_local_folders_and_names_them_in_the_reproduce_command(folders, tmp_path, capsys):
+    target, draft = folders
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--model-name-or-path", str(target), "--assistant-model", str(draft), "--compare", "--limit", "1",
+            "--max-new-tokens", "6", "--no-progress", "--threads", "1", "--json", str(rows_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    assert {r["mode"] for r in rows} == {"plain", "assisted"}
+    assert all(r["model"] == f"{target.name}+{draft.name}" and r["extra"]["threads"] == 1 for r in rows)
+    assisted = next(r for r in rows if r["mode"] == "assisted")
+    command = setup.command(assisted, setup.defaults(models.local_pair(target, draft)))
+    assert f"--model_name_or_path {target} --assistant_model {draft}" in command
+    assert command in out
+    # the printed command parses back to the same folders
+    args = cli.build_parser().parse_args(shlex.split(command)[2:])
+    assert (args.model_name_or_path, args.assistant_model) == (str(target), str(draft))
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--assistant_model", "/x"], "--assistant_model goes with --model_name_or_path"),
+        (["--model_name", "tiny-llama", "--model_name_or_path", "/x"], "are alternatives"),
+        (["--model_name_or_path", "/nonexistent/folder"], "no config.json"),
+        (["--threads", "0"], "--threads must be at least 1"),
+    ],
+)
+def test_bad_local_pair_flags_are_usage_errors(capsys, argv, expected):
+    assert cli.main([*argv, "--limit", "1", "--no_progress"]) == cli.EXIT_USAGE
+    assert expected in capsys.readouterr().err
+
+
+def test_a_folder_found_for_a_registered_name_must_be_that_model(folders, tmp_path):
+    """A folder under --weights_dir named like a registered model, holding another model: refused
+    before its weights load, instead of running under the registry's label."""
+    target, draft = folders
+    spec = models.get_pair("opt-6.7b")
+    for role in (spec.target, spec.draft):
+        (tmp_path / role.name).symlink_to(target)
+    with pytest.raises(HarnessError, match="registered with 50272"):
+        models.load_pair("opt-6.7b", weights_dir=str(tmp_path))
+
+
+def test_help_shows_defaults_and_both_spellings(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # help wraps lines anywhere
+    assert "--model_name MODEL_NAME, --model-name MODEL_NAME" in out
+    assert "(default: qwen2.5-coder-1.5b)" in out and "(default: 0)" in out
+
+
+USER_TEST = """
+import pytest
+
+
+@pytest.mark.pairs(tiny=False)
+def test_assisted_equals_plain(pair_name, pairs):
+    from harness.generation import generate
+    from harness.setup import GenerationSettings
+
+    pair = pairs.get(pair_name)
+    ids = list(pair.tokenizer("def add(a, b):")["input_ids"])
+    plain = generate(pair, ids, GenerationSettings(mode="plain", max_new_tokens=8))
+    assisted = generate(pair, ids, GenerationSettings(mode="assisted", max_new_tokens=8))
+    assert assisted.output_ids == plain.output_ids
+"""
+
+
+def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
+    target, draft = folders
+    (tmp_path / "test_mine.py").write_text(USER_TEST)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--real-pairs", "all",
+         "--local-pair", f"mine={target},{draft}", "-k", "mine"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "test_assisted_equals_plain[mine] PASSED" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--local-pair", "mine", "--collect-only"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "NAME=TARGET_FOLDER" in bad.stdout + bad.stderr
