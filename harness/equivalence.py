@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from tabulate import tabulate
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from harness import vocab
+from harness import results, vocab
 from harness.generation import generate
 from harness.models import LoadedPair
 from harness.setup import GenerationSettings
@@ -218,16 +217,14 @@ class DivergenceTable:
                 "first_divergence": case.first_divergence,
                 "gap": case.gap,
             }
-            self.rows_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.rows_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            results.append_row(self.rows_path, row)
 
     def recorded(self, precision: str, pair: str = "") -> dict[str, dict]:
         """Rows an earlier (interrupted) run wrote for ``pair`` at ``precision``, by prompt name: a
         rerun with the same file counts them instead of decoding those prompts again."""
-        if self.rows_path is None or not self.rows_path.is_file():
+        if self.rows_path is None:
             return {}
-        rows = (json.loads(line) for line in self.rows_path.read_text().splitlines() if line.strip())
+        rows = results.read_records(self.rows_path)
         return {
             r["prompt"]: r
             for r in rows

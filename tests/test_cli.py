@@ -262,11 +262,10 @@ def test_json_path_problems_are_usage_errors(tmp_path: Path, capsys: pytest.Capt
     ],
 )
 def test_drop_torn_tail(tmp_path: Path, content: str, kept: str, cut: bool) -> None:
-    from harness import runner
 
     path = tmp_path / "rows.jsonl"
     path.write_text(content)
-    assert runner.drop_torn_tail(path) is cut
+    assert results.drop_torn_tail(path) is cut
     assert path.read_text() == kept
 
 

@@ -1,0 +1,59 @@
+"""One row store for every kind of result (measured rows, HumanEval rows, divergence rows): each is
+appended with the same fsync'd write, read with the same tolerant reader, and healed the same way
+after a run killed mid-line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import equivalence, humaneval, results
+from harness.timing import Measurement
+
+
+def _measurement(ids: list[int]) -> Measurement:
+    return Measurement(3, ids, 0.1, 1.0, 1.0, 1.0, 10.0, len(ids), 0, 1.0, 0.0, 0.0, 0, 0)
+
+
+def _torn(path, complete: dict) -> None:
+    path.write_text(json.dumps(complete) + "\n" + '{"benchmark": "humaneval", "task_id": "Hum')
+
+
+def test_a_humaneval_row_after_a_torn_line_is_not_glued_to_it(tmp_path):
+    path = tmp_path / "he.jsonl"
+    first = {"benchmark": humaneval.BENCHMARK, "task_id": "HumanEval/0", "mode": "plain"}
+    _torn(path, first)
+    second = {"benchmark": humaneval.BENCHMARK, "task_id": "HumanEval/1", "mode": "plain"}
+    humaneval.record(path, second)
+    assert humaneval.read_results(path) == [first, second]
+    assert humaneval.completed_task_ids(path, "plain") == {"HumanEval/0", "HumanEval/1"}
+
+
+def test_divergence_rows_resume_after_a_torn_line(tmp_path):
+    path = tmp_path / "div.jsonl"
+    table = equivalence.DivergenceTable(rows_path=path)
+    case = equivalence.CaseResult([1, 2, 3], _measurement([4, 5]), _measurement([4, 5]), None, None, 0.0)
+    table.add("fp32", case, prompt="a", pair="tiny")
+    with path.open("a") as fh:
+        fh.write('{"precision": "fp32", "pro')  # killed mid-write
+    table.add("fp32", case, prompt="b", pair="tiny")
+    again = equivalence.DivergenceTable(rows_path=path)
+    assert set(again.recorded("fp32", "tiny")) == {"a", "b"}
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", "null", "not json"])
+def test_a_damaged_line_inside_any_store_is_named(tmp_path, line):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(line + "\n" + json.dumps({"benchmark": humaneval.BENCHMARK}) + "\n")
+    with pytest.raises(ValueError, match=f"{path}:1: not a result row"):
+        results.read_records(path)
+    with pytest.raises(Exception, match="fix or remove that line"):
+        humaneval.read_results(path)
+
+
+def test_a_row_killed_between_its_text_and_newline_is_kept(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"a": 1}) + "\n" + json.dumps({"a": 2}))
+    results.append_row(path, {"a": 3})
+    assert [r["a"] for r in results.read_records(path)] == [1, 2, 3]
