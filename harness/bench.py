@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from harness import analysis, baselines, platforms, runner, setup, stats, tasks
+from harness import analysis, baselines, experiment, platforms, runner, setup, stats, tasks
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.models import LoadedPair
@@ -418,32 +418,34 @@ def measure_arms(
         for arm in names:
             once(arm, "plain")
             once(arm, "assisted")
-    for r in range(repetitions):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for i, arm in enumerate(order):
-            modes = ("plain", "assisted") if (r + i) % 2 == 0 else ("assisted", "plain")
-            for mode in modes:
-                m = once(arm, mode)
-                got[arm][mode].append(m)
-                if write_rows:
-                    row = runner.make_row(
-                        pair,
-                        m,
-                        case.settings(mode),
-                        example=r + 1,
-                        task=case.task,
-                        label=prompt.label,
-                        platform=platform,
-                        run_id=run_ids[arm],
-                    )
-                    row.extra["bench"] = {
-                        "case_id": case.case_id,
-                        "repetition": r + 1,
-                        "order": "-".join(modes),
-                        "arm": arm,
-                        "inject_slowdown": arms[arm],
-                    }
-                    append_row(path, row)
+
+    def measure(job: experiment.Job[int, tuple[str, str]]) -> None:
+        arm, mode = job.arm
+        m = once(arm, mode)
+        got[arm][mode].append(m)
+        if write_rows:
+            row = runner.make_row(
+                pair,
+                m,
+                case.settings(mode),
+                example=job.index,
+                task=case.task,
+                label=prompt.label,
+                platform=platform,
+                run_id=run_ids[arm],
+            )
+            row.extra["bench"] = {
+                "case_id": case.case_id,
+                "repetition": job.index,
+                "position": job.position,
+                "arm": arm,
+                "inject_slowdown": arms[arm],
+            }
+            append_row(path, row)
+
+    # One round per repetition runs every (arm, mode) once, their order rotating from round to round.
+    runs = [(a, mode) for a in names for mode in ("plain", "assisted")]
+    experiment.run(experiment.interleave(range(repetitions), runs), measure, progress=False)
     return {
         arm: CaseMeasurement(
             case=case,

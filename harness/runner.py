@@ -16,9 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from harness import packaged, platforms, results, setup
+from harness import experiment, packaged, platforms, results, setup
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.models import LoadedPair, ModelSpec
@@ -176,38 +175,48 @@ def run_prompts(
             except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
                 raise HarnessError(f"cannot resume from {json_path}: {exc}") from exc
             done = {r.key(): r for r in stored if r.run_id == run_id}
-            total = len(prompts) * len(modes)
-            print(f"resumed {min(len(done), total)} of {total} runs from {json_path}", file=sys.stderr)
-        rows: list[Row] = []
         ids_of = check_context(pair, prompts, max_new_tokens)
         limit = context_length(pair)
-        jobs = [(i, p, mode) for i, p in enumerate(prompts, 1) for mode in modes]
-        bar = tqdm(
-            jobs, desc=f"{pair.spec.name} {task}", unit="gen", file=sys.stderr, disable=progress is False
-        )
-        for example, prompt, mode in bar:
-            ids = ids_of[example - 1]
-            budget = max_new_tokens or prompt.max_new_tokens
+
+        def settings_of(job: experiment.Job[Prompt, str]) -> GenerationSettings:
+            budget = max_new_tokens or job.item.max_new_tokens
             if limit is not None:
-                budget = min(budget, limit - len(ids))
-            s = dataclasses.replace(settings, mode=mode, max_new_tokens=budget)
-            probe = make_row(
-                pair, _empty(len(ids)), s, example=example, task=task, platform=platform, run_id=run_id
-            )
-            if probe.key() in done:
-                rows.append(done[probe.key()])
-                continue
-            m = generate(pair, ids, s)
+                budget = min(budget, limit - len(ids_of[job.index - 1]))
+            return dataclasses.replace(settings, mode=job.arm, max_new_tokens=budget)
+
+        def stored(job: experiment.Job[Prompt, str]) -> Row | None:
+            n = len(ids_of[job.index - 1])
+            probe = make_row(pair, _empty(n), settings_of(job), example=job.index, task=task, run_id=run_id)
+            return done.get(probe.key())
+
+        def measure(job: experiment.Job[Prompt, str]) -> Row:
+            s = settings_of(job)
+            m = generate(pair, ids_of[job.index - 1], s)
             row = make_row(
-                pair, m, s, example=example, task=task, label=prompt.label, platform=platform, run_id=run_id
+                pair,
+                m,
+                s,
+                example=job.index,
+                task=task,
+                label=job.item.label,
+                platform=platform,
+                run_id=run_id,
             )
             if json_path is not None:
                 append_row(json_path, row)
             if on_row is not None:
                 on_row(row)
-            rows.append(row)
-            bar.set_postfix(tok_s=f"{row.tokens_per_s:.2f}", mode=mode)
-        return rows
+            return row
+
+        return experiment.run(
+            experiment.interleave(prompts, list(modes)),
+            measure,
+            stored=stored,
+            resumed_from=str(json_path) if json_path is not None else None,
+            desc=f"{pair.spec.name} {task}",
+            progress=progress is not False,
+            postfix=lambda row: {"tok_s": f"{row.tokens_per_s:.2f}", "mode": row.mode},
+        )
 
 
 def _empty(prompt_tokens: int) -> Measurement:

@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from harness import (
     analysis,
+    experiment,
     files,
     models,
     platforms,
@@ -324,11 +325,6 @@ def _read_done(path: Path) -> dict[tuple[str, str, int, str], Row]:
     return done
 
 
-def _rotated(arms: Sequence[Any], index: int) -> list[Any]:
-    shift = index % len(arms)
-    return list(arms[shift:]) + list(arms[:shift])
-
-
 def _measure_group(
     pair_name: str | models.PairSpec,
     target_key: tuple[str, str],
@@ -452,13 +448,11 @@ def run_sweep(
     plans: list[tuple[tuple[str, str], str, list[tuple[int, Prompt, SweepConfig | None, int]]]] = []
     for target_key, group in groups.items():
         run_id = _run_id(spec.name, group[0], new_tokens, platform, threads)
-        arms: list[SweepConfig | None] = [None, *group]
         jobs = []
-        for i, prompt in enumerate(prompts):
-            for position, config in enumerate(_rotated(arms, i)):
-                arm = plain_label(*target_key) if config is None else config.label
-                if _key(run_id, arm, i + 1, digests[i]) not in done:
-                    jobs.append((i + 1, prompt, config, position))
+        for job in experiment.interleave(prompts, [None, *group]):
+            arm = plain_label(*target_key) if job.arm is None else job.arm.label
+            if _key(run_id, arm, job.index, digests[job.index - 1]) not in done:
+                jobs.append((job.index, job.item, job.arm, job.position))
         plans.append((target_key, run_id, jobs))
 
     total = len(prompts) * sum(len(group) + 1 for group in groups.values())

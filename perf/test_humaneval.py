@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import humaneval
+from harness import experiment, humaneval
 from harness.generation import generate
 from harness.models import LoadedPair
 from harness.setup import GenerationSettings
@@ -47,7 +47,7 @@ def _generator(pair: LoadedPair, settings: GenerationSettings, style: str):
 
 
 def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> dict:
-    """Plain then assisted per problem (interleaved), each row flushed; returns the summary."""
+    """Plain and assisted per problem (interleaved, order rotating), each row flushed; returns the summary."""
     base = GenerationSettings(
         mode="plain",
         max_new_tokens=NEW_TOKENS,
@@ -63,9 +63,9 @@ def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> 
         for mode in ("plain", "assisted"):
             short = dataclasses.replace(base, mode=mode, max_new_tokens=8)
             _generator(pair, short, style)(problems[0])
-    for problem in problems:
-        humaneval.run_mode([problem], plain, path, mode="plain", style=style)
-        humaneval.run_mode([problem], assisted, path, mode="assisted", style=style)
+    generators = {"plain": plain, "assisted": assisted}
+    for job in experiment.interleave(problems, list(generators)):
+        humaneval.run_mode([job.item], generators[job.arm], path, mode=job.arm, style=style)
     return humaneval.summarise(humaneval.read_results(path))
 
 

@@ -209,7 +209,7 @@ def test_draft_generation_config_holds_what_was_pinned(
 
 
 def _save_with_shipped_defaults(root: Path, eos: int, suppressed: int) -> None:
-    """The tiny llama pair saved as llama-2-7b, each with a generation_config.json of the kind real
+    """The tiny llama pair saved as two local folders, each with a generation_config.json of the kind real
     checkpoints ship: sampling and penalties (Qwen, Llama chat), an EOS, suppressed tokens, and
     assistant settings. Transformers fills every field a call leaves unset from these."""
     target = tiny.build_target("tiny-llama")
@@ -243,9 +243,7 @@ def test_checkpoint_shipped_generation_defaults_do_not_change_output(
     clean_assisted = generate(llama, PROMPT, assisted(num_assistant_tokens=3))
     # Shipped defaults chosen to bite: an EOS the output reaches, a suppressed first token.
     _save_with_shipped_defaults(tmp_path, eos=clean_plain.output_ids[3], suppressed=clean_plain.output_ids[0])
-    shipped = models.load_pair(
-        "llama-2-7b", target_precision="fp32", draft_precision="fp32", weights_dir=str(tmp_path)
-    )
+    shipped = models.load_pair(models.local_pair(tmp_path / "llama-2-7b", tmp_path / "llama-160m"))
     assert generate(shipped, PROMPT, plain()).output_ids == clean_plain.output_ids
     got = generate(shipped, PROMPT, assisted(num_assistant_tokens=3))
     assert got.output_ids == clean_assisted.output_ids

@@ -3,6 +3,7 @@ parts > an error listing every place looked and how to fill one. Never the netwo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -150,6 +151,18 @@ def test_hf_cache_snapshot_without_weights_is_not_accepted(isolated: Path) -> No
     assert weights.locate(*LLAMA).present is False
 
 
+def tiny_llama_2_7b(draft_vocab: int | None = None) -> models.PairSpec:
+    """llama-2-7b's registration with the tiny pair's vocabularies: a folder found for a registered
+    name must match the registered vocabulary, so the tiny stand-ins are looked up under this."""
+    spec = models.get_pair("llama-2-7b")
+    vocab = tiny.TINY_RECIPES["tiny-llama"]
+    return dataclasses.replace(
+        spec,
+        target=dataclasses.replace(spec.target, vocab_size=vocab.vocab_size),
+        draft=dataclasses.replace(spec.draft, vocab_size=draft_vocab or vocab.draft_vocab_size),
+    )
+
+
 def save_tiny_pair(root: Path, target_name: str = "llama-2-7b", draft_name: str = "llama-160m") -> None:
     """The tiny llama pair saved as if it were a registered 7B pair's real weights."""
     target = tiny.build_target("tiny-llama")
@@ -162,7 +175,7 @@ def save_tiny_pair(root: Path, target_name: str = "llama-2-7b", draft_name: str 
 def test_resolved_folders_load_through_load_pair(tmp_path: Path) -> None:
     save_tiny_pair(tmp_path)
     pair = models.load_pair(
-        "llama-2-7b", target_precision="fp32", draft_precision="fp32", weights_dir=str(tmp_path)
+        tiny_llama_2_7b(), target_precision="fp32", draft_precision="fp32", weights_dir=str(tmp_path)
     )
     assert pair.origins == {"target": str(tmp_path / "llama-2-7b"), "draft": str(tmp_path / "llama-160m")}
     # The same weights as the in-memory tiny pair, so the same greedy output in both modes.
@@ -189,8 +202,9 @@ def test_vocab_mismatch_in_saved_configs_fails_before_loading_models(
     monkeypatch.setattr(models, "_load_hf", no_load)
     with pytest.raises(VocabMismatchError, match="1024"):
         models.load_pair(
-            "llama-2-7b", target_precision="fp32", draft_precision="fp32", weights_dir=str(tmp_path)
-        )
+            tiny_llama_2_7b(draft_vocab=1024), target_precision="fp32", draft_precision="fp32",
+            weights_dir=str(tmp_path),
+        )  # fmt: skip
 
 
 def test_load_pair_reports_missing_weights_for_a_registered_pair(tmp_path: Path) -> None:
@@ -203,7 +217,9 @@ def test_load_pair_reports_missing_weights_for_a_registered_pair(tmp_path: Path)
 def test_weights_dir_from_env_var_reaches_load_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save_tiny_pair(tmp_path, "Llama-2-7b-hf", "JackFram--llama-160m")
     monkeypatch.setenv(weights.WEIGHTS_ENV, str(tmp_path))
-    pair = models.load_pair("llama-2-7b", target_precision="fp32", draft_precision="fp32", with_draft=True)
+    pair = models.load_pair(
+        tiny_llama_2_7b(), target_precision="fp32", draft_precision="fp32", with_draft=True
+    )
     assert pair.origins["target"].endswith("Llama-2-7b-hf")
     assert pair.origins["draft"].endswith("JackFram--llama-160m")
     with torch.inference_mode():

@@ -1,0 +1,76 @@
+"""The one way the suite measures several arms (plain and assisted decoding, or configurations) on
+the same work: interleaved per item, the arms' order rotating from item to item.
+
+Why: a shared machine has slow phases, and the first run of a pair of runs meets colder caches and
+another clock state than the second. Interleaving puts every arm into the same phase of the machine;
+rotating keeps any arm from always running first. The CLI's ``--compare``, the benchmark cases'
+rounds, the sweep and the HumanEval pass@1 suite all order their runs with ``interleave`` and run
+them with ``run``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Job(Generic[T, A]):
+    index: int  # 1-based: the item's place in the workload (a row's "example")
+    item: T
+    arm: A
+    position: int  # the arm's place in this item's rotated order
+    order: int  # the arm's place in the arms as given
+
+
+def interleave(items: Sequence[T], arms: Sequence[A]) -> list[Job[T, A]]:
+    """Every (item, arm), item by item; item ``i`` runs the arms rotated by ``i`` places."""
+    jobs = []
+    n = len(arms)
+    for i, item in enumerate(items):
+        for position in range(n):
+            order = (position + i) % n
+            jobs.append(Job(i + 1, item, arms[order], position, order))
+    return jobs
+
+
+def run(
+    jobs: Sequence[Job[T, A]],
+    measure: Callable[[Job[T, A]], R],
+    *,
+    stored: Callable[[Job[T, A]], R | None] = lambda _job: None,
+    resumed_from: str | None = None,
+    desc: str = "",
+    progress: bool = True,
+    postfix: Callable[[R], dict[str, str]] | None = None,
+) -> list[R]:
+    """Run ``jobs`` in order, measuring each unless ``stored`` has its result (a resumed run), and
+    return the results item by item in the arms' own order, whatever order they ran in.
+
+    With ``resumed_from`` (the rows file), says how many runs were resumed from it, every time.
+    """
+    results: dict[tuple[int, int], R] = {}  # by (index, order): items and arms need not hash
+    todo = []
+    for job in jobs:
+        found = stored(job)
+        if found is not None:
+            results[job.index, job.order] = found
+        else:
+            todo.append(job)
+    if resumed_from is not None:
+        print(f"resumed {len(results)} of {len(jobs)} runs from {resumed_from}", file=sys.stderr)
+    bar = tqdm(todo, desc=desc, unit="run", file=sys.stderr, disable=not progress)
+    for job in bar:
+        result = results[job.index, job.order] = measure(job)
+        if postfix is not None:
+            bar.set_postfix(postfix(result))
+    bar.close()
+    return [results[key] for key in sorted(results)]
