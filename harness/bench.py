@@ -419,33 +419,34 @@ def measure_arms(
             once(arm, "plain")
             once(arm, "assisted")
 
-    def measure(job: experiment.Job[int, tuple[str, str]]) -> None:
-        arm, mode = job.arm
-        m = once(arm, mode)
-        got[arm][mode].append(m)
-        if write_rows:
-            row = runner.make_row(
-                pair,
-                m,
-                case.settings(mode),
-                example=job.index,
-                task=case.task,
-                label=prompt.label,
-                platform=platform,
-                run_id=run_ids[arm],
-            )
-            row.extra["bench"] = {
-                "case_id": case.case_id,
-                "repetition": job.index,
-                "position": job.position,
-                "arm": arm,
-                "inject_slowdown": arms[arm],
-            }
-            append_row(path, row)
+    def measure(job: experiment.Job[int, str]) -> None:
+        # Within a round each arm runs plain and assisted back to back, which comes first alternating.
+        modes = ("plain", "assisted") if (job.index + job.position) % 2 else ("assisted", "plain")
+        for mode in modes:
+            m = once(job.arm, mode)
+            got[job.arm][mode].append(m)
+            if write_rows:
+                row = runner.make_row(
+                    pair,
+                    m,
+                    case.settings(mode),
+                    example=job.index,
+                    task=case.task,
+                    label=prompt.label,
+                    platform=platform,
+                    run_id=run_ids[job.arm],
+                )
+                row.extra["bench"] = {
+                    "case_id": case.case_id,
+                    "repetition": job.index,
+                    "order": "-".join(modes),
+                    "arm": job.arm,
+                    "inject_slowdown": arms[job.arm],
+                }
+                append_row(path, row)
 
-    # One round per repetition runs every (arm, mode) once, their order rotating from round to round.
-    runs = [(a, mode) for a in names for mode in ("plain", "assisted")]
-    experiment.run(experiment.interleave(range(repetitions), runs), measure, progress=False)
+    # One round per repetition runs every arm, the arms' order rotating from round to round.
+    experiment.run(experiment.interleave(range(repetitions), names), measure, progress=False)
     return {
         arm: CaseMeasurement(
             case=case,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import models, sweep, vocab
+from harness import configs, models, sweep, vocab
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.setup import GenerationSettings
@@ -54,12 +54,12 @@ def test_bad_draft_vocab_is_a_clear_error(keep):
 
 
 def test_sweep_spec_takes_dv():
-    (config,) = sweep.parse_configs("t=fp32,d=w8af32,k=3,dv=32768")
+    (config,) = configs.parse_configs("t=fp32,d=w8af32,k=3,dv=32768")
     assert config.draft_vocab == 32768 and config.label.endswith("-dv32768")
     with pytest.raises(HarnessError, match="dv"):
-        sweep.parse_configs("t=fp32,mode=prompt_lookup,dv=100")
+        configs.parse_configs("t=fp32,mode=prompt_lookup,dv=100")
     with pytest.raises(HarnessError, match="dv"):
-        sweep.parse_configs("t=fp32,dv=lots")
+        configs.parse_configs("t=fp32,dv=lots")
 
 
 def test_sweep_loads_a_restricted_draft_beside_a_full_one():
@@ -89,14 +89,14 @@ def test_draft_on_the_harness_kernels_keeps_output():
 
 
 def test_sweep_spec_takes_dk():
-    (config,) = sweep.parse_configs("t=fp32,d=w8af32,k=3,dv=100,dk=invariant")
+    (config,) = configs.parse_configs("t=fp32,d=w8af32,k=3,dv=100,dk=invariant")
     assert config.draft_key == ("w8af32", 100, "invariant") and config.label.endswith("-dk_invariant")
     pairs = sweep.load_target_group(
         "tiny-qwen2", target_precision="fp32", draft_precisions=[config.draft_key]
     )
     assert pairs[config.draft_key].draft_kernels == "invariant"
     with pytest.raises(HarnessError, match="dk"):
-        sweep.parse_configs("t=fp32,d=fp32,dk=fast")
+        configs.parse_configs("t=fp32,d=fp32,dk=fast")
 
 
 def test_draft_vocab_zero_means_the_whole_vocabulary():
