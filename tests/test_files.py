@@ -1,0 +1,59 @@
+"""Cached files are checked before they are used: sizes always, content (sha256) whenever a file's
+modification time moved since it was recorded or when asked (``--verify``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import files
+
+
+@pytest.fixture
+def folder(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"0123456789" * 100)
+    (tmp_path / "b.json").write_text('{"x": 1}')
+    return tmp_path
+
+
+def test_an_intact_folder_has_no_problem(folder):
+    record = files.record(folder, ["a.bin", "b.json"])
+    assert record["a.bin"]["size"] == 1000 and len(record["a.bin"]["sha256"]) == 64
+    assert files.problem(folder, record) is None
+    assert files.problem(folder, record, verify=True) is None
+
+
+def _overwrite_same_size(path, keep_mtime: bool) -> None:
+    stat = path.stat()
+    data = path.read_bytes()
+    path.write_bytes(bytes(len(data)))  # zeros, same size
+    if keep_mtime:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:10]), "is 10 bytes, recorded 1000"),
+        (lambda p: p.unlink(), "is missing"),
+        (lambda p: _overwrite_same_size(p, keep_mtime=False), "content changed"),
+    ],
+    ids=["truncated", "missing", "same-size-overwrite"],
+)
+def test_each_kind_of_damage_is_named(folder, damage, expected):
+    record = files.record(folder, ["a.bin"])
+    damage(folder / "a.bin")
+    assert expected in files.problem(folder, record)
+
+
+def test_an_overwrite_that_kept_its_mtime_is_found_when_verifying(folder):
+    record = files.record(folder, ["a.bin"])
+    _overwrite_same_size(folder / "a.bin", keep_mtime=True)
+    assert files.problem(folder, record) is None  # the cheap check cannot see it
+    assert "content changed" in files.problem(folder, record, verify=True)
+
+
+def test_a_record_of_sizes_only_is_still_read(folder):
+    assert files.problem(folder, {"a.bin": 1000}) is None
+    assert "recorded 999" in files.problem(folder, {"a.bin": 999})
