@@ -290,6 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(m, "--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
     _add(
         m,
+        "--verify",
+        action="store_true",
+        help="check every cached file (converted weights, ONNX export) by content before use and "
+        "rebuild what changed; without it sizes are checked always and contents when a file was "
+        "modified since it was written",
+    )
+    _add(
+        m,
         "--fast_attention",
         action="store_true",
         help="accepted for compatibility with the seeds; not supported here (ignored with a note)",
@@ -491,6 +499,7 @@ def run(args: argparse.Namespace) -> int:
         execution_provider=args.execution_provider,
         ort_block_size=args.ort_block_size,
         ort_accuracy_level=args.ort_accuracy_level,
+        verify=args.verify,
     )
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name
@@ -601,6 +610,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     _use_threads(args.threads)
     loader = functools.partial(
         sweep.load_target_group,
+        verify=args.verify,
         weights_dir=args.weights_dir,
         target_device=args.target_device,
         draft_device=args.draft_device,

@@ -6,6 +6,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def file_name(text: str) -> str:
@@ -31,3 +32,44 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def record(folder: str | os.PathLike[str], names: list[str]) -> dict[str, dict[str, int | str]]:
+    """What ``problem`` later checks each named file of ``folder`` against: size, modification
+    time and sha256, taken now (when the files were just written and are known good)."""
+    out: dict[str, dict[str, int | str]] = {}
+    for name in names:
+        path = Path(folder) / name
+        stat = path.stat()
+        out[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": _sha256(path)}
+    return out
+
+
+def problem(folder: str | os.PathLike[str], recorded: dict[str, Any], *, verify: bool = False) -> str | None:
+    """Why ``folder``'s files are not the ones ``recorded`` (``record``), or None when they are.
+
+    Sizes are checked always; contents (sha256) when a file's modification time is not the recorded
+    one (an overwrite of the same size moves it) or when ``verify`` asks. A record holding only a
+    size per file (older caches) is checked by size alone."""
+    for name, rec in recorded.items():
+        path = Path(folder) / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"{path} is missing"
+        size = rec if isinstance(rec, int) else rec.get("size")
+        if stat.st_size != size:
+            return f"{path} is {stat.st_size} bytes, recorded {size}"
+        if isinstance(rec, dict) and "sha256" in rec:
+            # A record without a time (older caches) is checked by content only when verifying.
+            moved = "mtime_ns" in rec and stat.st_mtime_ns != rec["mtime_ns"]
+            if (verify or moved) and _sha256(path) != rec["sha256"]:
+                return f"{path}: content changed since it was written (sha256 differs)"
+    return None

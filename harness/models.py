@@ -186,8 +186,9 @@ def locate_model(spec: ModelSpec, weights_dir: str | None = None) -> weights.Loc
     return weights.locate(spec.name, spec.hf_id, spec.packaged_key, weights_dir)
 
 
-def resolve_model(spec: ModelSpec, weights_dir: str | None = None) -> Path:
-    """A folder transformers can load offline for ``spec`` (converting packaged weights if needed)."""
+def resolve_model(spec: ModelSpec, weights_dir: str | None = None, *, verify: bool = False) -> Path:
+    """A folder transformers can load offline for ``spec`` (converting packaged weights if needed;
+    ``verify``: checking their every byte first)."""
     if spec.path is not None:
         where = locate_model(spec)
         if not where.present:
@@ -195,7 +196,7 @@ def resolve_model(spec: ModelSpec, weights_dir: str | None = None) -> Path:
                 f"{spec.name}: {where.detail} (config.json and *.safetensors or *.bin expected)"
             )
         return Path(spec.path)
-    return weights.resolve(spec.name, spec.hf_id, spec.packaged_key, weights_dir)
+    return weights.resolve(spec.name, spec.hf_id, spec.packaged_key, weights_dir, verify=verify)
 
 
 # model_type in a folder's config.json -> the harness's family name
@@ -367,14 +368,16 @@ def check_file_precision(name: str, kernels: str, flag: str = "--target_kernels"
         )
 
 
-def load_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> PreTrainedModel:
+def load_ort_target(
+    name: str, hf_dir: Path, settings: OrtSettings, *, verify: bool = False
+) -> PreTrainedModel:
     """The model in ``hf_dir`` exported to ONNX (once; cached) and opened on ``settings.provider``."""
     from harness import onnx_model
 
-    return onnx_model.load(export_ort_target(name, hf_dir, settings), hf_dir, settings)
+    return onnx_model.load(export_ort_target(name, hf_dir, settings, verify=verify), hf_dir, settings)
 
 
-def export_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> Path:
+def export_ort_target(name: str, hf_dir: Path, settings: OrtSettings, *, verify: bool = False) -> Path:
     """The folder of ``hf_dir``'s ONNX export at ``settings``, exporting it if it is not cached."""
     from harness import onnx_export
 
@@ -385,7 +388,7 @@ def export_ort_target(name: str, hf_dir: Path, settings: OrtSettings) -> Path:
             f"{name}: attention head size {head} is not a multiple of 16, which ONNX Runtime's "
             "GroupQueryAttention (the exported attention) requires; use --target_backend torch"
         )
-    return onnx_export.export(name, hf_dir, settings)
+    return onnx_export.export(name, hf_dir, settings, verify=verify)
 
 
 def prepare_draft(
@@ -430,6 +433,7 @@ def load_pair(
     execution_provider: str = backends.DEFAULT_PROVIDER,
     ort_block_size: int = 32,
     ort_accuracy_level: int = 4,
+    verify: bool = False,
 ) -> LoadedPair:
     """Load target (and draft) with their precisions on their devices; validate everything first.
 
@@ -511,10 +515,10 @@ def load_pair(
         if ort_settings is not None:
             target_path = tiny.saved_folder(spec.name.lower(), target, tokenizer)
     else:
-        target_path = resolve_model(spec.target, weights_dir)
+        target_path = resolve_model(spec.target, weights_dir, verify=verify)
         _check_config(spec.target, target_path)
         if with_draft:
-            draft_path = resolve_model(spec.draft, weights_dir)
+            draft_path = resolve_model(spec.draft, weights_dir, verify=verify)
             _check_config(spec.draft, draft_path)
             # Reading two config.json files is cheap; loading a 7B target before failing is not.
             vocab.check_reconcilable(
@@ -529,7 +533,7 @@ def load_pair(
         origins = {"target": str(target_path), "draft": str(draft_path) if draft_path else ""}
 
     if ort_settings is not None:
-        target = load_ort_target(spec.target.name, target_path, ort_settings)
+        target = load_ort_target(spec.target.name, target_path, ort_settings, verify=verify)
         origins["target"] = str(target.folder)
         _pin_generation_config(target, tokenizer)
     else:

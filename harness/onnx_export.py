@@ -30,7 +30,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from harness import packaged
+from harness import files, packaged
 from harness.backends import OrtSettings
 from harness.errors import ChecksumError, HarnessError
 
@@ -64,22 +64,14 @@ def export_dir(name: str, hf_dir: Path, settings: OrtSettings, cache: Path | Non
     return root / f"{name}-{source_fingerprint(hf_dir)[:16]}" / settings.slug
 
 
-def _sha256(path: Path) -> str:
-    with path.open("rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
 def is_exported(folder: Path, *, verify: bool = False) -> bool:
-    """A finished export: marker present, files of the recorded sizes (and sha256 when ``verify``)."""
+    """A finished export: marker present and its files intact (``files.problem``: sizes always,
+    contents when a file was touched since it was written, all contents with ``verify``)."""
     try:
         record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-        for name, meta in record["files"].items():
-            path = folder / name
-            if path.stat().st_size != meta["size"] or (verify and _sha256(path) != meta["sha256"]):
-                return False
-    except (OSError, ValueError, KeyError):
+        return files.problem(folder, record["files"], verify=verify) is None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    return True
 
 
 def builder_command(src: Path, out: Path, settings: OrtSettings, workdir: Path) -> list[str]:
@@ -162,9 +154,7 @@ def _export_locked(name: str, hf_dir: Path, settings: OrtSettings, final: Path) 
             "source": str(hf_dir),
             "source_fingerprint": source_fingerprint(hf_dir),
             "seconds": round(time.perf_counter() - start, 1),
-            "files": {
-                f: {"size": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in _MODEL_FILES
-            },
+            "files": files.record(out, list(_MODEL_FILES)),
         }
         (out / MARKER).write_text(json.dumps(record, indent=2), encoding="utf-8")
         os.replace(out, final)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import gguf_convert
+from harness import files, gguf_convert
 from harness.errors import ChecksumError, UnknownModelError, WeightsNotFoundError
 from harness.platforms import library_versions
 
@@ -462,9 +462,10 @@ class ConversionReport:
 Builder = Callable[[Path, Path], dict[str, Any]]
 
 
-def is_converted(model: PackagedModel, cache: Path | None = None) -> bool:
+def is_converted(model: PackagedModel, cache: Path | None = None, *, verify: bool = False) -> bool:
     """True when the converted folder is complete, was built from this model's GGUF, and every file
-    its marker lists is there at its recorded size (a truncated or missing file means rebuild)."""
+    its marker lists is intact (``files.problem``: sizes always, contents when a file was touched
+    since, or all contents with ``verify``); anything else means rebuild."""
     folder = converted_dir(model, cache)
     try:
         marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
@@ -472,17 +473,13 @@ def is_converted(model: PackagedModel, cache: Path | None = None) -> bool:
         return False
     if not isinstance(marker, dict) or marker.get("source_sha256") != model.sha256:
         return False
-    files = marker.get("files")
-    if not isinstance(files, dict) or not files:
+    recorded = marker.get("files")
+    if not isinstance(recorded, dict) or not recorded:
         return False
-    for name, size in files.items():
-        try:
-            if (folder / name).stat().st_size != size:
-                log.warning("%s: %s is not the size its conversion recorded; rebuilding", model.key, name)
-                return False
-        except OSError:
-            log.warning("%s: %s is missing from %s; rebuilding", model.key, name, folder)
-            return False
+    damage = files.problem(folder, recorded, verify=verify)
+    if damage is not None:
+        log.warning("%s: %s; rebuilding the converted folder", model.key, damage)
+        return False
     return True
 
 
@@ -511,10 +508,15 @@ def convert(
 
 
 def _convert_locked(
-    model: PackagedModel, cache: Path | None, *, gguf: Path | None = None, builder: Builder | None = None
+    model: PackagedModel,
+    cache: Path | None,
+    *,
+    gguf: Path | None = None,
+    builder: Builder | None = None,
+    rebuild: bool = False,
 ) -> Path:
     final = converted_dir(model, cache)
-    if is_converted(model, cache):
+    if not rebuild and is_converted(model, cache):
         return final
     source = gguf if gguf is not None else gguf_path(model, cache)
     if not source.is_file():
@@ -538,7 +540,7 @@ def _convert_locked(
         report = ConversionReport(
             source_sha256=model.sha256,
             seconds=round(time.perf_counter() - start, 2),
-            files={p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
+            files=files.record(tmp, [p.name for p in sorted(tmp.iterdir()) if p.is_file()]),
             details=details,
             libraries=library_versions(),
         )
@@ -564,21 +566,23 @@ def ensure_converted(
     *,
     keep_gguf: bool = True,
     builder: Builder | None = None,
+    verify: bool = False,
 ) -> Path:
-    """Return the converted HF folder for `key`, assembling and converting it on first use.
+    """Return the converted HF folder for `key`, assembling and converting it on first use
+    (``verify``: check every converted file's content, not only its size, and rebuild if one moved).
 
     Fast when already done (reads one small marker file, imports nothing heavy). Otherwise takes a
     per-model file lock, so concurrent callers wait and then reuse the result. `keep_gguf=False`
     deletes the assembled GGUF afterwards to save disk (it is rebuilt from the parts if needed).
     """
     model = get_model(key)
-    if is_converted(model, cache):
+    if is_converted(model, cache, verify=verify):
         return converted_dir(model, cache)
     with cache_lock(model, cache):
-        if is_converted(model, cache):  # another process finished while we waited
+        if is_converted(model, cache, verify=verify):  # another process finished while we waited
             return converted_dir(model, cache)
         source = _assemble_locked(model, cache)
-        folder = _convert_locked(model, cache, gguf=source, builder=builder)
+        folder = _convert_locked(model, cache, gguf=source, builder=builder, rebuild=verify)
         if not keep_gguf:
             source.unlink(missing_ok=True)
             _sidecar(source).unlink(missing_ok=True)

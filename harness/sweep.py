@@ -119,6 +119,7 @@ def load_target_group(
     weights_dir: str | None = None,
     target_device: str = "cpu",
     draft_device: str = "cpu",
+    verify: bool = False,
 ) -> dict[DraftKey | None, models.LoadedPair]:
     """Load one target once with every draft its configurations need (a draft precision, or a
     (precision, draft vocabulary) pair).
@@ -142,6 +143,7 @@ def load_target_group(
         draft_vocab=(drafts[0][1] or 0) if drafts else None,
         draft_kernels=drafts[0][2] if drafts and len(drafts[0]) > 2 else "stock",
         target_kernels=None if ort else target_kernels,
+        verify=verify,
     )
     if not drafts:
         return {None: first}

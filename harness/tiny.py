@@ -8,6 +8,7 @@ random-weight target, and a draft that never agrees cannot exercise acceptance.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from transformers import (
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 # Long enough for the benchmark task's 2048-token prompts plus 256 new tokens.
 MAX_POSITIONS = 4096
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -195,9 +198,16 @@ def saved_folder(
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{name}.partial-"))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    final = root / f"{name}-{onnx_export.source_fingerprint(tmp)[:16]}"
+    fingerprint = onnx_export.source_fingerprint(tmp)
+    final = root / f"{name}-{fingerprint[:16]}"
     try:
         os.replace(tmp, final)
-    except OSError:  # another process saved the same content first
-        shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:  # a folder of that name exists: another process saved the same content first...
+        if onnx_export.source_fingerprint(final) != fingerprint:
+            # ...or it was damaged since (its name says what it held): replace it, never export it.
+            log.warning("%s no longer holds what its name says; saving it again", final)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -102,8 +102,22 @@ def locate(
     return Location("missing", None, False, "not found in " + ", ".join(looked))
 
 
-def resolve(name: str, hf_id: str | None, packaged_key: str | None, weights_dir: str | None = None) -> Path:
-    """Return a folder transformers can load offline, converting packaged weights if needed."""
+def resolve(
+    name: str,
+    hf_id: str | None,
+    packaged_key: str | None,
+    weights_dir: str | None = None,
+    *,
+    verify: bool = False,
+) -> Path:
+    """Return a folder transformers can load offline, converting packaged weights if needed
+    (``verify``: the packaged conversion's every file checked by content, rebuilt if damaged)."""
+    if packaged_key and verify:
+        if (
+            not weights_dirs(weights_dir)
+            or locate(name, hf_id, packaged_key, weights_dir).origin == "packaged"
+        ):
+            return packaged.ensure_converted(packaged_key, verify=True)
     location = locate(name, hf_id, packaged_key, weights_dir)
     if location.path is not None:
         return location.path

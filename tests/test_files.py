@@ -57,3 +57,33 @@ def test_an_overwrite_that_kept_its_mtime_is_found_when_verifying(folder):
 def test_a_record_of_sizes_only_is_still_read(folder):
     assert files.problem(folder, {"a.bin": 1000}) is None
     assert "recorded 999" in files.problem(folder, {"a.bin": 999})
+
+
+def test_an_onnx_export_whose_file_changed_is_not_used(tmp_path):
+    import json
+
+    from harness import onnx_export
+
+    for name in ("model.onnx", "model.onnx.data"):
+        (tmp_path / name).write_bytes(name.encode() * 50)
+    marker = {"files": files.record(tmp_path, ["model.onnx", "model.onnx.data"])}
+    (tmp_path / onnx_export.MARKER).write_text(json.dumps(marker))
+    assert onnx_export.is_exported(tmp_path)
+    _overwrite_same_size(tmp_path / "model.onnx.data", keep_mtime=True)
+    assert onnx_export.is_exported(tmp_path)  # sizes and mtimes unchanged: only --verify can tell
+    assert not onnx_export.is_exported(tmp_path, verify=True)
+    _overwrite_same_size(tmp_path / "model.onnx.data", keep_mtime=False)
+    assert not onnx_export.is_exported(tmp_path)
+
+
+def test_a_damaged_tiny_model_folder_is_saved_again_not_exported(tmp_path):
+    from harness import onnx_export, tiny
+
+    target, tokenizer = tiny.build_target("tiny-llama"), tiny.build_tokenizer()
+    folder = tiny.saved_folder("tiny-llama", target, tokenizer, root=str(tmp_path))
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    _overwrite_same_size(weights, keep_mtime=False)
+    again = tiny.saved_folder("tiny-llama", target, tokenizer, root=str(tmp_path))
+    assert again == folder and weights.read_bytes() == good
+    assert folder.name.endswith(onnx_export.source_fingerprint(folder)[:16])

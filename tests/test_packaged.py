@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import multiprocessing
+import os
 import time
 from pathlib import Path
 
@@ -272,7 +273,9 @@ def test_ensure_converted_builds_once_then_is_fast(fake, tmp_path):
     folder = packaged.ensure_converted(model, cache, builder=_touch_builder(calls))
     marker = json.loads((folder / "COMPLETE").read_text())
     assert marker["source_sha256"] == model.sha256 and marker["details"] == {"fake": True}
-    assert marker["files"] == {"model.safetensors": 16}
+    assert (
+        list(marker["files"]) == ["model.safetensors"] and marker["files"]["model.safetensors"]["size"] == 16
+    )
     start = time.perf_counter()
     assert packaged.ensure_converted(model, cache, builder=_touch_builder(calls)) == folder
     assert time.perf_counter() - start < 0.5
@@ -317,10 +320,10 @@ def test_marker_from_other_source_is_rebuilt(fake, tmp_path):
     assert packaged.read_marker(model, cache)["source_sha256"] == model.sha256
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "grow"])
+@pytest.mark.parametrize("damage", ["truncate", "delete", "grow", "overwrite"])
 def test_a_damaged_converted_file_is_detected_and_rebuilt(fake, tmp_path, damage):
-    """The marker alone is not trusted: a listed file that is missing or not its recorded size
-    makes the folder unconverted, and the next call rebuilds it."""
+    """The marker alone is not trusted: a listed file that is missing, not its recorded size, or
+    overwritten with other bytes makes the folder unconverted, and the next call rebuilds it."""
     model, _, _ = fake
     cache = tmp_path / "cache"
     folder = packaged.ensure_converted(model, cache, builder=_touch_builder())
@@ -329,13 +332,15 @@ def test_a_damaged_converted_file_is_detected_and_rebuilt(fake, tmp_path, damage
         weights.write_bytes(weights.read_bytes()[:5])
     elif damage == "delete":
         weights.unlink()
-    else:
+    elif damage == "grow":
         weights.write_bytes(weights.read_bytes() + b"x")
+    else:  # the same size, other bytes: found by content, because the write moved its mtime
+        weights.write_bytes(bytes(weights.stat().st_size))
     assert not packaged.is_converted(model, cache)
     calls: list[int] = []
     packaged.ensure_converted(model, cache, builder=_touch_builder(calls))
     assert calls == [1] and packaged.is_converted(model, cache)
-    assert weights.stat().st_size == packaged.read_marker(model, cache)["files"]["model.safetensors"]
+    assert weights.stat().st_size == packaged.read_marker(model, cache)["files"]["model.safetensors"]["size"]
 
 
 def test_failed_conversion_leaves_no_folder(fake, tmp_path):
@@ -587,3 +592,20 @@ def test_real_converted_logits_equal_gguf(key):
         converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids).logits
         src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         assert torch.equal(src(ids).logits, converted)
+
+
+def test_verify_finds_an_overwrite_that_kept_its_mtime_and_rebuilds(fake, tmp_path):
+    """``--verify``: every converted file is checked by content, so even an overwrite that restored
+    the file's modification time is found, and the folder is rebuilt, not decoded."""
+    model, _, _ = fake
+    cache = tmp_path / "cache"
+    folder = packaged.ensure_converted(model, cache, builder=_touch_builder())
+    weights = folder / "model.safetensors"
+    good, stat = weights.read_bytes(), weights.stat()
+    weights.write_bytes(bytes(len(good)))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert packaged.is_converted(model, cache)  # the cheap check cannot see it
+    assert not packaged.is_converted(model, cache, verify=True)
+    calls: list[int] = []
+    packaged.ensure_converted(model, cache, builder=_touch_builder(calls), verify=True)
+    assert calls == [1] and weights.read_bytes() == good
