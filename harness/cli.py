@@ -309,6 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add(o, "--no_progress", action="store_true", help="hide the progress bar")
     _add(
         o,
+        "--wide",
+        action="store_true",
+        help="tables with the seeds' column names and unrounded numbers (default: short names and "
+        "rounded numbers, to fit 120 columns)",
+    )
+    _add(
+        o,
         "--llama-bench",
         default=None,
         help="--task sweep: llama.cpp's llama-bench binary, to time its plain decoding of the same GGUF "
@@ -459,7 +466,7 @@ def regen(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.list_models:
-        print(report.pairs_table(models.list_pairs(), args.weights_dir))
+        print(report.pairs_table(models.list_pairs(), args.weights_dir, wide=args.wide))
         return 0
     if args.regen_tables:
         return regen(args)
@@ -529,10 +536,10 @@ def run(args: argparse.Namespace) -> int:
             + ")\n"
         )
         print(f"```{setup.command(mode_rows[0], defaults)}```\n")
-        print(report.seed_table(mode_rows, acceptance=mode != "plain"))
+        print(report.seed_table(mode_rows, acceptance=mode != "plain", wide=args.wide))
     print()
     if args.compare:
-        print(report.compare_table(rows, defaults))
+        print(report.compare_table(rows, defaults, wide=args.wide))
     print(report.summary_line(rows, defaults))
     return 0
 

@@ -56,7 +56,7 @@ def read_json_rows(path: Path) -> list[dict]:
 
 
 def test_plain_table_has_the_seeds_columns(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, *TINY)
+    code, out, err = run_cli(capsys, *TINY, "--wide")
     assert code == 0, err
     (headers,) = table_headers(out)
     assert headers == SEED_HEADERS
@@ -67,7 +67,7 @@ def test_plain_table_has_the_seeds_columns(capsys: pytest.CaptureFixture[str]) -
 def test_assisted_json_rows_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "rows.jsonl"
     argv = [*TINY, "--compare", "--json", str(path)]
-    code, out, err = run_cli(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv, "--wide")
     assert code == 0, err
 
     plain_headers, assisted_headers, compare_headers = table_headers(out)
@@ -126,7 +126,7 @@ def test_assisted_json_rows_and_resume(tmp_path: Path, capsys: pytest.CaptureFix
 def test_compare_prints_speedup_per_prompt_and_overall(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run_cli(capsys, *TINY, "--compare")
+    code, out, err = run_cli(capsys, *TINY, "--compare", "--wide")
     assert code == 0, err
     (_, plain), (_, assisted), (compare, body) = tables(out)
     assert compare[:3] == SEED_HEADERS[:3]
@@ -279,10 +279,21 @@ def test_min_new_tokens_above_a_prompts_budget_is_rejected_before_decoding(
 
 
 def test_fast_attention_is_accepted_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, *TINY, "--limit", "1", "--fast_attention")
+    code, out, err = run_cli(capsys, *TINY, "--limit", "1", "--fast_attention", "--wide")
     assert code == 0
     assert "--fast_attention" in err and "ignored" in err
     assert table_headers(out)[0] == SEED_HEADERS
+
+
+def test_tables_fit_120_columns_unless_wide(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, *TINY, "--compare")
+    assert code == 0, err
+    table_lines = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(table_lines) == 12 and max(len(line) for line in table_lines) <= 120
+    (plain, plain_body), (assisted, _), (compare, _) = tables(out)
+    assert plain[:7] == ["#", "Prompt", "New", "Total s", "Prefill ms", "ms/tok", "tok/s"]
+    assert "Speedup" in compare and "Draft ms" in assisted
+    assert all(len(cell.split(".")[-1]) <= 2 for row in plain_body for cell in row[3:])  # rounded
 
 
 def test_benchmark_task_on_tiny(capsys: pytest.CaptureFixture[str]) -> None:

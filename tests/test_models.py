@@ -193,6 +193,10 @@ def test_offline_pair_loads_from_the_cache_and_runs(monkeypatch: pytest.MonkeyPa
 
 def test_list_models_shows_every_pair(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--list-models"]) == 0
+    narrow = capsys.readouterr().out
+    assert max(len(line) for line in narrow.splitlines()) <= 120
+    assert narrow.splitlines()[0].split("|")[1].strip() == "model_name"
+    assert cli.main(["--list-models", "--wide"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]

@@ -34,6 +34,7 @@ _COMPARE_HEADERS = (
     "Acceptance",
     "Same Output",
 )
+_COMPARE_SHORT = ("#", "Prompt", "New", "tok/s plain", "tok/s assisted", "Speedup", "Accept", "Same")
 
 
 def progress(iterable: Iterable[T], total: int | None, desc: str) -> Iterator[T]:
@@ -43,9 +44,50 @@ def progress(iterable: Iterable[T], total: int | None, desc: str) -> Iterator[T]
     return iter(tqdm(iterable, total=total, desc=desc, file=sys.stderr, mininterval=1, disable=None))
 
 
-def seed_table(rows: list[Row], acceptance: bool = True) -> str:
-    """The seeds' seven columns in their order, then (if ``acceptance``) drafted/accepted counts."""
+# The seeds' column names are long: on a terminal the tables use these short names and numbers
+# rounded to what they mean (``wide=False``); published tables keep the seeds' spelling.
+_COMPACT = {
+    "example": ("#", "d"),
+    "prompt_tokens": ("Prompt", "d"),
+    "new_tokens": ("New", "d"),
+    "total_s": ("Total s", ".2f"),
+    "prefill_ms": ("Prefill ms", ".1f"),
+    "time_per_token_ms": ("ms/tok", ".2f"),
+    "tokens_per_s": ("tok/s", ".2f"),
+    "drafted": ("Drafted", "d"),
+    "accepted": ("Accept", "d"),
+    "acceptance_rate": ("Rate", ".2f"),
+    "tokens_per_target_forward": ("tok/fwd", ".2f"),
+    "target_forwards": ("Fwds", "d"),
+    "draft_ms": ("Draft ms", ".1f"),
+}
+
+
+def _cell(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _compact_grid(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    """A GitHub-markdown table of right-aligned cells, one space of padding. Written here because
+    tabulate pads every header by at least two spaces (its module-level MIN_PADDING), which alone
+    pushes a 13-column table past 120 columns."""
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in body)])
+
+
+def seed_table(rows: list[Row], acceptance: bool = True, wide: bool = True) -> str:
+    """The seeds' seven columns in their order, then (if ``acceptance``) drafted/accepted counts;
+    ``wide=False``: short names and rounded numbers, to fit a 120-column terminal."""
     columns = SEED_COLUMNS + (ACCEPTANCE_COLUMNS if acceptance else ())
+    if not wide:
+        body = [[_cell(getattr(row, attr), _COMPACT[attr][1]) for _, attr in columns] for row in rows]
+        headers = [_COMPACT[attr][0] for _, attr in columns]
+        return _compact_grid(headers, body)
     body = [[getattr(row, attr) for _, attr in columns] for row in rows]
     # None (acceptance of a plain row) prints as missingval, which keeps the column numeric and aligned.
     return tabulate(body, headers=[name for name, _ in columns], tablefmt="github", missingval="-")
@@ -175,8 +217,9 @@ def _overall_line(pairs: list[dict[str, Any]]) -> str:
     )
 
 
-def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None) -> str:
-    """Per prompt: plain vs assisted tokens/sec, speedup, acceptance, identical output; per setting."""
+def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None, wide: bool = True) -> str:
+    """Per prompt: plain vs assisted tokens/sec, speedup, acceptance, identical output; per setting
+    (``wide=False``: short names and rounded numbers)."""
     rows_list = list(rows)
     pairs = compare_rows(rows_list, defaults)
     if not pairs:
@@ -199,7 +242,12 @@ def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None
             ]
             for p in group
         ]
-        table = tabulate(body, headers=_COMPARE_HEADERS, tablefmt="github", missingval="-")
+        if wide:
+            table = tabulate(body, headers=_COMPARE_HEADERS, tablefmt="github", missingval="-")
+        else:
+            specs = ("d", "d", "d", ".2f", ".2f", "s", ".2f", "s")
+            short = [[_cell(v, f) for v, f in zip(line, specs, strict=True)] for line in body]
+            table = _compact_grid(_COMPARE_SHORT, short)
         rows_of = [r for r in rows_list if r.run_id == group[0]["run_id"]]
         overall = _warned(_overall_line(group), cautions(rows_of, group))
         sections.append(f"```{command}```\n\n{table}\n\n{overall}")
@@ -375,8 +423,9 @@ def regen_results(
     return written
 
 
-def pairs_table(pairs: Sequence[Any], weights_dir: str | None) -> str:
-    """``--list-models``: every registered pair, its precisions and where its weights were found."""
+def pairs_table(pairs: Sequence[Any], weights_dir: str | None, wide: bool = False) -> str:
+    """``--list-models``: every registered pair, its precisions and whether its weights are here;
+    ``wide`` adds the models' ids and where the weights were found (long paths)."""
     from harness import models
 
     table = []
@@ -395,4 +444,8 @@ def pairs_table(pairs: Sequence[Any], weights_dir: str | None) -> str:
             ]
         )
     headers = ["model_name", "family", "target", "draft", "precision t/d", "present", "weights"]
+    if not wide:
+        keep = (0, 1, 4, 5)
+        headers = [headers[i] for i in keep]
+        table = [[row[i] for i in keep] for row in table]
     return tabulate(table, headers=headers, tablefmt="github")
