@@ -1,0 +1,181 @@
+"""onnxruntime-genai's own decoding, plain and speculative, as an engine under test.
+
+The runtime Ryzen AI ships decodes through onnxruntime-genai's ``Generator``, which has speculative
+decoding of its own: a draft model declared as ``model.draft`` in the target's ``genai_config.json``
+and ``speculative.max_draft_tokens`` (K). This module drives that engine, not an emulation of it:
+``speculative_folder`` writes a folder holding the target export with the draft export beside it
+(files linked, configs the builder wrote), and ``decode`` runs the ``Generator`` token by token with
+the suite's clocks, returning the engine's own statistics (``get_speculative_stats``) next to what
+the suite measures, so one can be held against the other (``check_stats``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import files
+from harness.errors import HarnessError, UnsupportedError
+
+MAX_K = 16  # what the engine's config parser accepts for max_draft_tokens (checked here first)
+_CONFIG = "genai_config.json"
+
+
+def _og() -> Any:
+    try:
+        import onnxruntime_genai
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise UnsupportedError(f"the onnxruntime-genai engine needs onnxruntime-genai ({exc})") from None
+    return onnxruntime_genai
+
+
+def check_k(k: int) -> int:
+    if not 1 <= k <= MAX_K:
+        raise HarnessError(f"K = {k}: onnxruntime-genai's max_draft_tokens takes 1 to {MAX_K}")
+    return k
+
+
+def speculative_folder(target: Path, draft: Path, k: int, root: Path) -> Path:
+    """A folder the engine opens as target + draft: the target export's files linked in, the draft
+    export's in ``draft/``, and a ``genai_config.json`` whose ``model.draft`` is the draft's own
+    decoder section (the builder's head sizes and layer counts) and ``speculative.max_draft_tokens``
+    is K. Rebuilt whenever either export or K changes (its name carries both)."""
+    check_k(k)
+    for folder, role in ((target, "target"), (draft, "draft")):
+        if not (folder / _CONFIG).is_file():
+            raise HarnessError(
+                f"the {role} export {folder} has no {_CONFIG}; export it with the model builder "
+                "(harness.onnx_export) first"
+            )
+    t_config = json.loads((target / _CONFIG).read_text(encoding="utf-8"))
+    d_config = json.loads((draft / _CONFIG).read_text(encoding="utf-8"))
+    if t_config["model"]["vocab_size"] != d_config["model"]["vocab_size"]:
+        raise HarnessError(
+            f"target and draft vocabularies differ ({t_config['model']['vocab_size']} vs "
+            f"{d_config['model']['vocab_size']}): the engine's speculative decoding needs one vocabulary"
+        )
+    name = f"{target.parent.name}+{draft.parent.name}-k{k}"
+    out = root / name
+    if (out / _CONFIG).is_file():
+        return out
+    tmp = root / f".{name}.partial-{os.getpid()}"
+    (tmp / "draft").mkdir(parents=True, exist_ok=True)
+    for src, dst in ((target, tmp), (draft, tmp / "draft")):
+        for f in src.iterdir():
+            if f.is_file() and f.name != _CONFIG:
+                (dst / f.name).symlink_to(f.resolve())
+    draft_section = dict(d_config["model"]["decoder"])
+    draft_section["filename"] = f"draft/{draft_section['filename']}"
+    t_config["model"]["draft"] = draft_section
+    t_config["speculative"] = {"max_draft_tokens": k}
+    files.atomic_write(tmp / _CONFIG, json.dumps(t_config, indent=2).encode("utf-8"))
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process built the same folder first
+        pass
+    return out
+
+
+@dataclass
+class EngineRun:
+    """One prompt decoded by the engine, measured by the suite's clocks (ms unless named ``_s``)."""
+
+    prompt_tokens: int
+    output_ids: list[int]
+    total_s: float
+    prefill_ms: float  # append_tokens(prompt) up to the first new token
+    time_per_token_ms: float
+    stats: dict[str, Any] = field(default_factory=dict)  # get_speculative_stats(), as the engine says
+
+    @property
+    def tokens_per_s(self) -> float:
+        return 1000.0 / self.time_per_token_ms if self.time_per_token_ms > 0 else float("nan")
+
+
+def load(folder: Path) -> Any:
+    """The engine's model for an export folder (plain) or a ``speculative_folder``."""
+    og = _og()
+    try:
+        return og.Model(str(folder))
+    except Exception as exc:  # the engine raises its own RuntimeError subclasses with the reason
+        raise HarnessError(f"onnxruntime-genai cannot open {folder}: {exc}") from None
+
+
+def decode(
+    model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = True
+) -> EngineRun:
+    """Greedy decoding of ``prompt_ids`` by the engine, one ``generate_next_token`` per token (the
+    engine drains a speculative round's tokens one call at a time), timed around the calls."""
+    og = _og()
+    params = og.GeneratorParams(model)
+    params.set_search_options(
+        max_length=len(prompt_ids) + max_new_tokens,
+        min_length=len(prompt_ids) + max_new_tokens if ignore_eos else 0,
+        do_sample=False,
+    )
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(list(prompt_ids))
+    out: list[int] = []
+    first = start
+    while not generator.is_done() and len(out) < max_new_tokens:
+        generator.generate_next_token()
+        out.append(int(generator.get_next_tokens()[0]))
+        if len(out) == 1:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    prefill_ms = (first - start) * 1000
+    per_token = (end - first) * 1000 / (len(out) - 1) if len(out) > 1 else float("nan")
+    return EngineRun(
+        len(prompt_ids), out, end - start, prefill_ms, per_token, generator.get_speculative_stats()
+    )
+
+
+# The engine reports its acceptance rate as a float32.
+STATS_TOLERANCE = 1e-6
+
+
+def check_stats(run: EngineRun, k: int) -> list[str]:
+    """Disagreements between the engine's own statistics and what its tokens show (empty: none).
+
+    The tokens it emitted are the output; each round proposes at most K drafts and ends with one
+    correction or bonus token; every completed round accepted all, some or none of its drafts; the
+    tokens it committed are the accepted drafts plus those closing tokens, less what the budget
+    discarded; its acceptance rate is accepted / evaluated."""
+    s = run.stats
+    n = len(run.output_ids)
+    get = lambda key: s.get(key, 0)  # noqa: E731
+    checks = [
+        (get("tokens_emitted") == n, f"engine emitted {get('tokens_emitted')} tokens, the output holds {n}"),
+        (get("draft_tokens_proposed") <= k * get("rounds"), f"more than K = {k} drafts in a round"),
+        (
+            get("draft_tokens_accepted") <= get("draft_tokens_evaluated"),
+            "more drafts accepted than evaluated",
+        ),
+        (
+            get("correction_tokens") + get("bonus_tokens") == get("rounds"),
+            f"{get('rounds')} rounds closed by {get('correction_tokens')} corrections and "
+            f"{get('bonus_tokens')} bonus tokens (one each expected)",
+        ),
+        (
+            get("full_accept_rounds") + get("partial_accept_rounds") + get("zero_accept_rounds")
+            == get("completed_rounds"),
+            "completed rounds are not full + partial + zero accepts",
+        ),
+        (
+            get("draft_tokens_accepted") + get("correction_tokens") + get("bonus_tokens")
+            == n + get("tokens_discarded"),
+            "accepted + closing tokens differ from emitted + discarded",
+        ),
+    ]
+    problems = [why for ok, why in checks if not ok]
+    if get("draft_tokens_evaluated"):
+        rate = get("draft_tokens_accepted") / get("draft_tokens_evaluated")
+        if abs(rate - s.get("acceptance_rate", -1.0)) > STATS_TOLERANCE:
+            problems.append(f"acceptance_rate {s.get('acceptance_rate')} but accepted / evaluated is {rate}")
+    return problems

@@ -1,0 +1,89 @@
+"""onnxruntime-genai's own speculative decoding under test: its assisted output equals its plain
+output, the target as its own draft accepts everything, and its statistics agree with its tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import genai, onnx_export, tiny
+from harness.backends import OrtSettings
+from harness.errors import HarnessError
+
+FP32 = OrtSettings("fp32")
+PROMPTS = [[1, 50, 60, 70, 80, 90], [1, 7, 7, 7, 7, 7, 7, 7, 7, 7], [1, 200, 300, 400, 5, 6, 7, 300, 400]]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """tiny-qwen2's target and draft, each exported by the model builder into a private cache."""
+    root = tmp_path_factory.mktemp("genai")
+    target = tiny.build_target("tiny-qwen2")
+    tokenizer = tiny.build_tokenizer()
+    draft = tiny.build_draft("tiny-qwen2", target)
+    t_src = tiny.saved_folder("tiny-qwen2", target, tokenizer, root=str(root / "hf"))
+    d_src = tiny.saved_folder("tiny-qwen2-draft", draft, tokenizer, root=str(root / "hf"))
+    cache = root / "cache"
+    return (
+        onnx_export.export("tiny-qwen2", t_src, FP32, cache=cache),
+        onnx_export.export("tiny-qwen2-draft", d_src, FP32, cache=cache),
+        root,
+    )
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_the_target_as_its_own_draft_accepts_everything(exports, k):
+    target, _, root = exports
+    plain = genai.load(target)
+    spec = genai.load(genai.speculative_folder(target, target, k, root / "spec"))
+    for prompt in PROMPTS:
+        want = genai.decode(plain, prompt, 24)
+        got = genai.decode(spec, prompt, 24)
+        assert got.output_ids == want.output_ids
+        assert got.stats["acceptance_rate"] == 1.0 and got.stats["draft_tokens_accepted"] > 0
+        assert genai.check_stats(got, k) == []
+        assert want.stats["rounds"] == 0  # plain decoding speculates nothing
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_partial_draft_changes_nothing_and_the_engine_counts_truthfully(exports, k):
+    target, draft, root = exports
+    plain = genai.load(target)
+    spec = genai.load(genai.speculative_folder(target, draft, k, root / "spec"))
+    rates = []
+    for prompt in PROMPTS:
+        want = genai.decode(plain, prompt, 32)
+        got = genai.decode(spec, prompt, 32)
+        assert got.output_ids == want.output_ids, (prompt, want.output_ids, got.output_ids)
+        assert genai.check_stats(got, k) == [], got.stats
+        rates.append(got.stats["acceptance_rate"])
+    assert 0.0 < min(rates) and max(rates) < 1.0  # partial: neither everything nor nothing
+
+
+def test_a_k_the_engine_refuses_is_a_clear_error(exports, tmp_path):
+    target, draft, _ = exports
+    for k in (0, genai.MAX_K + 1):
+        with pytest.raises(HarnessError, match="max_draft_tokens takes 1 to"):
+            genai.speculative_folder(target, draft, k, tmp_path)
+
+
+def test_a_missing_draft_export_is_a_clear_error(exports, tmp_path):
+    target, _, _ = exports
+    with pytest.raises(HarnessError, match="export it with the model builder"):
+        genai.speculative_folder(target, tmp_path / "nothing", 3, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("lie", "expected"),
+    [
+        ({"tokens_emitted": 31}, "the output holds 32"),
+        ({"acceptance_rate": 0.5}, "accepted / evaluated"),
+        ({"bonus_tokens": 0}, "one each expected"),
+        ({"draft_tokens_proposed": 10_000}, "more than K"),
+    ],
+)
+def test_statistics_that_disagree_with_the_tokens_are_caught(exports, lie, expected):
+    target, draft, root = exports
+    run = genai.decode(genai.load(genai.speculative_folder(target, draft, 2, root / "spec")), PROMPTS[0], 32)
+    assert genai.check_stats(run, 2) == []
+    run.stats.update(lie)
+    assert any(expected in problem for problem in genai.check_stats(run, 2))
