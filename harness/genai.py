@@ -136,6 +136,28 @@ def decode(
     )
 
 
+def divergence_gap(
+    model: Any, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]
+) -> tuple[int, float] | None:
+    """Where ``other`` first leaves the engine's plain output ``plain``, and the engine's own
+    one-token logit gap there between the plain token and the one ``other`` took (None: identical).
+
+    A gap within the precision's near-tie tolerance (``equivalence.ORT_NEAR_TIE_TOLERANCE``) is a
+    flip the wide verification forward may make; anything larger is a fault of the engine."""
+    import numpy as np
+
+    i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+    if i is None:
+        return None
+    og = _og()
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt_ids) + i + 1, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens([*prompt_ids, *plain[:i]])
+    logits = np.asarray(generator.get_logits(), dtype=np.float64).reshape(-1)
+    return i, float(logits[plain[i]] - logits[other[i]])
+
+
 # The engine reports its acceptance rate as a float32.
 STATS_TOLERANCE = 1e-6
 

@@ -87,3 +87,35 @@ def test_statistics_that_disagree_with_the_tokens_are_caught(exports, lie, expec
     assert genai.check_stats(run, 2) == []
     run.stats.update(lie)
     assert any(expected in problem for problem in genai.check_stats(run, 2))
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
+    """The offline pair exported by the model builder (int4, as the ONNX Runtime target), its 0.5B
+    draft beside it: on HumanEval prompts the engine's speculative output equals its plain output,
+    or leaves it only at a near tie of the engine's own logits; its statistics agree with its tokens."""
+    from transformers import AutoTokenizer
+
+    from harness import equivalence, humaneval, models, packaged
+
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    pairs.require_weights(spec.name)
+    roles = (spec.target, spec.draft)
+    folders = [models.resolve_model(m) for m in roles]
+    t_exp, d_exp = (
+        models.export_ort_target(m.name, f, OrtSettings()) for m, f in zip(roles, folders, strict=True)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folders[0])
+    plain = genai.load(t_exp)
+    speculative = genai.load(genai.speculative_folder(t_exp, d_exp, 3, packaged.cache_root() / "genai"))
+    tolerance = equivalence.ORT_NEAR_TIE_TOLERANCE["int4"]
+    for prompt in humaneval.prompts(3, 64, tokenizer):
+        want = genai.decode(plain, prompt.input_ids, 64)
+        got = genai.decode(speculative, prompt.input_ids, 64)
+        # Identical, or the first flip a near tie by the engine's own one-token logits (its wide
+        # verification forward is not bit-identical to a one-token step: its documented caveat).
+        flip = genai.divergence_gap(plain, prompt.input_ids, want.output_ids, got.output_ids)
+        assert flip is None or 0 <= flip[1] <= tolerance, (prompt.label, flip)
+        assert genai.check_stats(got, 3) == [], got.stats
+        assert got.stats["draft_tokens_accepted"] > 0
