@@ -15,6 +15,9 @@ import pytest
 from harness import cli, models, setup, tiny
 from harness.errors import HarnessError
 
+# A test of a user's own repository, using the plugin's fixtures (WHICH: the pairs it runs on).
+USER_TEST = Path(__file__).parent / "fixtures" / "user_test.py.txt"
+
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> tuple[Path, Path]:
@@ -103,26 +106,9 @@ def test_help_shows_defaults_and_both_spellings(capsys):
     assert "(default: qwen2.5-coder-1.5b)" in out and "(default: 0)" in out
 
 
-USER_TEST = """
-import pytest
-
-
-@pytest.mark.pairs(tiny=False)
-def test_assisted_equals_plain(pair_name, pairs):
-    from harness.generation import generate
-    from harness.setup import GenerationSettings
-
-    pair = pairs.get(pair_name)
-    ids = list(pair.tokenizer("def add(a, b):")["input_ids"])
-    plain = generate(pair, ids, GenerationSettings(mode="plain", max_new_tokens=8))
-    assisted = generate(pair, ids, GenerationSettings(mode="assisted", max_new_tokens=8))
-    assert assisted.output_ids == plain.output_ids
-"""
-
-
 def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
     target, draft = folders
-    (tmp_path / "test_mine.py").write_text(USER_TEST)
+    (tmp_path / "test_mine.py").write_text(USER_TEST.read_text().replace("WHICH", "tiny=False"))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--real-pairs", "all",
          "--local-pair", f"mine={target},{draft}", "-k", "mine"],

@@ -10,21 +10,8 @@ from pathlib import Path
 
 import pytest
 
-USER_TEST = """
-import pytest
-
-
-@pytest.mark.pairs(real=False)
-def test_assisted_equals_plain(pair_name, pairs):
-    from harness.generation import generate
-    from harness.setup import GenerationSettings
-
-    pair = pairs.get(pair_name)
-    ids = list(pair.tokenizer("def add(a, b):")["input_ids"])
-    plain = generate(pair, ids, GenerationSettings(mode="plain", max_new_tokens=8))
-    assisted = generate(pair, ids, GenerationSettings(mode="assisted", max_new_tokens=8))
-    assert assisted.output_ids == plain.output_ids
-"""
+# A test of a user's own repository, using the plugin's fixtures (WHICH: the pairs it runs on).
+USER_TEST = Path(__file__).parent / "fixtures" / "user_test.py.txt"
 
 
 def test_plugin_is_a_pytest11_entry_point():
@@ -40,7 +27,7 @@ def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_users_repository_runs_the_suites_fixtures(tmp_path):
-    (tmp_path / "test_mine.py").write_text(USER_TEST)
+    (tmp_path / "test_mine.py").write_text(USER_TEST.read_text().replace("WHICH", "real=False"))
     done = _pytest(tmp_path, "-q", "-k", "tiny-llama or tiny-qwen2")
     assert done.returncode == 0, done.stdout + done.stderr
     # parametrised over the registry's tiny pairs, ids carrying the pair name
