@@ -1,0 +1,296 @@
+"""The command line's flags: every setting that changes speed or output, both spellings, defaults shown."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness import backends, invariant, llamacpp, models, precision, setup, sweep, tasks
+from harness import configs as sweep_spec
+
+EXIT_USAGE = 2
+# HumanEval budget: the humaneval module's measurements used 384 new tokens per problem.
+HUMANEVAL_NEW_TOKENS = 384
+# --prompts files without --max_new_tokens.
+PROMPTS_FILE_NEW_TOKENS = 128
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag prints one line (not the whole usage block) and exits 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every default shown, except where there is none to show or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        # Identity, not equality: a default of 0 is shown, only "no default" (None, False) is not.
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return text
+        if "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _add(group: argparse._ActionsContainer, *names: str, **kw: object) -> argparse.Action:
+    """``add_argument`` taking each flag with underscores and with hyphens (``--model_name`` and
+    ``--model-name``): the seeds' spelling and pytest's both work."""
+    spellings = [
+        n
+        for name in names
+        for n in (name, "--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_"))
+    ]
+    if "dest" not in kw:
+        kw["dest"] = names[0][2:].replace("-", "_")
+    return group.add_argument(*dict.fromkeys(spellings), **kw)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tasks.parse_int_list(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="assisted_generation.py",
+        formatter_class=_Help,
+        description="Decode prompts with or without an assistant (draft) model and print the seeds' table.",
+    )
+    g = p.add_argument_group("what to run")
+    _add(g, "--model_name", default=models.DEFAULT_PAIR, help="registered pair (see --list-models)")
+    _add(
+        g,
+        "--model_name_or_path",
+        metavar="FOLDER",
+        help="a local Hugging Face folder as the target, instead of a registered pair (rows are named by "
+        "the folder); its config is read before anything loads",
+    )
+    _add(
+        g,
+        "--assistant_model",
+        metavar="FOLDER",
+        help="with --model_name_or_path: the draft's local folder (without it the target drafts for "
+        "itself: exact, accepts everything, and slow)",
+    )
+    _add(
+        g,
+        "--threads",
+        type=int,
+        help="CPU threads torch uses (default: torch's, one per core); recorded with every row",
+    )
+    _add(
+        g,
+        "--task",
+        default="decode",
+        choices=(*tasks.TASKS, "sweep"),
+        help="prompt set to decode; 'sweep' measures the --sweep configurations on HumanEval prompts",
+    )
+    _add(
+        g,
+        "--sweep",
+        metavar="SPEC",
+        help="with --task sweep: configurations separated by ';', each key=value items separated by "
+        "',' (t=target precision, d=draft precision, mode=assisted|prompt_lookup, k=K, "
+        "sched=constant|dynamic|heuristic, kernels=stock|invariant), e.g. "
+        "'t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10'; "
+        f"default: '{sweep_spec.DEFAULT_SPEC}'. Prints plain/assisted tok/s, speedup [95%% CI], acceptance, "
+        "predicted speedup and more per configuration; writes results/<platform>/sweep-<model>.md/.png",
+    )
+    _add(g, "--list-models", action="store_true", help="list registered pairs and exit")
+    _add(
+        g,
+        "--regen-tables",
+        action="store_true",
+        help="rebuild results/<platform>/<model>.md and plots from stored JSONL rows, then exit",
+    )
+    _add(
+        g,
+        "--results_dir",
+        default=None,
+        help="output folder: --task sweep writes its rows, table and plot there (default: runs/, or "
+        "$ASSISTED_GENERATION_RUNS; never the committed results/); --regen-tables reads "
+        "<dir>/rows/*.jsonl and writes the published tables there (default: results/)",
+    )
+    _add(
+        g,
+        "--rows",
+        nargs="*",
+        default=None,
+        help="JSONL row files for --regen-tables (default: results/rows/*.jsonl)",
+    )
+    _add(g, "--prompts", help="your own prompts: one JSON string per line, or plain text lines")
+    _add(
+        g, "--limit", type=int, help=f"decode only the first N prompts (--task sweep: {sweep.DEFAULT_LIMIT})"
+    )
+    _add(
+        g,
+        "--prompt_lengths",
+        type=_int_list,
+        default=(256, 512, 1024, 2048),
+        help="benchmark prompt lengths in tokens, comma separated",
+    )
+    _add(
+        g,
+        "--new_tokens",
+        type=_int_list,
+        default=(64, 128, 256),
+        help="benchmark new-token counts, comma separated",
+    )
+    _add(
+        g,
+        "--max_new_tokens",
+        type=int,
+        help=f"override every prompt's new-token budget (decode: 30 general / 200 code; benchmark: "
+        f"--new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: {PROMPTS_FILE_NEW_TOKENS}; "
+        f"sweep: {sweep.DEFAULT_NEW_TOKENS})",
+    )
+    _add(g, "--min_new_tokens", type=int, default=0, help="decode at least this many tokens")
+    _add(g, "--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
+
+    a = p.add_argument_group("assistance")
+    _add(a, "--assisted_generation", action="store_true", help="decode with the pair's draft model")
+    _add(
+        a,
+        "--compare",
+        action="store_true",
+        help="run plain and assisted interleaved per prompt and print the speedup",
+    )
+    _add(
+        a,
+        "--prompt_lookup",
+        type=int,
+        metavar="N",
+        help="prompt-lookup decoding proposing N tokens (instead of a draft model)",
+    )
+    _add(a, "--num_assistant_tokens", type=int, help="draft tokens K per step (default: the pair's)")
+    _add(
+        a,
+        "--assistant_schedule",
+        choices=tuple(setup.SCHEDULES),
+        help="default: the pair's. How K evolves: constant, heuristic (+2 on full accept, -1 otherwise), "
+        "dynamic (draft stops early below a confidence threshold)",
+    )
+    _add(
+        a,
+        "--assistant_confidence_threshold",
+        type=float,
+        default=setup.DEFAULT_CONFIDENCE_THRESHOLD,
+        help="threshold for the dynamic schedule",
+    )
+
+    s = p.add_argument_group("sampling")
+    _add(s, "--do_sample", action="store_true", help="sample instead of greedy decoding")
+    _add(s, "--temperature", type=float, default=1.0, help="sampling temperature")
+    _add(s, "--top_p", type=float, default=1.0, help="nucleus sampling mass")
+    _add(s, "--top_k", type=int, default=0, help="top-k sampling (0: off)")
+    _add(s, "--seed", type=int, default=0, help="random seed, set before every generate call")
+
+    m = p.add_argument_group("models, precisions, devices")
+    _add(
+        m,
+        "--target_precision",
+        choices=(
+            *precision.PRECISIONS,
+            *precision.FILE_PRECISIONS,
+            *(set(backends.ORT_PRECISIONS) - set(precision.PRECISIONS)),
+        ),
+        help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32); gguf: the "
+        "model's GGUF file's own 4/6-bit blocks on batch-invariant kernels",
+    )
+    _add(
+        m,
+        "--target_backend",
+        choices=backends.BACKENDS,
+        default="torch",
+        help="what runs the target: torch, or onnxruntime (the target exported to ONNX once, cached, "
+        "run on --execution_provider; the draft stays in torch on the CPU)",
+    )
+    _add(
+        m,
+        "--execution_provider",
+        default=backends.DEFAULT_PROVIDER,
+        help="ONNX Runtime execution provider for the target (onnxruntime backend); one this build "
+        "lacks fails with the list of those it has",
+    )
+    _add(
+        m,
+        "--ort_block_size",
+        type=int,
+        default=32,
+        help="int4 export: MatMulNBits quantization block size (16-256), recorded with every row",
+    )
+    _add(
+        m,
+        "--ort_accuracy_level",
+        type=int,
+        default=4,
+        help="int4 export: MatMulNBits accuracy level, the type activations are computed in "
+        "(1 fp32, 2 fp16, 3 bf16, 4 int8)",
+    )
+    _add(
+        m,
+        "--draft_precision",
+        choices=(*precision.PRECISIONS, *precision.FILE_PRECISIONS),
+        help="default: the pair's",
+    )
+    _add(m, "--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
+    _add(
+        m,
+        "--target_kernels",
+        choices=invariant.KERNELS,
+        help="default: the pair's. Target kernels: stock (torch/BLAS) or invariant (batch-invariant: "
+        "every verification row equals the one-token decode step bit for bit, so assisted == plain at "
+        "every precision)",
+    )
+    _add(m, "--draft_device", default="cpu", help="cpu, cuda[:N]")
+    _add(
+        m,
+        "--draft_kernels",
+        choices=invariant.KERNELS,
+        help="default: the pair's. Draft kernels: stock, or invariant (the harness's small-M kernels: "
+        "chosen for speed, a draft's output is only a proposal)",
+    )
+    _add(
+        m,
+        "--draft_vocab",
+        type=int,
+        help="default: the pair's. The draft scores only the first N token ids plus the special tokens "
+        "(a smaller output layer: faster drafts, same output; byte-level BPE ids are ordered by "
+        "frequency); 0 = the whole vocabulary",
+    )
+    _add(m, "--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
+    _add(
+        m,
+        "--verify",
+        action="store_true",
+        help="check every cached file (converted weights, ONNX export) by content before use and "
+        "rebuild what changed; without it sizes are checked always and contents when a file was "
+        "modified since it was written",
+    )
+    _add(
+        m,
+        "--fast_attention",
+        action="store_true",
+        help="accepted for compatibility with the seeds; not supported here (ignored with a note)",
+    )
+
+    o = p.add_argument_group("output")
+    _add(o, "--platform", help="platform name for rows and baselines (default: detected)")
+    _add(o, "--json", metavar="PATH", help="append one JSON row per finished prompt and mode (resumable)")
+    _add(o, "--no_progress", action="store_true", help="hide the progress bar")
+    _add(
+        o,
+        "--wide",
+        action="store_true",
+        help="tables with the seeds' column names and unrounded numbers (default: short names and "
+        "rounded numbers, to fit 120 columns)",
+    )
+    _add(
+        o,
+        "--llama-bench",
+        default=None,
+        help="--task sweep: llama.cpp's llama-bench binary, to time its plain decoding of the same GGUF "
+        f"in the same run as a reference row (or set {llamacpp.ENV}; absent: no reference)",
+    )
+    return p
