@@ -4,7 +4,7 @@ The runtime Ryzen AI ships decodes through onnxruntime-genai's ``Generator``, wh
 decoding of its own: a draft model declared as ``model.draft`` in the target's ``genai_config.json``
 and ``speculative.max_draft_tokens`` (K). This module drives that engine, not an emulation of it:
 ``speculative_folder`` writes a folder holding the target export with the draft export beside it
-(files linked, configs the builder wrote), and ``decode`` runs the ``Generator`` token by token with
+(files linked, configs the builder wrote), and ``decode_prompt`` runs the ``Generator`` token by token with
 the suite's clocks, returning the engine's own statistics (``get_speculative_stats``) next to what
 the suite measures, so one can be held against the other (``check_stats``).
 """
@@ -106,7 +106,7 @@ def load(folder: Path) -> Any:
         raise HarnessError(f"onnxruntime-genai cannot open {folder}: {exc}") from None
 
 
-def decode(
+def decode_prompt(
     model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = True
 ) -> EngineRun:
     """Greedy decoding of ``prompt_ids`` by the engine, one ``generate_next_token`` per token (the
@@ -201,3 +201,114 @@ def check_stats(run: EngineRun, k: int) -> list[str]:
         if abs(rate - s.get("acceptance_rate", -1.0)) > STATS_TOLERANCE:
             problems.append(f"acceptance_rate {s.get('acceptance_rate')} but accepted / evaluated is {rate}")
     return problems
+
+
+# --------------------------------------------------------------------------- the engine as a decoder
+
+
+@dataclass
+class Engine:
+    """The engine's plain model and, per K, its speculative one (built on first use)."""
+
+    target_export: Path
+    draft_export: Path | None
+    root: Path
+    plain: Any
+    speculative: dict[int, Any] = field(default_factory=dict)
+
+    def model_for(self, mode: str, k: int) -> Any:
+        if mode == "plain":
+            return self.plain
+        if self.draft_export is None:
+            raise HarnessError("this engine was prepared without a draft export; prepare it with_draft=True")
+        if k not in self.speculative:
+            self.speculative[k] = load(
+                speculative_folder(self.target_export, self.draft_export, k, self.root)
+            )
+        return self.speculative[k]
+
+
+def check_settings(settings: Any) -> None:
+    """What onnxruntime-genai 0.18.0 runs through the suite here: greedy, draft-model speculation.
+    Anything else is refused with what to use instead (never emulated)."""
+    if settings.mode == "prompt_lookup":
+        raise UnsupportedError(
+            "--engine onnxruntime-genai: its n-gram speculation is not wired into the suite yet; use a "
+            "draft model (--assisted_generation) or --engine transformers for prompt lookup"
+        )
+    if settings.do_sample:
+        raise UnsupportedError(
+            "--engine onnxruntime-genai decodes greedily in this suite; drop --do_sample or use "
+            "--engine transformers"
+        )
+    if settings.mode == "assisted":
+        check_k(settings.num_assistant_tokens)
+
+
+def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = None, verify: bool = False):
+    """A ``LoadedPair`` whose target and draft are the engine's (exports by the model builder at
+    ``ort``'s settings, the draft at the same ones) and the ``decode`` function that runs it;
+    ``runner.run_prompts(pair, ..., decode=decode)`` then measures it like any other pair."""
+    from transformers import AutoTokenizer
+
+    from harness import backends, models, packaged
+    from harness.setup import Draft, Target
+
+    backends.check_family(spec.family, spec.name)
+    roles = {"target": spec.target, **({"draft": spec.draft} if with_draft else {})}
+    if spec.target.is_tiny:
+        # The tiny stand-ins have no folders: saved once, named by their content (tiny.saved_folder).
+        from harness import tiny
+
+        name, tokenizer = spec.name.lower(), tiny.build_tokenizer()
+        target = tiny.build_target(name)
+        models_of = {"target": target, "draft": tiny.build_draft(name, target)}
+        folders = {role: tiny.saved_folder(m.name, models_of[role], tokenizer) for role, m in roles.items()}
+    else:
+        folders = {role: models.resolve_model(m, weights_dir, verify=verify) for role, m in roles.items()}
+    exports = {
+        role: models.export_ort_target(roles[role].name, folder, ort, verify=verify)
+        for role, folder in folders.items()
+    }
+    engine = Engine(
+        exports["target"], exports.get("draft"), packaged.cache_root() / "genai", load(exports["target"])
+    )
+    pair = models.LoadedPair(
+        spec=spec,
+        target=None,
+        draft=None,
+        tokenizer=AutoTokenizer.from_pretrained(folders["target"], local_files_only=True),
+        target_setup=Target(
+            ort.label, backend="onnxruntime", provider=ort.provider, engine="onnxruntime-genai"
+        ),
+        draft_setup=Draft(ort.label) if with_draft else None,
+        origins={role: str(path) for role, path in exports.items()},
+    )
+
+    def decode(_pair: Any, ids: list[int], settings: Any) -> Any:
+        from harness.timing import Measurement
+
+        check_settings(settings)
+        model = engine.model_for(settings.mode, settings.num_assistant_tokens)
+        run = decode_prompt(model, ids, settings.max_new_tokens, ignore_eos=settings.ignore_eos)
+        s = run.stats
+        speculative = settings.mode == "assisted"
+        return Measurement(
+            prompt_tokens=len(ids),
+            output_ids=run.output_ids,
+            total_s=run.total_s,
+            prefill_ms=run.prefill_ms,
+            target_prefill_ms=run.prefill_ms,
+            time_per_token_ms=run.time_per_token_ms,
+            tokens_per_s=run.tokens_per_s,
+            # The engine counts its forwards only when it speculates; plain decoding is one per token.
+            target_forwards=s.get("target_forward_passes", 0) if speculative else len(run.output_ids),
+            draft_forwards=s.get("draft_forward_passes", 0),
+            target_ms=s.get("total_target_ms", 0.0),
+            draft_ms=s.get("total_draft_ms", 0.0),
+            other_ms=0.0,
+            drafted=s.get("draft_tokens_evaluated", 0),
+            accepted=s.get("draft_tokens_accepted", 0),
+        )
+
+    return pair, decode

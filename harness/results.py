@@ -94,6 +94,7 @@ class Row:
     draft_kernels: str | None = None  # the draft's kernels (speed only); None: no draft or not recorded
     target_backend: str = "torch"  # "onnxruntime": target_precision then names the export's settings
     execution_provider: str | None = None  # ONNX Runtime's provider for the target
+    engine: str = "transformers"  # what ran the decoding loop (harness.setup.ENGINES)
     prompt_label: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     run_id: str = ""

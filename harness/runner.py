@@ -160,6 +160,7 @@ def run_prompts(
     max_new_tokens: int | None = None,
     progress: bool | None = None,
     on_row: Callable[[Row], None] | None = None,
+    decode: Callable[[LoadedPair, list[int], GenerationSettings], Measurement] = generate,
 ) -> list[Row]:
     """Decode every prompt in every mode (interleaved per prompt); return all rows, resumed ones too."""
     platform = platform or platforms.detect().name
@@ -191,7 +192,7 @@ def run_prompts(
 
         def measure(job: experiment.Job[Prompt, str]) -> Row:
             s = settings_of(job)
-            m = generate(pair, ids_of[job.index - 1], s)
+            m = decode(pair, ids_of[job.index - 1], s)
             row = make_row(
                 pair,
                 m,

@@ -26,6 +26,9 @@ from typing import Any
 from harness.errors import HarnessError
 
 MODES = ("plain", "assisted", "prompt_lookup")
+# What runs the decoding loop: transformers' generate (torch or ONNX Runtime target behind an
+# adapter), or onnxruntime-genai's own Generator with its own speculative decoding (harness.genai).
+ENGINES = ("transformers", "onnxruntime-genai")
 # User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
 # "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
 # second prompt of a run would not start from the K the user set.
@@ -104,6 +107,7 @@ class Target:
     backend: str = "torch"
     provider: str | None = None  # ONNX Runtime's execution provider; None on torch
     device: str = "cpu"
+    engine: str = "transformers"  # what runs the decoding loop: transformers' generate, or ENGINES
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,7 @@ FIELDS: tuple[Field, ...] = (
     Field("target_backend", "--target_backend", "target", lambda s: s.target.backend),
     Field("execution_provider", "--execution_provider", "target", lambda s: s.target.provider),
     Field("target_device", "--target_device", "target", lambda s: s.target.device),
+    Field("engine", "--engine", "target", lambda s: s.target.engine),
     Field("mode", None, "draft", lambda s: s.decoding.mode),
     Field("draft_precision", "--draft_precision", "draft", _draft(lambda d: d.precision)),
     Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels)),
@@ -351,6 +356,8 @@ def _ort_target(get: Callable[[str], Any], _d: Mapping[str, Any]) -> list[str]:
 def _spell(column: str, flag: str, get: Callable[[str], Any], d: Mapping[str, Any]) -> list[str]:
     value = get(column)
     ort = get("target_backend") == "onnxruntime"
+    if column.startswith("draft_") and get("engine") not in (None, "transformers"):
+        return []  # an engine's draft runs at the target's export settings: no flag sets it
     if column == "target_precision" and ort:
         return _ort_target(get, d)
     if column in ("target_backend", "execution_provider") or (column == "target_kernels" and ort):
@@ -367,7 +374,7 @@ def _spell(column: str, flag: str, get: Callable[[str], Any], d: Mapping[str, An
     # Kernels, devices and the new-token floor compare with what the CLI does when not told, so a
     # command that leaves the flag out still reproduces the row.
     fallback = {"target_kernels": "stock", "draft_kernels": "stock", "target_device": "cpu",
-                "draft_device": "cpu", "min_new_tokens": 0}  # fmt: skip
+                "draft_device": "cpu", "min_new_tokens": 0, "engine": "transformers"}  # fmt: skip
     if column in fallback:
         return [flag, str(value)] if value is not None and value != d.get(column, fallback[column]) else []
     if value is None or (column in d and d[column] == value):

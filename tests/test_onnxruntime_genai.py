@@ -36,8 +36,8 @@ def test_the_target_as_its_own_draft_accepts_everything(exports, k):
     plain = genai.load(target)
     spec = genai.load(genai.speculative_folder(target, target, k, root / "spec"))
     for prompt in PROMPTS:
-        want = genai.decode(plain, prompt, 24)
-        got = genai.decode(spec, prompt, 24)
+        want = genai.decode_prompt(plain, prompt, 24)
+        got = genai.decode_prompt(spec, prompt, 24)
         assert got.output_ids == want.output_ids
         assert got.stats["acceptance_rate"] == 1.0 and got.stats["draft_tokens_accepted"] > 0
         assert genai.check_stats(got, k) == []
@@ -51,8 +51,8 @@ def test_a_partial_draft_changes_nothing_and_the_engine_counts_truthfully(export
     spec = genai.load(genai.speculative_folder(target, draft, k, root / "spec"))
     rates = []
     for prompt in PROMPTS:
-        want = genai.decode(plain, prompt, 32)
-        got = genai.decode(spec, prompt, 32)
+        want = genai.decode_prompt(plain, prompt, 32)
+        got = genai.decode_prompt(spec, prompt, 32)
         assert got.output_ids == want.output_ids, (prompt, want.output_ids, got.output_ids)
         assert genai.check_stats(got, k) == [], got.stats
         rates.append(got.stats["acceptance_rate"])
@@ -83,7 +83,9 @@ def test_a_missing_draft_export_is_a_clear_error(exports, tmp_path):
 )
 def test_statistics_that_disagree_with_the_tokens_are_caught(exports, lie, expected):
     target, draft, root = exports
-    run = genai.decode(genai.load(genai.speculative_folder(target, draft, 2, root / "spec")), PROMPTS[0], 32)
+    run = genai.decode_prompt(
+        genai.load(genai.speculative_folder(target, draft, 2, root / "spec")), PROMPTS[0], 32
+    )
     assert genai.check_stats(run, 2) == []
     run.stats.update(lie)
     assert any(expected in problem for problem in genai.check_stats(run, 2))
@@ -111,11 +113,50 @@ def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
     speculative = genai.load(genai.speculative_folder(t_exp, d_exp, 3, packaged.cache_root() / "genai"))
     tolerance = equivalence.ORT_NEAR_TIE_TOLERANCE["int4"]
     for prompt in humaneval.prompts(3, 64, tokenizer):
-        want = genai.decode(plain, prompt.input_ids, 64)
-        got = genai.decode(speculative, prompt.input_ids, 64)
+        want = genai.decode_prompt(plain, prompt.input_ids, 64)
+        got = genai.decode_prompt(speculative, prompt.input_ids, 64)
         # Identical, or the first flip a near tie by the engine's own one-token logits (its wide
         # verification forward is not bit-identical to a one-token step: its documented caveat).
         flip = genai.divergence_gap(plain, prompt.input_ids, want.output_ids, got.output_ids)
         assert flip is None or 0 <= flip[1] <= tolerance, (prompt.label, flip)
         assert genai.check_stats(got, 3) == [], got.stats
         assert got.stats["draft_tokens_accepted"] > 0
+
+
+def test_the_cli_runs_the_engine_and_its_rows_say_so(tmp_path, capsys):
+    import json
+    import shlex
+
+    from harness import cli, models, setup
+
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--model_name", "tiny-qwen2", "--engine", "onnxruntime-genai", "--compare", "--limit", "2",
+            "--max_new_tokens", "16", "--no_progress", "--json", str(rows_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    assert {r["engine"] for r in rows} == {"onnxruntime-genai"} and len(rows) == 4
+    plain = {r["example"]: r["output_ids"] for r in rows if r["mode"] == "plain"}
+    assisted = [r for r in rows if r["mode"] == "assisted"]
+    assert all(r["output_ids"] == plain[r["example"]] and r["drafted"] > 0 for r in assisted)
+    command = setup.command(assisted[0], setup.defaults(models.get_pair("tiny-qwen2")))
+    assert command in out
+    args = cli.build_parser().parse_args(shlex.split(command)[2:])
+    assert args.engine == "onnxruntime-genai" and args.assisted_generation
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--prompt_lookup", "5"], "n-gram speculation is not wired"),
+        (["--assisted_generation", "--do_sample"], "decodes greedily"),
+        (["--assisted_generation", "--draft_vocab", "100"], "--draft_vocab applies to --engine transformers"),
+        (["--assisted_generation", "--num_assistant_tokens", "40"], "max_draft_tokens takes 1 to"),
+    ],
+)
+def test_what_the_engine_does_not_take_is_refused_before_loading(capsys, extra, expected):
+    from harness import cli
+
+    argv = ["--model_name", "tiny-qwen2", "--engine", "onnxruntime-genai", "--limit", "1", "--no_progress"]
+    assert cli.main([*argv, *extra]) == cli.EXIT_USAGE
+    assert expected in capsys.readouterr().err

@@ -200,6 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(
         m,
+        "--engine",
+        choices=setup.ENGINES,
+        default="transformers",
+        help="what runs the decoding loop: transformers' generate (torch or ONNX Runtime target), or "
+        "onnxruntime-genai's own Generator and speculative decoding (target and draft exported by its "
+        "model builder at --target_precision int4|fp32 and the --ort_* settings; greedy only)",
+    )
+    _add(
+        m,
         "--target_backend",
         choices=backends.BACKENDS,
         default="torch",
