@@ -153,7 +153,11 @@ def divergence_gap(
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(prompt_ids) + i + 1, do_sample=False)
     generator = og.Generator(model, params)
-    generator.append_tokens([*prompt_ids, *plain[:i]])
+    # Replayed the way plain decoding ran: the prompt in one forward, then one token per forward, so
+    # the logits are the ones plain decoding chose from (a single wide forward would not be).
+    generator.append_tokens(list(prompt_ids))
+    for token in plain[:i]:
+        generator.append_tokens([token])
     logits = np.asarray(generator.get_logits(), dtype=np.float64).reshape(-1)
     return i, float(logits[plain[i]] - logits[other[i]])
 
