@@ -431,8 +431,8 @@ def load_pair(
     draft_kernels: str | None = None,
     target_backend: str = "torch",
     execution_provider: str = backends.DEFAULT_PROVIDER,
-    ort_block_size: int = 32,
-    ort_accuracy_level: int = 4,
+    ort_block_size: int = OrtSettings.block_size,
+    ort_accuracy_level: int = OrtSettings.accuracy_level,
     verify: bool = False,
 ) -> LoadedPair:
     """Load target (and draft) with their precisions on their devices; validate everything first.

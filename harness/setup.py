@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from harness.backends import DEFAULT_PROVIDER, OrtSettings
 from harness.errors import HarnessError
 
 MODES = ("plain", "assisted", "prompt_lookup")
@@ -258,8 +259,8 @@ def resolve(
     target_kernels: str | None = None,
     target_backend: str = "torch",
     provider: str | None = None,
-    ort_block_size: int = 32,
-    ort_accuracy_level: int = 4,
+    ort_block_size: int = OrtSettings.block_size,
+    ort_accuracy_level: int = OrtSettings.accuracy_level,
     target_device: str = "cpu",
     draft_precision: str | None = None,
     draft_kernels: str | None = None,
@@ -276,8 +277,6 @@ def resolve(
     ``draft_vocab`` 0 means the whole vocabulary (None: the registered restriction). On ONNX Runtime
     the target's precision is the export's label, and its kernels are the runtime's own ("stock").
     """
-    from harness.backends import DEFAULT_PROVIDER, OrtSettings
-
     if target_backend == "onnxruntime":
         ort = OrtSettings(
             target_precision or "int4", ort_block_size, ort_accuracy_level, provider or DEFAULT_PROVIDER
@@ -342,8 +341,6 @@ def _number(value: Any) -> str:
 
 
 def _ort_target(get: Callable[[str], Any], _d: Mapping[str, Any]) -> list[str]:
-    from harness.backends import DEFAULT_PROVIDER, OrtSettings
-
     ort = OrtSettings.from_label(get("target_precision"), get("execution_provider") or DEFAULT_PROVIDER)
     args = ["--target_backend", "onnxruntime", "--target_precision", ort.precision]
     if ort.provider != DEFAULT_PROVIDER:

@@ -47,6 +47,11 @@ def _add(group: argparse._ActionsContainer, *names: str, **kw: object) -> argpar
     return group.add_argument(*dict.fromkeys(spellings), **kw)
 
 
+# The decoding and export settings' own defaults: the flags show and use them, never a second copy.
+DECODING = setup.GenerationSettings()
+ORT = backends.OrtSettings()
+
+
 def _int_list(text: str) -> tuple[int, ...]:
     return tasks.parse_int_list(text)
 
@@ -145,7 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"--new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: {PROMPTS_FILE_NEW_TOKENS}; "
         f"sweep: {sweep.DEFAULT_NEW_TOKENS})",
     )
-    _add(g, "--min_new_tokens", type=int, default=0, help="decode at least this many tokens")
+    _add(
+        g,
+        "--min_new_tokens",
+        type=int,
+        default=DECODING.min_new_tokens,
+        help="decode at least this many tokens",
+    )
     _add(g, "--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
 
     a = p.add_argument_group("assistance")
@@ -175,16 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
         a,
         "--assistant_confidence_threshold",
         type=float,
-        default=setup.DEFAULT_CONFIDENCE_THRESHOLD,
+        default=DECODING.assistant_confidence_threshold,
         help="threshold for the dynamic schedule",
     )
 
     s = p.add_argument_group("sampling")
     _add(s, "--do_sample", action="store_true", help="sample instead of greedy decoding")
-    _add(s, "--temperature", type=float, default=1.0, help="sampling temperature")
-    _add(s, "--top_p", type=float, default=1.0, help="nucleus sampling mass")
-    _add(s, "--top_k", type=int, default=0, help="top-k sampling (0: off)")
-    _add(s, "--seed", type=int, default=0, help="random seed, set before every generate call")
+    _add(s, "--temperature", type=float, default=DECODING.temperature, help="sampling temperature")
+    _add(s, "--top_p", type=float, default=DECODING.top_p, help="nucleus sampling mass")
+    _add(s, "--top_k", type=int, default=DECODING.top_k, help="top-k sampling (0: off)")
+    _add(s, "--seed", type=int, default=DECODING.seed, help="random seed, set before every generate call")
 
     m = p.add_argument_group("models, precisions, devices")
     _add(
@@ -226,14 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
         m,
         "--ort_block_size",
         type=int,
-        default=32,
+        default=ORT.block_size,
         help="int4 export: MatMulNBits quantization block size (16-256), recorded with every row",
     )
     _add(
         m,
         "--ort_accuracy_level",
         type=int,
-        default=4,
+        default=ORT.accuracy_level,
         help="int4 export: MatMulNBits accuracy level, the type activations are computed in "
         "(1 fp32, 2 fp16, 3 bf16, 4 int8)",
     )
