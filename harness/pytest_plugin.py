@@ -417,24 +417,27 @@ def _convert_packaged_weights(request: pytest.FixtureRequest) -> None:
         model = packaged.get_model(key)
         if packaged.parts_status(model).complete and not packaged.is_converted(model):
             packaged.ensure_converted(key)  # file-locked: safe under xdist workers too
-    _export_onnx_targets(request.config)
+    _export_onnx_targets(request.config, request.session.items)
 
 
-def _export_onnx_targets(config: pytest.Config) -> None:
-    """Export the offline pair's target for the ONNX Runtime tests now, before any test holds a
-    model: the exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs in 24 GB."""
-    if "onnxruntime" not in dict(target_backends(config)):
-        return
+def _export_onnx_targets(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Export the offline pair for the ONNX Runtime tests now, before any test holds a model: the
+    exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs in 24 GB. The draft is
+    exported too when the onnxruntime-genai engine's tests run (its speculation needs both)."""
     from harness import packaged
     from harness.backends import OrtSettings
 
     spec = models.get_pair(models.DEFAULT_PAIR)
-    model = packaged.get_model(spec.target.packaged_key)
-    if packaged.is_converted(model):
-        gc.collect()  # whatever a conversion just left behind, before the exporter's 17 GB
-        models.export_ort_target(
-            spec.target.name, packaged.converted_dir(model), OrtSettings(provider=backends.DEFAULT_PROVIDER)
-        )
+    roles = [spec.target] if "onnxruntime" in dict(target_backends(config)) else []
+    if any("onnxruntime_genai" in item.nodeid for item in items):
+        roles = [spec.target, spec.draft]
+    for role in roles:
+        model = packaged.get_model(role.packaged_key)
+        if packaged.is_converted(model):
+            gc.collect()  # whatever a conversion or export just left behind, before the next exporter
+            models.export_ort_target(
+                role.name, packaged.converted_dir(model), OrtSettings(provider=backends.DEFAULT_PROVIDER)
+            )
 
 
 # --------------------------------------------------------------------------- divergence table
