@@ -16,7 +16,19 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
-from harness import backends, devices, invariant, kquants, packaged, precision, setup, tiny, vocab, weights
+from harness import (
+    backends,
+    devices,
+    fused,
+    invariant,
+    kquants,
+    packaged,
+    precision,
+    setup,
+    tiny,
+    vocab,
+    weights,
+)
 from harness.backends import OrtSettings
 from harness.errors import HarnessError, UnknownModelError, UnsupportedError
 from harness.setup import Draft, GenerationSettings, RunSetup, Target
@@ -343,10 +355,14 @@ def _apply_precision(
                 f"precision {name} runs a model's GGUF file and this model has none; choose one of "
                 f"{', '.join(precision.PRECISIONS)}"
             )
-        return kquants.apply_gguf_blocks(model, gguf_file)
-    if kernels == "invariant":
-        return invariant.apply_precision(model, name)
-    return precision.apply_precision(model, name)
+        model = kquants.apply_gguf_blocks(model, gguf_file)
+    elif kernels == "invariant":
+        model = invariant.apply_precision(model, name)
+    else:
+        return precision.apply_precision(model, name)
+    # On the batch-invariant kernels the layers' own glue costs as much as their weights' reads.
+    fused.fuse(model)
+    return model
 
 
 def gguf_file(spec: ModelSpec, folder: Path | None) -> Path | None:

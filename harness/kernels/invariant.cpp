@@ -11,6 +11,7 @@
 // Weights are read once per output column for all rows, so the cost stays that of streaming the
 // weights (memory bound) for the small M of decoding and verification.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cstdint>
 #include <cstring>
@@ -569,25 +570,10 @@ inline float dot8(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling) {
-  // q [H, M, D]; k, v [Hkv, L, D], float32 (strided rows allowed for k and v: a cache view)
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q must be [H, M, D], k and v [Hkv, L, D]");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
-                  v.scalar_type() == torch::kFloat32,
-              "attention_rows takes float32");
-  q = q.contiguous();
-  k = k.contiguous();
-  v = v.contiguous();
-  const int64_t H = q.size(0), M = q.size(1), D = q.size(2), Hkv = k.size(0), L = k.size(1);
-  TORCH_CHECK(k.size(2) == D && v.size(2) == D && v.size(1) == L && v.size(0) == Hkv, "k and v must match q");
-  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "query heads must be a multiple of key/value heads");
-  TORCH_CHECK(L >= M, "the cache must hold the rows' own keys (L >= M)");
-  auto out = torch::empty({H, M, D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float scale = static_cast<float>(scaling);
+// Row (h, i) of q at qp + h * q_h + i * q_m; its output at op + h * o_h + i * o_m; k and v contiguous
+// [Hkv, L, D]. The layouts only move where a row is read and written, never the order of its sums.
+void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, const float* vp, float* op, int64_t o_h,
+            int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L, float scale) {
   const int64_t group = H / Hkv;
 #pragma omp parallel
   {
@@ -596,7 +582,7 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
 #pragma omp for schedule(static)
     for (int64_t hm = 0; hm < H * M; ++hm) {
       const int64_t h = hm / M, i = hm % M, n = L - M + i + 1;
-      const float* qr = qp + hm * D;
+      const float* qr = qp + h * q_h + i * q_m;
       const float* kh = kp + (h / group) * L * D;
       const float* vh = vp + (h / group) * L * D;
       float mx = -std::numeric_limits<float>::infinity();
@@ -619,9 +605,160 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
                                                          _mm256_mul_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vr + d))));
         for (; d < D; ++d) acc[d] += w * vr[d];
       }
-      float* o = op + hm * D;
+      float* o = op + h * o_h + i * o_m;
       for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
     }
+  }
+}
+
+void check_kv(const torch::Tensor& k, const torch::Tensor& v, int64_t H, int64_t M, int64_t D) {
+  TORCH_CHECK(k.dim() == 3 && v.dim() == 3, "k and v must be [Hkv, L, D]");
+  TORCH_CHECK(k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32, "attention takes float32");
+  TORCH_CHECK(k.size(2) == D && v.size(2) == D && v.size(1) == k.size(1) && v.size(0) == k.size(0),
+              "k and v must match q");
+  TORCH_CHECK(k.size(0) > 0 && H % k.size(0) == 0, "query heads must be a multiple of key/value heads");
+  TORCH_CHECK(k.size(1) >= M, "the cache must hold the rows' own keys (L >= M)");
+}
+
+torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling) {
+  // q [H, M, D]; k, v [Hkv, L, D], float32
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be float32 [H, M, D]");
+  q = q.contiguous();
+  k = k.contiguous();
+  v = v.contiguous();
+  const int64_t H = q.size(0), M = q.size(1), D = q.size(2);
+  check_kv(k, v, H, M, D);
+  auto out = torch::empty({H, M, D}, q.options());
+  attend(q.data_ptr<float>(), M * D, D, k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(), M * D, D,
+         H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
+  return out;
+}
+
+// The same attention on a layer's own layout: q [M, H * D] as the projection wrote it, the output
+// [M, H * D] as the output projection reads it (no transposes between the calls).
+torch::Tensor attention_md(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t H, double scaling) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && H > 0 && q.size(1) % H == 0,
+              "q must be float32 [M, H * D]");
+  q = q.contiguous();
+  k = k.contiguous();
+  v = v.contiguous();
+  const int64_t M = q.size(0), D = q.size(1) / H;
+  check_kv(k, v, H, M, D);
+  auto out = torch::empty({M, H * D}, q.options());
+  attend(q.data_ptr<float>(), D, H * D, k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(), D, H * D,
+         H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
+  return out;
+}
+
+// ---------------------------------------------------------------- a decoder layer's row-wise steps
+//
+// The norm, rotary embedding, residual and gated activation of a Llama-family decoder layer, one
+// call each instead of ~40 small torch ops per layer (whose dispatch alone cost ~10 ms of a ~30 ms
+// one-token step). Every output element depends on its own row only, computed in one fixed order,
+// so these keep a row's bits independent of M like the kernels above.
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), name,
+              " must be a contiguous float32 [M, N]");
+}
+
+// y = w * (x * 1/sqrt(mean(x^2) + eps)), the sum of squares in dot8's order.
+void norm_row(const float* x, const float* w, float* y, int64_t N, float eps) {
+  const float r = 1.0f / std::sqrt(dot8(x, x, N) / static_cast<float>(N) + eps);
+  for (int64_t i = 0; i < N; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  check_rows(x, "x");
+  TORCH_CHECK(w.dim() == 1 && w.numel() == x.size(1) && w.scalar_type() == torch::kFloat32 && w.is_contiguous(),
+              "the norm's weight must be float32 [N]");
+  auto y = torch::empty_like(x);
+  const int64_t M = x.size(0), N = x.size(1);
+  for (int64_t m = 0; m < M; ++m)
+    norm_row(x.data_ptr<float>() + m * N, w.data_ptr<float>(), y.data_ptr<float>() + m * N, N,
+             static_cast<float>(eps));
+  return y;
+}
+
+// (x + r, rms_norm(x + r)): a residual step and the next norm, x left as it was.
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor r, torch::Tensor w, double eps) {
+  check_rows(x, "x");
+  check_rows(r, "r");
+  TORCH_CHECK(x.sizes() == r.sizes(), "x and r must have one shape");
+  auto s = torch::empty_like(x);
+  const int64_t n = x.numel();
+  const float *xp = x.data_ptr<float>(), *rp = r.data_ptr<float>();
+  float* sp = s.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) sp[i] = xp[i] + rp[i];
+  return {s, rms_norm(s, w, eps)};
+}
+
+// In place on t [M, heads * D]: t * cos + rotate_half(t) * sin per head, cos and sin [M, D] (the
+// model's own rotary tables). The products and the sum are the ones transformers spells, so the
+// bits are those of its apply_rotary_pos_emb.
+void rope_(torch::Tensor t, torch::Tensor cos, torch::Tensor sin, int64_t heads) {
+  check_rows(t, "t");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  const int64_t M = t.size(0), D = cos.size(1), half = D / 2;
+  TORCH_CHECK(heads > 0 && t.size(1) == heads * D && D % 2 == 0 && cos.size(0) == M && sin.sizes() == cos.sizes(),
+              "t must be [M, heads * D] with cos and sin [M, D]");
+  float* tp = t.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float* c = cos.data_ptr<float>() + m * D;
+    const float* s = sin.data_ptr<float>() + m * D;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = tp + (m * heads + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * c[i] + (-b) * s[i];
+        x[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+  }
+}
+
+// exp for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial), in
+// plain multiplies and adds: the same bits on every AVX2 machine, whatever lane an element sits in.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// silu(g) * u = g / (1 + exp(-g)) * u, 8 elements at a time (the tail through a padded copy, so an
+// element's bits do not depend on where it falls).
+inline void silu_mul8(const float* g, const float* u, float* out) {
+  const __m256 gv = _mm256_loadu_ps(g);
+  const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), _mm256_loadu_ps(u)));
+}
+
+torch::Tensor silu_mul(torch::Tensor g, torch::Tensor u) {
+  check_rows(g, "g");
+  check_rows(u, "u");
+  TORCH_CHECK(g.sizes() == u.sizes(), "g and u must have one shape");
+  auto out = torch::empty_like(g);
+  const float *gp = g.data_ptr<float>(), *up = u.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t n = g.numel(), whole = n / 8;
+  at::parallel_for(0, whole, 256, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) silu_mul8(gp + 8 * b, up + 8 * b, op + 8 * b);
+  });
+  if (n % 8) {
+    float gt[8] = {0}, ut[8] = {0}, ot[8];
+    std::memcpy(gt, gp + 8 * whole, (n % 8) * sizeof(float));
+    std::memcpy(ut, up + 8 * whole, (n % 8) * sizeof(float));
+    silu_mul8(gt, ut, ot);
+    std::memcpy(op + 8 * whole, ot, (n % 8) * sizeof(float));
   }
   return out;
 }
@@ -641,6 +778,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("w"), py::arg("wscale"), py::arg("wsum"), py::arg("force_avx2") = false);
   m.def("attention_rows", &attention_rows, "batch-invariant causal attention, one fixed order per row",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"));
+  m.def("attention_md", &attention_md, "attention_rows on q [M, H * D], output [M, H * D]", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("heads"), py::arg("scaling"));
+  m.def("rms_norm", &rms_norm, "row-wise RMS norm in one fixed order", py::arg("x"), py::arg("w"), py::arg("eps"));
+  m.def("add_rms_norm", &add_rms_norm, "(x + r, rms_norm(x + r))", py::arg("x"), py::arg("r"), py::arg("w"),
+        py::arg("eps"));
+  m.def("rope_", &rope_, "rotary embedding in place, rotate-half convention", py::arg("t"), py::arg("cos"),
+        py::arg("sin"), py::arg("heads"));
+  m.def("silu_mul", &silu_mul, "silu(g) * u, element by element", py::arg("g"), py::arg("u"));
   m.def("i8a8_isa", &i8a8_isa, "instruction set linear_i8a8 uses on this CPU");
   m.def("linear_i4", &linear_i4, "batch-invariant x @ dequant(w).T, int4 group-wise weights, float32 accumulation",
         py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("offset"), py::arg("group"),

@@ -409,6 +409,60 @@ torch::Tensor linear_q6k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool 
   return run<Q6KTag>(x, blocks, n, Q6K_REC, force_avx2);
 }
 
+// Several weights applied to one input (a layer's q, k and v; its gate and up): the input quantized
+// once, and the groups of all weights shared out in one pass over the threads. Each output column is
+// still computed whole, in the order above, by one thread: the same bits as one call per weight. A
+// bias is added after the sum, one IEEE add per element, as `y + bias` would.
+std::vector<torch::Tensor> linears(torch::Tensor x, std::vector<torch::Tensor> blocks, std::vector<std::string> kinds,
+                                   std::vector<int64_t> ns, std::vector<c10::optional<torch::Tensor>> biases,
+                                   bool force_avx2) {
+  check_x(x);
+  const size_t n = blocks.size();
+  TORCH_CHECK(n > 0 && kinds.size() == n && ns.size() == n && biases.size() == n,
+              "blocks, kinds, ns and biases must be lists of one length");
+  const Act a = quantize(x);
+  const int64_t M = x.size(0);
+  const bool avx512 = !force_avx2 && has_vnni();
+  std::vector<int64_t> start(n + 1, 0);
+  std::vector<bool> q4(n);
+  std::vector<torch::Tensor> ys;
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(kinds[i] == "Q4_K" || kinds[i] == "Q6_K", "no k-quant kernel for block type ", kinds[i]);
+    q4[i] = kinds[i] == "Q4_K";
+    const int64_t rec = q4[i] ? Q4K_REC : Q6K_REC, groups = (ns[i] + G - 1) / G;
+    TORCH_CHECK(blocks[i].dim() == 2 && blocks[i].size(0) == groups && blocks[i].size(1) == a.nb * rec &&
+                    blocks[i].is_contiguous() && blocks[i].element_size() == 1,
+                "blocks must be contiguous bytes [ceil(N / 16), K / 256 * ", rec, "]");
+    if (biases[i].has_value())
+      TORCH_CHECK(biases[i]->numel() == ns[i] && biases[i]->scalar_type() == torch::kFloat32 &&
+                      biases[i]->is_contiguous(),
+                  "a bias must be a contiguous float32 [N]");
+    start[i + 1] = start[i] + groups;
+    ys.push_back(torch::empty({M, ns[i]}, x.options()));
+  }
+  at::parallel_for(0, start[n], 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const size_t i = std::upper_bound(start.begin(), start.end(), g) - start.begin() - 1;
+      const int64_t local = g - start[i], N = ns[i];
+      const uint8_t* w = blocks[i].data_ptr<uint8_t>();
+      float* yp = ys[i].data_ptr<float>();
+      for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
+        const int64_t rows = std::min(ROWS, M - m0);
+        if (q4[i]) group_rows<Q4KTag>(avx512, w + local * a.nb * Q4K_REC, a, m0, rows, yp, N, local * G);
+        else group_rows<Q6KTag>(avx512, w + local * a.nb * Q6K_REC, a, m0, rows, yp, N, local * G);
+      }
+    }
+  });
+  for (size_t i = 0; i < n; ++i) {
+    if (!biases[i].has_value()) continue;
+    const float* b = biases[i]->data_ptr<float>();
+    float* yp = ys[i].data_ptr<float>();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < ns[i]; ++c) yp[m * ns[i] + c] += b[c];
+  }
+  return ys;
+}
+
 // The activation codes and block scales the kernels use (for tests and the reference).
 std::vector<torch::Tensor> quantize_act(torch::Tensor x) {
   check_x(x);
@@ -426,6 +480,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("blocks"), py::arg("n"), py::arg("force_avx2") = false);
   m.def("linear_q6k", &linear_q6k, "batch-invariant x @ Q6_K(w).T, int8 activation blocks", py::arg("x"),
         py::arg("blocks"), py::arg("n"), py::arg("force_avx2") = false);
+  m.def("linears", &linears, "several batch-invariant k-quant linears of one input, quantized once",
+        py::arg("x"), py::arg("blocks"), py::arg("kinds"), py::arg("ns"), py::arg("biases"),
+        py::arg("force_avx2") = false);
   m.def("quantize_act", &quantize_act, "the int8 activation codes and block scales the kernels use",
         py::arg("x"));
   m.def("isa", []() { return std::string(has_vnni() ? "avx512vnni" : "avx2"); },

@@ -1,0 +1,190 @@
+"""The fused decoder layer: the model's own layer in a few C++ calls, every row independent of M."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_kquants import layer
+from transformers.models.qwen2 import modeling_qwen2
+
+from harness import fused, invariant, kquants, row_divergence, tiny
+
+FUSABLE_FAMILIES = ("tiny-llama", "tiny-codellama", "tiny-qwen2")
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return invariant.extension()
+
+
+def _logits(model: torch.nn.Module, ids: list[int], chunks: list[int]) -> torch.Tensor:
+    """Logits of the tokens after a prefill, fed in chunks of the given sizes."""
+    from transformers import DynamicCache
+
+    cache, out, start = DynamicCache(), [], len(ids) - sum(chunks)
+    with torch.inference_mode():
+        model(torch.tensor([ids[:start]]), past_key_values=cache, use_cache=True)
+        for n in chunks:
+            out.append(
+                model(torch.tensor([ids[start : start + n]]), past_key_values=cache, use_cache=True).logits[0]
+            )
+            start += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+@pytest.mark.parametrize("prec", ("fp32", "w8af32"))
+def test_fused_layers_compute_the_models_own_layers(ext, name, prec):
+    """Same weights, same steps: the fused model's logits are the unfused model's up to float
+    rounding (fp32: sums in another order; w8af32 as well, its activation codes then rarely move)."""
+    plain = invariant.apply_precision(tiny.build_target(name), prec)
+    model = copy.deepcopy(plain)
+    assert fused.fuse(model) == model.config.num_hidden_layers
+    assert all(isinstance(layer, fused.FusedLayer) for layer in model.model.layers)
+    ids = list(range(3, 40))
+    a, b = _logits(model, ids, [6]), _logits(plain, ids, [6])
+    tol = 1e-4 if prec == "fp32" else 0.05
+    assert float((a - b).abs().max()) <= tol * float(b.abs().max())
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+@settings(max_examples=6, deadline=None)
+@given(m=st.integers(min_value=2, max_value=9), prefix=st.integers(min_value=1, max_value=30))
+def test_fused_rows_do_not_depend_on_how_many_are_computed(ext, name, m, prefix):
+    model = invariant.apply_precision(tiny.build_target(name), "w8af32")
+    fused.fuse(model)
+    ids = list(range(3, 3 + prefix + m))
+    assert torch.equal(_logits(model, ids, [m]), _logits(model, ids, [1] * m))
+
+
+def test_the_measurement_sees_fused_layers_as_exact(ext):
+    """row_divergence over a fused model compares the layers themselves (one module each)."""
+    model = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "w8af32")
+    fused.fuse(model)
+    report = {d.op: d for d in row_divergence.row_divergence(model, list(range(3, 40)), 5)}
+    assert "FusedQwen2DecoderLayer" in report
+    assert all(d.exact for d in report.values()), report
+
+
+def test_only_layers_it_reproduces_are_fused(ext):
+    opt = invariant.apply_precision(tiny.build_target("tiny-opt"), "fp32")
+    assert fused.fuse(opt) == 0  # LayerNorm, learned positions: not this layer
+    bf16 = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "bf16")
+    assert fused.fuse(bf16) == 0  # activations in bf16 between layers: the model's own path keeps them
+    model = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "fp32")
+    assert fused.fuse(model) == fused.fuse(model)  # a second call changes nothing
+
+
+def test_the_loaded_pair_is_fused_on_the_invariant_kernels_only(ext):
+    from harness import models
+
+    pair = models.load_pair("tiny-qwen2", target_kernels="invariant", draft_kernels="stock")
+    assert all(isinstance(layer, fused.FusedLayer) for layer in pair.target.model.layers)
+    assert not any(isinstance(layer, fused.FusedLayer) for layer in pair.draft.model.layers)
+
+
+# --------------------------------------------------------------------------- the row-wise steps
+
+
+def test_rope_is_transformers_rotary_embedding_bit_for_bit(ext):
+    torch.manual_seed(0)
+    m, heads, dim = 5, 3, 16
+    q = torch.randn(1, heads, m, dim)
+    cos, sin = torch.randn(1, m, dim), torch.randn(1, m, dim)
+    expected, _ = modeling_qwen2.apply_rotary_pos_emb(q, q, cos, sin)
+    rows = q.transpose(1, 2).reshape(m, heads * dim).contiguous()
+    ext.rope_(rows, cos[0].contiguous(), sin[0].contiguous(), heads)
+    assert torch.equal(rows, expected.transpose(1, 2).reshape(m, heads * dim))
+
+
+def test_rms_norm_matches_the_models_norm(ext):
+    torch.manual_seed(1)
+    x, w = torch.randn(4, 96) * 3, torch.randn(96)
+    norm = modeling_qwen2.Qwen2RMSNorm(96, eps=1e-6)
+    norm.weight.data = w
+    torch.testing.assert_close(ext.rms_norm(x, w, 1e-6), norm(x), rtol=1e-6, atol=1e-6)
+    r = torch.randn(4, 96)
+    s, h = ext.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(s, x + r)
+    assert torch.equal(h, ext.rms_norm(x + r, w, 1e-6))
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(min_value=1, max_value=70), shift=st.integers(min_value=0, max_value=9))
+def test_silu_mul_is_elementwise_wherever_an_element_sits(ext, n, shift):
+    """Close to torch's silu, and each element's bits are the same at any offset and length (the
+    tail goes through the same vector code as the body)."""
+    torch.manual_seed(n)
+    g, u = torch.randn(1, n) * 8, torch.randn(1, n)
+    out = ext.silu_mul(g, u)
+    torch.testing.assert_close(out, torch.nn.functional.silu(g) * u, rtol=2e-6, atol=1e-6)
+    pad = torch.randn(1, shift)
+    shifted = ext.silu_mul(torch.cat([pad, g], 1), torch.cat([pad, u], 1))
+    assert torch.equal(shifted[:, shift:], out)
+
+
+def test_silu_mul_keeps_extremes_and_nan(ext):
+    g = torch.tensor([[-1e4, -100.0, -20.0, 0.0, 20.0, 100.0, 1e4, float("nan")]])
+    out = ext.silu_mul(g, torch.ones_like(g))
+    torch.testing.assert_close(out[:, :7], torch.nn.functional.silu(g[:, :7]), rtol=2e-6, atol=1e-6)
+    assert torch.isnan(out[0, 7])
+
+
+def test_attention_on_the_layers_layout_is_attention_rows(ext):
+    torch.manual_seed(2)
+    heads, kv, m, length, dim = 4, 2, 3, 11, 16
+    q = torch.randn(heads, m, dim)
+    k, v = torch.randn(kv, length, dim), torch.randn(kv, length, dim)
+    expected = ext.attention_rows(q, k, v, 0.25)
+    got = ext.attention_md(q.transpose(0, 1).reshape(m, heads * dim).contiguous(), k, v, heads, 0.25)
+    assert torch.equal(got, expected.transpose(0, 1).reshape(m, heads * dim))
+
+
+# --------------------------------------------------------------------------- several k-quant weights
+
+
+@pytest.mark.parametrize("force_avx2", (False, True))
+def test_linears_equal_one_call_per_weight(force_avx2):
+    """One quantization of the input shared by q, k and v (Q4_K and Q6_K mixed, a bias, a last group
+    of fewer than 16 columns): each output is the single call's, bit for bit."""
+    weights = [layer("Q4_K", 40, 2, 0)[1], layer("Q6_K", 16, 2, 1)[1], layer("Q4_K", 7, 2, 2)[1]]
+    bias = torch.randn(16)
+    x = torch.randn(5, 512)
+    ext = kquants.extension()
+    got = ext.linears(
+        x,
+        [w.blocks for w in weights],
+        [w.kind for w in weights],
+        [w.out_features for w in weights],
+        [None, bias, None],
+        force_avx2,
+    )
+    for w, y, b in zip(weights, got, [None, bias, None], strict=True):
+        single = w.forward(x, force_avx2=force_avx2)
+        assert torch.equal(y, single if b is None else single + b)
+
+
+def test_linears_refuse_mismatched_lists():
+    _, w = layer("Q4_K", 16, 1)
+    with pytest.raises(RuntimeError, match="one length"):
+        kquants.extension().linears(torch.randn(1, 256), [w.blocks], ["Q4_K", "Q4_K"], [16], [None])
+    with pytest.raises(RuntimeError, match="Q5_0"):
+        kquants.extension().linears(torch.randn(1, 256), [w.blocks], ["Q5_0"], [16], [None])
+
+
+def test_project_shares_k_quant_inputs_and_calls_other_linears(ext):
+    _, a = layer("Q4_K", 32, 1)
+    _, b = layer("Q6_K", 16, 1, 3)
+    x = torch.randn(2, 256)
+    ya, yb = fused.project(x, (a, b))
+    assert torch.equal(ya, a(x)) and torch.equal(yb, b(x))
+    model = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "fp32")
+    lin = model.model.layers[0].mlp.up_proj
+    x = torch.randn(2, lin.in_features)
+    (y,) = fused.project(x, (lin,))
+    assert torch.equal(y, lin(x))
