@@ -56,14 +56,16 @@ class FusedLayer:
         **kwargs,
     ) -> torch.Tensor:
         if hidden_states.shape[0] != 1 or position_embeddings is None or hidden_states.dtype != torch.float32:
-            # Batches and other dtypes take the model's own path (assisted generation runs neither).
+            # Batches and other dtypes take the model's own path (assisted generation runs neither),
+            # the cache passed on under the name it came by (transformers renamed it across 5.x).
+            names = {"cache": cache, "past_key_values": past_key_values}
             return super().forward(
                 hidden_states,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                cache=cache if cache is not None else past_key_values,
                 use_cache=use_cache,
                 position_embeddings=position_embeddings,
+                **{name: value for name, value in names.items() if value is not None},
                 **kwargs,
             )
         cache = cache if cache is not None else past_key_values

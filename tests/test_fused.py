@@ -77,7 +77,30 @@ def test_only_layers_it_reproduces_are_fused(ext):
     bf16 = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "bf16")
     assert fused.fuse(bf16) == 0  # activations in bf16 between layers: the model's own path keeps them
     model = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "fp32")
-    assert fused.fuse(model) == fused.fuse(model)  # a second call changes nothing
+    n = fused.fuse(model)
+    classes = [type(layer) for layer in model.model.layers]
+    assert fused.fuse(model) == n == model.config.num_hidden_layers  # a second call changes nothing
+    assert [type(layer) for layer in model.model.layers] == classes
+
+
+def test_a_batch_takes_the_models_own_layer_with_its_cache():
+    """Two sequences at once are not the fused path's: the model's own layer runs them, and the
+    cache reaches it (the second step attends to the first's keys)."""
+    plain = tiny.build_target("tiny-qwen2").eval()
+    model = copy.deepcopy(plain)
+    assert fused.fuse(model) == model.config.num_hidden_layers
+    ids = torch.tensor([list(range(3, 15)), list(range(20, 32))])
+    expected, got = _logits_batched(plain, ids), _logits_batched(model, ids)
+    torch.testing.assert_close(got, expected)
+
+
+def _logits_batched(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(ids[:, :-1], past_key_values=cache, use_cache=True)
+        return model(ids[:, -1:], past_key_values=cache, use_cache=True).logits
 
 
 def test_the_loaded_pair_is_fused_on_the_invariant_kernels_only(ext):
