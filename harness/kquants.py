@@ -15,6 +15,7 @@ biases, embeddings: the file's own values, dequantized once by the weights' conv
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from harness import cppext
+from harness import cppext, files
 from harness.errors import HarnessError, UnsupportedError
 
 QK = 256
@@ -138,6 +139,81 @@ def dequantize(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
     return d * sc * (c - 32.0)
 
 
+# --------------------------------------------------------------------------- float weights to Q4_K
+
+# Candidate inverse scales per 32-weight sub-block, as offsets to the 15 levels (llama.cpp's
+# make_qkx2_quants searches -1 .. +1 in steps of 0.1; five points keep a 0.5B model's quantization
+# to seconds and reached the same error within 1-2% on its weights).
+_Q4K_SEARCH = (-1.0, -0.5, 0.0, 0.5, 1.0)
+_Q4K_CHUNK_ROWS = 256
+
+
+def _fit_sub_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per 32-weight sub-block (last dim) the scale s >= 0 and offset m <= 0 that best fit
+    ``x ~ s * code + m`` with codes 0..15 (least squares over a few candidate grids)."""
+    lo = x.amin(-1, keepdim=True).clamp(max=0.0)
+    span = x.amax(-1, keepdim=True) - lo
+    safe = torch.where(span > 0, span, torch.ones_like(span))
+    best_s, best_m = span / 15.0, lo  # the plain min/max grid, then the least-squares fits below
+    best_err = ((best_s * ((x - lo) * (15.0 / safe)).round().clamp(0, 15) + lo - x) ** 2).sum(-1)
+    n = x.shape[-1]
+    for offset in _Q4K_SEARCH:
+        codes = ((x - lo) * ((15.0 + offset) / safe)).round().clamp(0, 15)
+        sl, sl2 = codes.sum(-1, keepdim=True), (codes * codes).sum(-1, keepdim=True)
+        sx, sxl = x.sum(-1, keepdim=True), (x * codes).sum(-1, keepdim=True)
+        det = n * sl2 - sl * sl
+        ok = det > 0
+        det = torch.where(ok, det, torch.ones_like(det))
+        s = torch.where(ok, (n * sxl - sl * sx) / det, best_s)
+        m = torch.where(ok, (sl2 * sx - sl * sxl) / det, best_m)
+        # An offset above zero is not representable (Q4_K subtracts a non-negative min): refit s alone.
+        pos = m > 0
+        s = torch.where(pos, sxl / sl2.clamp_min(1.0), s).clamp_min(0.0)
+        m = m.clamp(max=0.0)
+        err = ((s * codes + m - x) ** 2).sum(-1)
+        better = (err < best_err).unsqueeze(-1)
+        best_s, best_m = torch.where(better, s, best_s), torch.where(better, m, best_m)
+        best_err = torch.minimum(err, best_err)
+    return best_s.squeeze(-1), best_m.squeeze(-1)
+
+
+def _super_scale(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight non-negative sub-block values -> (float16-exact super-block scale, 6-bit codes)."""
+    d = (v.amax(-1) / 63.0).half().float()
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    codes = (v / safe.unsqueeze(-1)).round().clamp(0, 63) * (d > 0).unsqueeze(-1)
+    return d, codes
+
+
+def quantize_q4k(weight: torch.Tensor) -> Q4KCodes:
+    """Float weights [N, K] as Q4_K blocks; K is padded with zeros to a multiple of 256.
+
+    Written here because the ``gguf`` package (0.19) quantizes to Q8_0/Q5_0 and the like but not to
+    the k-quants. Used for a draft, whose weights only make proposals (the target verifies every
+    token), so its quantization changes speed and acceptance, never the output."""
+    w = weight.detach().float()
+    n, k = w.shape
+    kp = -(-k // QK) * QK
+    w = torch.nn.functional.pad(w, (0, kp - k))
+    nb = kp // QK
+    parts: dict[str, list[np.ndarray]] = {"codes": [], "scales": [], "mins": [], "d": [], "dmin": []}
+    for r0 in range(0, n, _Q4K_CHUNK_ROWS):
+        x = w[r0 : r0 + _Q4K_CHUNK_ROWS].reshape(-1, nb, 8, 32)
+        s, m = _fit_sub_blocks(x)
+        d, sc = _super_scale(s)
+        dmin, mn = _super_scale(-m)
+        step = (d.unsqueeze(-1) * sc).unsqueeze(-1)
+        shift = (dmin.unsqueeze(-1) * mn).unsqueeze(-1)
+        codes = ((x + shift) / torch.where(step > 0, step, torch.ones_like(step))).round().clamp(0, 15)
+        codes = codes * (step > 0)
+        parts["codes"].append(codes.to(torch.uint8).reshape(-1, kp).numpy())
+        parts["scales"].append(sc.to(torch.uint8).reshape(-1, nb * 8).numpy())
+        parts["mins"].append(mn.to(torch.uint8).reshape(-1, nb * 8).numpy())
+        parts["d"].append(d.numpy())
+        parts["dmin"].append(dmin.numpy())
+    return Q4KCodes(**{name: np.concatenate(chunks) for name, chunks in parts.items()})
+
+
 # --------------------------------------------------------------------------- the kernels' layout
 
 COLUMNS = 16  # output columns per group: one 32-bit lane each in the kernels' vectors
@@ -203,8 +279,9 @@ class KQuantLinear(nn.Module):
         super().__init__()
         if kind not in PACKED_BYTES:
             raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
-        groups, nb = -(-out_features // COLUMNS), in_features // QK
-        if in_features % QK or tuple(blocks.shape) != (groups, nb * COLUMNS * PACKED_BYTES[kind]):
+        # An input width that is not a multiple of 256 (a 0.5B draft's 896) runs as if zero-padded.
+        groups, nb = -(-out_features // COLUMNS), -(-in_features // QK)
+        if tuple(blocks.shape) != (groups, nb * COLUMNS * PACKED_BYTES[kind]):
             raise HarnessError(
                 f"{kind} blocks of shape {tuple(blocks.shape)} do not hold a "
                 f"{out_features} x {in_features} weight"
@@ -283,89 +360,146 @@ def read_linear_blocks(gguf_file: str | Path, module_names: list[str], n_layers:
     return out
 
 
-# Bumped whenever pack() changes, so a cache of another layout is rebuilt rather than misread.
-LAYOUT = 3
+# Bumped whenever pack() or quantize_q4k() changes, so a cache of another layout is rebuilt rather
+# than misread.
+LAYOUT = 4
+
+Packed = dict[str, tuple[str, torch.Tensor]]  # module name -> (block type, blocks in pack()'s layout)
 
 
-def packed_cache_path(gguf_file: str | Path) -> Path:
-    """Where a GGUF's re-packed blocks are cached: beside the file, named by layout version."""
-    gguf_file = Path(gguf_file)
-    return gguf_file.with_name(f"{gguf_file.name}.kquants-v{LAYOUT}.safetensors")
+def packed_cache_path(source: str | Path, tag: str = "kquants") -> Path:
+    """Where blocks made from ``source`` (a GGUF file, or a weights file) are cached: beside it,
+    named by layout version and ``tag``."""
+    source = Path(source)
+    return source.with_name(f"{source.name}.{tag}-v{LAYOUT}.safetensors")
 
 
-def _read_packed(path: Path, gguf_file: Path, names: list[str]) -> dict[str, tuple[str, torch.Tensor]] | None:
-    """The cached blocks, or None when absent, of another source or layout, or unreadable."""
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def _read_packed(path: Path, source: Path, names: list[str], *, verify: bool = False) -> Packed | None:
+    """The cached blocks, or None when absent, made from another source or layout, or damaged.
+
+    A marker beside the cache records size, time and checksum of the source and of the cache itself
+    (``files.record``): a source replaced, or a cache truncated or overwritten in place, is seen and
+    the blocks are made again rather than multiplied."""
     from safetensors import SafetensorError, safe_open
 
-    if not path.is_file():
+    try:
+        marker = json.loads(_marker(path).read_text())
+        recorded = marker["files"]
+        if marker.get("layout") != LAYOUT or set(recorded) != {source.name, path.name}:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    why = files.problem(path.parent, recorded, verify=verify)
+    if why is not None:
+        log.warning("re-packed blocks at %s are not usable (%s); making them again", path, why)
         return None
     try:
         with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-            if meta.get("layout") != str(LAYOUT) or meta.get("source_size") != str(gguf_file.stat().st_size):
-                return None
-            kinds = json.loads(meta.get("kinds", "{}"))
+            kinds = json.loads((fh.metadata() or {}).get("kinds", "{}"))
             if sorted(kinds) != sorted(names):
                 return None
             return {name: (kinds[name], fh.get_tensor(name)) for name in names}
     except (SafetensorError, OSError, ValueError, KeyError) as exc:
-        log.warning("re-packed blocks at %s are unreadable (%s); re-packing", path, exc)
+        log.warning("re-packed blocks at %s are unreadable (%s); making them again", path, exc)
         return None
 
 
-def _write_packed(path: Path, gguf_file: Path, packed: dict[str, tuple[str, torch.Tensor]]) -> None:
+def _write_packed(path: Path, source: Path, packed: Packed) -> None:
     from safetensors.torch import save_file
 
-    meta = {
-        "layout": str(LAYOUT),
-        "source": gguf_file.name,
-        "source_size": str(gguf_file.stat().st_size),
-        "kinds": json.dumps({name: kind for name, (kind, _) in packed.items()}),
-    }
+    meta = {"layout": str(LAYOUT), "source": source.name}
+    meta["kinds"] = json.dumps({name: kind for name, (kind, _) in packed.items()})
     tmp = path.with_name(path.name + f".partial-{os.getpid()}")
     try:
+        _marker(path).unlink(missing_ok=True)  # no marker ever vouches for a cache being replaced
         save_file({name: t for name, (_, t) in packed.items()}, str(tmp), metadata=meta)
         os.replace(tmp, path)  # whole or not at all: a reader never sees half a file
         path.chmod(0o644)  # the cache may be shared, as the converted weights are
+        marker = {"layout": LAYOUT, "files": files.record(path.parent, [source.name, path.name])}
+        files.atomic_write(_marker(path), json.dumps(marker, indent=1).encode())
     except OSError as exc:  # a read-only cache only costs the next load its re-packing
         log.warning("could not cache re-packed blocks at %s (%s)", path, exc)
         tmp.unlink(missing_ok=True)
 
 
-def apply_gguf_blocks(model: nn.Module, gguf_file: str | Path) -> nn.Module:
-    """Replace every nn.Linear of ``model`` (float32, converted from ``gguf_file``) by a
-    ``KQuantLinear`` on that tensor's blocks in the file, and switch attention to the batch-invariant
-    batch-invariant attention; in place. The re-packed blocks are cached beside the file (a second load
-    reads them instead of decoding the file again)."""
+def _cached(cache: Path | None, source: Path | None, names: list[str], make) -> Packed:
+    if cache is None or source is None:
+        return make()
+    packed = _read_packed(cache, source, names)
+    if packed is None:
+        packed = make()
+        _write_packed(cache, source, packed)
+    return packed
+
+
+def _gguf_blocks(model: nn.Module, linears: dict[str, nn.Linear], gguf_file: Path) -> Packed:
+    n_layers = int(getattr(model.config, "num_hidden_layers", 0))
+    packed = {}
+    for name, (kind, data) in read_linear_blocks(gguf_file, list(linears), n_layers).items():
+        codes = decode(kind, data)
+        n, k = codes.codes.shape
+        if (n, k) != tuple(linears[name].weight.shape):
+            raise HarnessError(
+                f"{name}: the file's tensor is {n} x {k}, the model's "
+                f"{tuple(linears[name].weight.shape)}; the converted weights do not come from "
+                f"{gguf_file.name}"
+            )
+        packed[name] = (kind, torch.from_numpy(pack(codes)))
+    return packed
+
+
+def _q4k_blocks(linears: dict[str, nn.Linear]) -> Packed:
+    return {name: ("Q4_K", torch.from_numpy(pack(quantize_q4k(lin.weight)))) for name, lin in linears.items()}
+
+
+def _q4k_cache(linears: dict[str, nn.Linear], weights: Path | None) -> tuple[Path | None, Path | None]:
+    """The weights file q4k blocks are made from, and their cache: named by the layers' shapes too,
+    since a draft's vocabulary cut changes its output layer."""
+    source = weights / "model.safetensors" if weights is not None else None
+    if source is None or not source.is_file():
+        return None, None
+    shapes = json.dumps(sorted((name, tuple(lin.weight.shape)) for name, lin in linears.items()))
+    digest = hashlib.sha256(shapes.encode()).hexdigest()[:12]
+    return source, packed_cache_path(source, f"q4k-{digest}")
+
+
+def apply_blocks(model: nn.Module, name: str, source: str | Path | None) -> nn.Module:
+    """Replace every nn.Linear of ``model`` (float32) by a ``KQuantLinear`` and switch attention to
+    the batch-invariant attention; in place.
+
+    ``gguf``: the blocks of each tensor in ``source``, the GGUF file the model was converted from.
+    ``q4k``: the model's own float weights quantized to Q4_K; ``source`` is its weights folder, where
+    the blocks are cached (None: made in memory on every load). Either way the re-packed blocks are
+    cached beside their source, so a second load reads them instead of making them again."""
     from harness import invariant, precision
 
-    gguf_file = Path(gguf_file)
-    linears = {name: mod for name, mod in model.named_modules() if type(mod) is nn.Linear}
+    linears = {mod_name: mod for mod_name, mod in model.named_modules() if type(mod) is nn.Linear}
     if not linears:
-        raise UnsupportedError(f"{type(model).__name__} has no linear layers to run on GGUF blocks")
-    cache = packed_cache_path(gguf_file)
-    packed = _read_packed(cache, gguf_file, list(linears))
-    if packed is None:
-        n_layers = int(getattr(model.config, "num_hidden_layers", 0))
-        raw = read_linear_blocks(gguf_file, list(linears), n_layers)
-        packed = {}
-        for name, (kind, data) in raw.items():
-            codes = decode(kind, data)
-            n, k = codes.codes.shape
-            if (n, k) != tuple(linears[name].weight.shape):
-                raise HarnessError(
-                    f"{name}: the file's tensor is {n} x {k}, the model's "
-                    f"{tuple(linears[name].weight.shape)}; the converted weights do not come from "
-                    f"{gguf_file.name}"
-                )
-            packed[name] = (kind, torch.from_numpy(pack(codes)))
-        _write_packed(cache, gguf_file, packed)
+        raise UnsupportedError(f"{type(model).__name__} has no linear layers to run on k-quant blocks")
+    if name == "gguf":
+        if source is None:
+            raise UnsupportedError(
+                f"precision {name} runs a model's GGUF file and this model has none; choose one of "
+                f"{', '.join(precision.PRECISIONS)} or q4k"
+            )
+        gguf_file = Path(source)
+        cache = packed_cache_path(gguf_file)
+        packed = _cached(cache, gguf_file, list(linears), lambda: _gguf_blocks(model, linears, gguf_file))
+    elif name == "q4k":
+        weights, cache = _q4k_cache(linears, Path(source) if source is not None else None)
+        packed = _cached(cache, weights, list(linears), lambda: _q4k_blocks(linears))
+    else:
+        raise UnsupportedError(f"no k-quant blocks for precision {name}; the block precisions: gguf, q4k")
     precision.untie_output_embeddings(model)
     extension()
-    for name, lin in linears.items():
-        kind, blocks = packed[name]
+    for mod_name, lin in linears.items():
+        kind, blocks = packed[mod_name]
         twin = KQuantLinear(kind, blocks, lin.out_features, lin.in_features, lin.bias)
-        parent_name, _, child = name.rpartition(".")
+        parent_name, _, child = mod_name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, twin)
     invariant.use_invariant_attention(model)
     return model

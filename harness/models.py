@@ -346,16 +346,12 @@ def _load_hf(path: Path) -> PreTrainedModel:
 
 
 def _apply_precision(
-    model: PreTrainedModel, name: str, kernels: str, gguf_file: Path | None = None
+    model: PreTrainedModel, name: str, kernels: str, source: Path | None = None
 ) -> PreTrainedModel:
-    """Precision ``name`` on the stock kernels or on the harness's batch-invariant ones."""
-    if name in precision.FILE_PRECISIONS:
-        if gguf_file is None:
-            raise UnsupportedError(
-                f"precision {name} runs a model's GGUF file and this model has none; choose one of "
-                f"{', '.join(precision.PRECISIONS)}"
-            )
-        model = kquants.apply_gguf_blocks(model, gguf_file)
+    """Precision ``name`` on the stock kernels or on the harness's batch-invariant ones (``source``:
+    what a block precision's blocks come from, ``block_source``)."""
+    if name in precision.BLOCK_PRECISIONS:
+        model = kquants.apply_blocks(model, name, source)
     elif kernels == "invariant":
         model = invariant.apply_precision(model, name)
     else:
@@ -363,6 +359,14 @@ def _apply_precision(
     # On the batch-invariant kernels the layers' own glue costs as much as their weights' reads.
     fused.fuse(model)
     return model
+
+
+def block_source(name: str, spec: ModelSpec, folder: Path | None) -> Path | None:
+    """What precision ``name``'s k-quant blocks are made from: the model's GGUF file for ``gguf``,
+    its weights folder (where they are cached) for ``q4k``; None for the other precisions."""
+    if name in precision.FILE_PRECISIONS:
+        return gguf_file(spec, folder)
+    return folder if name in precision.BLOCK_PRECISIONS else None
 
 
 def gguf_file(spec: ModelSpec, folder: Path | None) -> Path | None:
@@ -376,8 +380,8 @@ def gguf_file(spec: ModelSpec, folder: Path | None) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def check_file_precision(name: str, kernels: str, flag: str = "--target_kernels") -> None:
-    if name in precision.FILE_PRECISIONS and kernels != "invariant":
+def check_block_precision(name: str, kernels: str, flag: str = "--target_kernels") -> None:
+    if name in precision.BLOCK_PRECISIONS and kernels != "invariant":
         raise UnsupportedError(
             f"precision {name} runs on its own batch-invariant kernels; pass {flag} invariant (or leave it "
             "out for a pair registered with them)"
@@ -418,7 +422,7 @@ def prepare_draft(
     source: Path | None = None,
 ) -> PreTrainedModel:
     """A freshly loaded float draft made ready to assist: pinned generation config, optional
-    vocabulary restriction, precision (``source``: its GGUF file, for the gguf precision), padding
+    vocabulary restriction, precision (``source``: what its k-quant blocks come from), padding
     to the target's vocabulary, device."""
     _pin_generation_config(draft, tokenizer)
     if draft_vocab is not None:
@@ -499,10 +503,10 @@ def load_pair(
     invariant.check_kernels(target_kernels)
     invariant.check_kernels(draft_kernels, "--draft_kernels")
     if ort_settings is None:
-        check_file_precision(target_precision, target_kernels)
+        check_block_precision(target_precision, target_kernels)
     if draft_precision:
         precision.check_precision(draft_precision)
-        check_file_precision(draft_precision, draft_kernels, "--draft_kernels")
+        check_block_precision(draft_precision, draft_kernels, "--draft_kernels")
     t_dev = devices.check_device(target_device)
     if ort_settings is not None and t_dev.type != "cpu":
         raise UnsupportedError(
@@ -554,13 +558,10 @@ def load_pair(
         _pin_generation_config(target, tokenizer)
     else:
         _pin_generation_config(target, tokenizer)
-        file_precision = target_precision in precision.FILE_PRECISIONS
-        source = gguf_file(spec.target, target_path) if file_precision else None
+        source = block_source(target_precision, spec.target, target_path)
         target = devices.place(_apply_precision(target, target_precision, target_kernels, source), t_dev)
     if draft is not None:
-        draft_source = (
-            gguf_file(spec.draft, draft_path) if draft_precision in precision.FILE_PRECISIONS else None
-        )
+        draft_source = block_source(draft_precision, spec.draft, draft_path)
         draft = prepare_draft(
             draft,
             tokenizer,

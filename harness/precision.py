@@ -135,10 +135,9 @@ PRECISIONS: dict[str, PrecisionSpec] = {
 }
 
 
-# Precisions that read a model's weights from its GGUF file instead of quantizing float weights:
-# they exist only for models that have one (harness.kquants), so the float-model checks that run
-# over PRECISIONS do not include them.
-FILE_PRECISIONS: dict[str, PrecisionSpec] = {
+# Precisions on k-quant blocks (harness.kquants), which run on the batch-invariant kernels only, so
+# the float-model checks over PRECISIONS (stock kernels too) do not include them.
+BLOCK_PRECISIONS: dict[str, PrecisionSpec] = {
     "gguf": PrecisionSpec(
         name="gguf",
         description="the GGUF file's own k-quant blocks (Q4_K/Q6_K) on batch-invariant kernels, "
@@ -149,8 +148,22 @@ FILE_PRECISIONS: dict[str, PrecisionSpec] = {
         min_top1_agreement=0.6,
         tolerance_reason="4-6 bit weights (the file's, as llama.cpp runs them) and 8-bit activations",
         devices=("cpu",),
-    )
+    ),
+    "q4k": PrecisionSpec(
+        name="q4k",
+        description="every linear layer quantized to Q4_K blocks (llama.cpp's 4-bit k-quant: 6-bit "
+        "scales and mins per 32 weights) on the gguf precision's kernels, float32 elsewhere",
+        activation_dtype="float32",
+        weight_format="q4k",
+        logit_tolerance=7.0,
+        min_top1_agreement=0.6,
+        tolerance_reason="16 levels per 32 weights and 8-bit activations, as the gguf precision's "
+        "Q4_K tensors",
+        devices=("cpu",),
+    ),
 }
+# Of those, the ones whose blocks are read from the model's GGUF file (they need one).
+FILE_PRECISIONS = ("gguf",)
 
 
 @dataclass(frozen=True)
@@ -226,9 +239,9 @@ def check_precision(name: str, device: str | torch.device | None = None) -> Prec
     """Return the spec for `name`, or raise UnsupportedError if it is unknown, its kernels are missing
     from this torch build, or (when `device` is given) it has no kernels for that device type.
     Loads no weights, so callers can validate command-line choices first."""
-    spec = PRECISIONS.get(name) or FILE_PRECISIONS.get(name)
+    spec = PRECISIONS.get(name) or BLOCK_PRECISIONS.get(name)
     if spec is None:
-        known = ", ".join([*PRECISIONS, *FILE_PRECISIONS])
+        known = ", ".join([*PRECISIONS, *BLOCK_PRECISIONS])
         raise UnsupportedError(f"Unknown precision {name!r}. Choose one of: {known}.")
     problem = _kernel_problem(name)
     if problem is not None:

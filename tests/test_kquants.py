@@ -131,14 +131,131 @@ def test_bytes_read_is_the_packed_blocks(kind):
 
 def test_wrong_shapes_are_refused():
     _, lin = layer("Q4_K", 4, 2)
-    with pytest.raises(RuntimeError, match="multiple of 256"):
-        kquants.extension().linear_q4k(torch.zeros(1, 300), lin.blocks, 4, False)
     with pytest.raises(RuntimeError, match="blocks must be"):
         kquants.extension().linear_q4k(torch.zeros(1, 768), lin.blocks, 4, False)
+    with pytest.raises(RuntimeError, match="blocks must be"):
+        kquants.extension().linear_q4k(torch.zeros(1, 200), lin.blocks, 4, False)
+    with pytest.raises(kquants.HarnessError, match="do not hold"):
+        kquants.KQuantLinear("Q4_K", lin.blocks, 4, 600, None)
     with pytest.raises(kquants.HarnessError, match="Q4_K data must be"):
         kquants.decode_q4k(np.zeros((2, 100), dtype=np.uint8))
     with pytest.raises(kquants.UnsupportedError, match="Q5_0"):
         kquants.KQuantLinear.from_raw("Q5_0", np.zeros((2, 22), dtype=np.uint8))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    kind=st.sampled_from(KINDS),
+    m=st.integers(1, 9),
+    width=st.integers(1, 3 * kquants.QK),
+    seed=st.integers(0, 2**16),
+)
+def test_a_width_short_of_the_blocks_runs_as_if_zero_padded(kind, m, width, seed):
+    """A 0.5B draft's 896-wide rows on 256-blocks: the row is quantized and multiplied as if padded
+    with zeros, the same bits as an explicitly padded row, batch-invariant, on both ISAs."""
+    nb = -(-width // kquants.QK)
+    raw, full = layer(kind, 24, nb, seed)
+    short = kquants.KQuantLinear(kind, full.blocks, 24, width, None)
+    x = torch.randn(m, width, generator=torch.Generator().manual_seed(seed))
+    padded = torch.nn.functional.pad(x, (0, nb * kquants.QK - width))
+    y = short(x)
+    assert torch.equal(y, full(padded))
+    assert torch.equal(y, short(x, force_avx2=True))
+    assert torch.equal(y, torch.cat([short(x[i : i + 1]) for i in range(m)]))
+
+
+# --------------------------------------------------------------------------- float weights as Q4_K
+
+
+def test_quantize_q4k_reproduces_q4k_weights():
+    """Weights that are Q4_K values already (a GGUF target's tensors, dequantized) come back as the
+    same values: the fit finds the file's own grid."""
+    raw = random_blocks("Q4_K", 12, 2, seed=3)
+    codes = kquants.decode("Q4_K", raw)
+    # as llama.cpp writes them: codes reaching 0 and 15 in every sub-block (nearly always so in real
+    # blocks), the largest scale and min of a block at 63 (its d and dmin are that largest / 63)
+    c, sc, mn = codes.codes.copy(), codes.scales.copy(), codes.mins.copy()
+    c[:, ::32], c[:, 1::32] = 0, 15
+    sc[:, ::8], mn[:, ::8] = 63, 63
+    codes = kquants.Q4KCodes(c, sc, mn, codes.d, codes.dmin)
+    w = kquants.dequantize(codes)
+    again = kquants.dequantize(kquants.quantize_q4k(torch.from_numpy(w)))
+    np.testing.assert_allclose(again, w, atol=1e-3 * float(np.abs(w).max()))
+
+
+def test_quantize_q4k_error_and_format():
+    """Gaussian weights: codes 0..15, 6-bit scales and mins, float16-exact d and dmin, sub-blocks of
+    padding all zero, and the error of a 4-bit grid per 32 weights (below the plain min/max grid's)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 300, generator=gen) * 0.02
+    w[3] = 0.0  # an all-zero row: scales 0, nothing divided by zero
+    codes = kquants.quantize_q4k(w)
+    assert codes.codes.shape == (40, 512) and codes.codes.max() <= 15
+    assert codes.scales.max() <= 63 and codes.mins.max() <= 63
+    assert np.array_equal(codes.d, codes.d.astype(np.float16).astype(np.float32))
+    assert np.array_equal(codes.dmin, codes.dmin.astype(np.float16).astype(np.float32))
+    back = torch.from_numpy(kquants.dequantize(codes))
+    assert torch.equal(back[:, 320:], torch.zeros(40, 192))  # sub-blocks of padding only
+    assert torch.equal(back[3], torch.zeros(512))
+    err = float((back[:, :300] - w).norm() / w.norm())
+    x = torch.nn.functional.pad(w, (0, 20)).reshape(40, -1, 32)
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    step = ((hi - lo) / 15).clamp_min(1e-12)
+    minmax = ((((x - lo) / step).round() * step + lo).reshape(40, -1)[:, :300] - w).norm() / w.norm()
+    assert 0.01 < err < float(minmax)
+
+
+def test_q4k_precision_on_a_model(tmp_path, monkeypatch):
+    """A float model on Q4_K blocks: every linear layer replaced, logits within the precision's
+    tolerance of fp32, verification rows exact; the blocks cached beside the weights file and read
+    back on the next load (no quantization), made again when the weights file changes."""
+    from harness import models, precision, row_divergence, tiny
+
+    def build():
+        return tiny.build_target("tiny-qwen2")
+
+    reference = build()
+    ids = torch.arange(3, 40).reshape(1, -1)
+    with torch.no_grad():
+        expected = reference(ids).logits
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"stand-in for the weights the blocks are made from")
+    model = models._apply_precision(build(), "q4k", "invariant", folder)
+    assert not [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    with torch.no_grad():
+        got = model(ids).logits
+    # Random-init logits are nearly flat, so top-1 agreement means little here (the real draft's
+    # acceptance is what the sweep measures); the size of the error does: no larger than the other
+    # 4-bit precision's (w4abf16, 64 weights a group) on the same model.
+    agreement = precision.compare_logits(got, expected)
+    assert agreement.max_abs_over_std <= precision.BLOCK_PRECISIONS["q4k"].logit_tolerance
+    w4 = models._apply_precision(build(), "w4abf16", "invariant")
+    with torch.no_grad():
+        w4_error = (w4(ids).logits.float() - expected).norm()
+    assert (got - expected).norm() < w4_error
+    assert all(d.exact for d in row_divergence.row_divergence(model, ids[0].tolist(), 4))
+    caches = sorted(folder.glob("model.safetensors.q4k-*.safetensors"))
+    assert len(caches) == 1
+
+    def no_quantizing(weight):
+        raise AssertionError("quantized again although the cache was valid")
+
+    monkeypatch.setattr(kquants, "quantize_q4k", no_quantizing)
+    again = models._apply_precision(build(), "q4k", "invariant", folder)
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, got)
+    (folder / "model.safetensors").write_bytes(b"other weights of another size")
+    with pytest.raises(AssertionError, match="quantized again"):
+        models._apply_precision(build(), "q4k", "invariant", folder)
+
+
+def test_block_precisions_need_the_invariant_kernels():
+    from harness import models
+
+    for name in ("gguf", "q4k"):
+        with pytest.raises(kquants.UnsupportedError, match="--draft_kernels invariant"):
+            models.load_pair("tiny-qwen2", draft_precision=name, draft_kernels="stock")
 
 
 # --------------------------------------------------------------------------- a model on its file's blocks
@@ -197,24 +314,43 @@ def test_draft_blocks_without_a_kernel_are_refused(pairs):
 
 
 def test_packed_blocks_cache_round_trips_and_refuses_stale_or_damaged_files(tmp_path):
-    """The re-packed blocks are cached beside the GGUF: read back equal; a cache of another source
-    size, another layout, other layers, or a truncated file is not used (the caller re-packs)."""
+    """The re-packed blocks are cached beside their source: read back equal; a cache of another
+    source, other layers, a truncated or overwritten cache, or one without its marker is not used
+    (the caller makes the blocks again)."""
     gguf_file = tmp_path / "m.gguf"
     gguf_file.write_bytes(b"GGUF" + bytes(100))
     _, lin = layer("Q4_K", 20, 2)
     _, lin6 = layer("Q6_K", 16, 1)
     packed = {"a.q_proj": ("Q4_K", lin.blocks), "a.down_proj": ("Q6_K", lin6.blocks)}
     path = kquants.packed_cache_path(gguf_file)
+    assert str(kquants.LAYOUT) in path.name
+
+    def read():
+        return kquants._read_packed(path, gguf_file, list(packed))
+
     kquants._write_packed(path, gguf_file, packed)
-    back = kquants._read_packed(path, gguf_file, list(packed))
+    back = read()
     assert {k: (kind, t.tolist()) for k, (kind, t) in back.items()} == {
         k: (kind, t.tolist()) for k, (kind, t) in packed.items()
     }
     assert kquants._read_packed(path, gguf_file, ["a.q_proj"]) is None  # other layers
     gguf_file.write_bytes(b"GGUF" + bytes(101))
-    assert kquants._read_packed(path, gguf_file, list(packed)) is None  # another source
+    assert read() is None  # another source
+    gguf_file.write_bytes(b"GGUF" + bytes(99) + b"x")
+    assert read() is None  # the same size, other content
     gguf_file.write_bytes(b"GGUF" + bytes(100))
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
-    assert kquants._read_packed(path, gguf_file, list(packed)) is None  # truncated
-    assert str(kquants.LAYOUT) in path.name
+    assert read() is not None  # rewritten with the content recorded: still the source
+
+    kquants._write_packed(path, gguf_file, packed)
+    data = bytearray(path.read_bytes())
+    data[-8:] = bytes(b ^ 0xFF for b in data[-8:])  # the last bytes flipped in place, the size kept
+    path.write_bytes(bytes(data))
+    assert read() is None
+    kquants._write_packed(path, gguf_file, packed)
+    path.write_bytes(bytes(data[: len(data) // 2]))
+    assert read() is None  # truncated
+    kquants._write_packed(path, gguf_file, packed)
+    kquants._marker(path).unlink()
+    assert read() is None  # a cache nothing vouches for
+    kquants._write_packed(path, gguf_file, packed)
+    assert read() is not None

@@ -203,11 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--target_precision",
         choices=(
             *precision.PRECISIONS,
-            *precision.FILE_PRECISIONS,
+            *precision.BLOCK_PRECISIONS,
             *(set(backends.ORT_PRECISIONS) - set(precision.PRECISIONS)),
         ),
         help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32); gguf: the "
-        "model's GGUF file's own 4/6-bit blocks on batch-invariant kernels",
+        "model's GGUF file's own 4/6-bit blocks on batch-invariant kernels; q4k: its weights "
+        "quantized to Q4_K blocks on those kernels",
     )
     _add(
         m,
@@ -251,8 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         m,
         "--draft_precision",
-        choices=(*precision.PRECISIONS, *precision.FILE_PRECISIONS),
-        help="default: the pair's",
+        choices=(*precision.PRECISIONS, *precision.BLOCK_PRECISIONS),
+        help="default: the pair's; q4k: the draft's weights as Q4_K blocks (with --draft_kernels invariant)",
     )
     _add(m, "--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
     _add(

@@ -106,14 +106,24 @@ void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s16, 
   }
 }
 
+// A row whose width is not a multiple of 256 (a 0.5B draft's 896) is quantized as if padded with
+// zeros to the next one, as its weights were (harness.kquants.quantize_q4k): the zeros add nothing
+// to any sum, and the last block's scale is still that row's own.
 Act quantize(const torch::Tensor& x) {
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = x.size(0), width = x.size(1), K = (width + QK - 1) / QK * QK;
   Act a{std::vector<int8_t>(M * K), std::vector<float>(M * (K / QK)), std::vector<int16_t>(M * (K / 16)),
         std::vector<int16_t>(M * (K / 32)), K, K / QK};
   const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m)
-    quantize_row(xp + m * K, K, a.q.data() + m * K, a.d.data() + m * a.nb, a.s16.data() + m * (K / 16),
+  std::vector<float> padded(width == K ? 0 : K, 0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = xp + m * width;
+    if (width != K) {
+      std::copy(row, row + width, padded.begin());
+      row = padded.data();
+    }
+    quantize_row(row, K, a.q.data() + m * K, a.d.data() + m * a.nb, a.s16.data() + m * (K / 16),
                  a.s32.data() + m * (K / 32));
+  }
   return a;
 }
 
@@ -377,7 +387,7 @@ torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N
   const int64_t M = x.size(0), groups = (N + G - 1) / G;
   TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) == groups && blocks.size(1) == a.nb * rec &&
                   blocks.is_contiguous() && blocks.element_size() == 1,
-              "blocks must be contiguous bytes [ceil(N / 16), K / 256 * ", rec, "]");
+              "blocks must be contiguous bytes [ceil(N / 16), ceil(K / 256) * ", rec, "]");
   const bool avx512 = !force_avx2 && has_vnni();
   auto y = torch::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
@@ -396,7 +406,7 @@ torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N
 void check_x(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
               "x must be a contiguous float32 [M, K]");
-  TORCH_CHECK(x.size(1) % QK == 0, "K must be a multiple of 256 (the k-quant block)");
+  TORCH_CHECK(x.size(1) > 0, "K must be positive");
 }
 
 torch::Tensor linear_q4k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool force_avx2) {
@@ -432,7 +442,7 @@ std::vector<torch::Tensor> linears(torch::Tensor x, std::vector<torch::Tensor> b
     const int64_t rec = q4[i] ? Q4K_REC : Q6K_REC, groups = (ns[i] + G - 1) / G;
     TORCH_CHECK(blocks[i].dim() == 2 && blocks[i].size(0) == groups && blocks[i].size(1) == a.nb * rec &&
                     blocks[i].is_contiguous() && blocks[i].element_size() == 1,
-                "blocks must be contiguous bytes [ceil(N / 16), K / 256 * ", rec, "]");
+                "blocks must be contiguous bytes [ceil(N / 16), ceil(K / 256) * ", rec, "]");
     if (biases[i].has_value())
       TORCH_CHECK(biases[i]->numel() == ns[i] && biases[i]->scalar_type() == torch::kFloat32 &&
                       biases[i]->is_contiguous(),
@@ -467,7 +477,7 @@ std::vector<torch::Tensor> linears(torch::Tensor x, std::vector<torch::Tensor> b
 std::vector<torch::Tensor> quantize_act(torch::Tensor x) {
   check_x(x);
   const Act a = quantize(x);
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = x.size(0), K = a.K;
   auto q = torch::from_blob(const_cast<int8_t*>(a.q.data()), {M, K}, torch::kInt8).clone();
   auto d = torch::from_blob(const_cast<float*>(a.d.data()), {M, a.nb}, torch::kFloat32).clone();
   return {q, d};
