@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, UnsupportedError
 from harness.results import append_row, read_records
-from harness.sandbox import SandboxResult, run_many, run_untrusted
+from harness.sandbox import SandboxResult, available_isolation, run_untrusted
 from harness.tasks import Prompt
 
 BENCHMARK = "humaneval"
@@ -207,6 +207,39 @@ def program_for(problem: Mapping[str, Any], completion: str) -> str:
     return f"{problem['prompt']}{completion}\n{problem['test']}\ncheck({problem['entry_point']})\n"
 
 
+# Set to 1 to score where the sandbox has no kernel isolation (its "basic" level).
+ALLOW_UNISOLATED_ENV = "ASSISTED_GENERATION_ALLOW_UNISOLATED"
+
+
+def run_scored(
+    jobs: Sequence[tuple[Mapping[str, Any], str]], *, workers: int = 1, **options: Any
+) -> list[SandboxResult]:
+    """Each (problem, completion)'s program run as scoring runs it, ``workers`` at a time, in order:
+    the sandbox's runner, not the program, calls ``check`` (so a result of the program's own class,
+    whose ``==`` agrees with anything, fails), and only under kernel isolation unless the user opted
+    out (a program running as the caller could read the parent's nonce and forge a pass)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    unisolated = options.get("isolation", "auto") == "auto" and available_isolation() == "basic"
+    if unisolated and os.environ.get(ALLOW_UNISOLATED_ENV) != "1":
+        raise UnsupportedError(
+            "HumanEval scoring runs generated code, and this machine offers no kernel isolation for it "
+            "(no user namespaces, and not root with util-linux unshare/setpriv); enable unprivileged user "
+            f"namespaces (sysctl kernel.unprivileged_userns_clone=1), or set {ALLOW_UNISOLATED_ENV}=1 to "
+            "score with the sandbox's basic, best-effort level"
+        )
+    if workers < 1:
+        raise HarnessError(f"workers must be at least 1, got {workers}")
+
+    def one(job: tuple[Mapping[str, Any], str]) -> SandboxResult:
+        problem, completion = job
+        body = f"{problem['prompt']}{completion}\n{problem['test']}\n"
+        return run_untrusted(body, check_call=("check", problem["entry_point"]), **options)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, jobs))
+
+
 # ------------------------------------------------------------------------------------------ scoring
 
 
@@ -245,8 +278,10 @@ def score(
     samples = {t: [c] if isinstance(c, str) else list(c) for t, c in completions.items()}
     if any(not s for s in samples.values()):
         raise HarnessError("every task in completions needs at least one completion")
-    jobs = [(t, program_for(by_id[t], c)) for t, cs in samples.items() for c in cs]
-    outcomes = run_many([p for _, p in jobs], workers=workers, timeout_s=timeout, **sandbox_options)
+    jobs = [(t, c) for t, cs in samples.items() for c in cs]
+    outcomes = run_scored(
+        [(by_id[t], c) for t, c in jobs], workers=workers, timeout_s=timeout, **sandbox_options
+    )
     results: dict[str, list[SandboxResult]] = {t: [] for t in samples}
     for (task_id, _), outcome in zip(jobs, outcomes, strict=True):
         results[task_id].append(outcome)
@@ -355,7 +390,7 @@ def run_mode(
             continue
         generated, measurements = generate(problem)
         completion = extract_completion(problem, generated, style)
-        outcome = run_untrusted(program_for(problem, completion), timeout_s=timeout, **sandbox_options)
+        (outcome,) = run_scored([(problem, completion)], timeout_s=timeout, **sandbox_options)
         row = make_row(problem["task_id"], mode, completion, outcome, style=style, measurements=measurements)
         record(path, row)
         written.append(row)

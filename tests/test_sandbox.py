@@ -21,16 +21,18 @@ from harness.humaneval import load_problems, program_for
 from harness.sandbox import (
     ISOLATIONS,
     SandboxResult,
-    available_isolation,
+    isolation_works,
     protections,
     run_many,
     run_untrusted,
 )
 
-NAMESPACES = available_isolation() == "namespaces"
+NAMESPACES = isolation_works("namespaces")
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="namespace isolation needs root + util-linux")
-# "basic" always works; "namespaces" only where the probe passed.
-LEVELS = [i for i in ISOLATIONS if i == "basic" or NAMESPACES]
+# The kernel-enforced levels this machine offers ("namespaces": root; "userns": unprivileged user
+# namespaces), each held to the same probes; "basic" always works.
+KERNEL_LEVELS = [level for level in ("namespaces", "userns") if isolation_works(level)]
+LEVELS = [*KERNEL_LEVELS, "basic"]
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +123,10 @@ def test_bad_limits_and_isolation_raise_harness_errors() -> None:
         run_untrusted("x = 1", timeout_s=0)
     with pytest.raises(HarnessError, match="unknown isolation"):
         run_untrusted("x = 1", isolation="chroot")
-    if not NAMESPACES:
-        with pytest.raises(UnsupportedError, match="basic"):
-            run_untrusted("x = 1", isolation="namespaces")
+    for level in ("namespaces", "userns"):
+        if not isolation_works(level):
+            with pytest.raises(UnsupportedError, match="does not work here"):
+                run_untrusted("x = 1", isolation=level)
 
 
 def test_protections_say_kernel_or_best_effort() -> None:
@@ -131,6 +134,7 @@ def test_protections_say_kernel_or_best_effort() -> None:
         table = protections(level)
         assert table and all(v.split(":")[0] in ("kernel", "best-effort", "runner") for v in table.values())
     assert protections("namespaces")["network"].startswith("kernel")
+    assert protections("userns")["file deletion outside the sandbox"].startswith("kernel")
     assert protections("basic")["network"].startswith("best-effort")
 
 
@@ -150,19 +154,20 @@ def test_infinite_loop_times_out_within_the_limit(good_program: str, isolation: 
     _assert_contained_then_next_passes(result, good_program, isolation)
 
 
-@needs_namespaces
-def test_fork_bomb_is_stopped_by_the_kernel(good_program: str) -> None:
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+def test_fork_bomb_is_stopped_by_the_kernel(good_program: str, isolation: str) -> None:
     bomb = "import os\nwhile True:\n    os.fork()"
-    result = run_untrusted(bomb, isolation="namespaces", python_guard=False, timeout_s=5, max_processes=16)
-    assert result.uid is not None and result.uid != 0
-    _assert_contained_then_next_passes(result, good_program, "namespaces")
+    result = run_untrusted(bomb, isolation=isolation, python_guard=False, timeout_s=5, max_processes=16)
+    if isolation == "namespaces":
+        assert result.uid is not None and result.uid != 0
+    _assert_contained_then_next_passes(result, good_program, isolation)
 
 
-@needs_namespaces
-def test_detached_children_die_with_the_sandbox(good_program: str) -> None:
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+def test_detached_children_die_with_the_sandbox(good_program: str, isolation: str) -> None:
     # setsid() leaves the process group; the PID namespace still takes the child down.
     program = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
-    result = run_untrusted(program, isolation="namespaces", python_guard=False)
+    result = run_untrusted(program, isolation=isolation, python_guard=False)
     assert result.passed  # the parent finished normally...
     time.sleep(0.2)
     assert _processes_of(result) == []  # ...and nothing of it outlived the run
@@ -207,9 +212,9 @@ def test_guarded_rmtree_outside_the_sandbox_is_refused(
     _assert_contained_then_next_passes(result, good_program, isolation)
 
 
-@needs_namespaces
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
 def test_unguarded_deletion_outside_the_sandbox_is_refused_by_the_kernel(
-    tmp_path: Path, good_program: str
+    tmp_path: Path, good_program: str, isolation: str
 ) -> None:
     victim = tmp_path / "keep"
     victim.mkdir()
@@ -217,9 +222,9 @@ def test_unguarded_deletion_outside_the_sandbox_is_refused_by_the_kernel(
     victim.chmod(0o777)  # even a world-writable directory of the host stays out of reach
     (victim / "data.txt").chmod(0o666)
     program = _rmtree_program(victim) + f"import os\nos.remove({str(victim / 'data.txt')!r})\n"
-    result = run_untrusted(program, isolation="namespaces", python_guard=False)
+    result = run_untrusted(program, isolation=isolation, python_guard=False)
     assert (victim / "data.txt").read_text() == "precious"
-    _assert_contained_then_next_passes(result, good_program, "namespaces")
+    _assert_contained_then_next_passes(result, good_program, isolation)
 
 
 def _loopback_listener() -> socket.socket:
@@ -240,7 +245,7 @@ def _connect_program(port: int) -> str:
 
 @pytest.mark.parametrize(
     ("isolation", "guard"),
-    [(level, True) for level in LEVELS] + ([("namespaces", False)] if NAMESPACES else []),
+    [(level, True) for level in LEVELS] + [(level, False) for level in KERNEL_LEVELS],
 )
 def test_no_connection_reaches_a_loopback_listener(good_program: str, isolation: str, guard: bool) -> None:
     server = _loopback_listener()
@@ -293,17 +298,62 @@ def test_flood_of_output_is_truncated_without_hanging(good_program: str, isolati
     _assert_contained_then_next_passes(result, good_program, isolation)
 
 
-@needs_namespaces
-def test_sandbox_runs_unprivileged_and_blind_to_the_host() -> None:
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+def test_sandbox_runs_unprivileged_and_blind_to_the_host(isolation: str) -> None:
     program = (
         "import os\n"
-        "assert os.getuid() != 0 and os.getgid() != 0 and os.getgroups() == []\n"
+        "status = open('/proc/self/status').read()\n"
+        "caps = [line.split()[1] for line in status.splitlines() if line.startswith('Cap')]\n"
+        "assert set(caps) == {'0000000000000000'}, caps\n"  # no capability of any kind
         "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
         "assert pids == ['1'], pids\n"  # only itself, as PID 1: host processes are hidden
         "assert os.getcwd() == '/tmp/work'\n"
         "open('scratch.txt', 'w').write('ok')\n"
     )
-    result = run_untrusted(program, isolation="namespaces", python_guard=False)
+    if isolation == "namespaces":
+        program += "assert os.getuid() != 0 and os.getgid() != 0 and os.getgroups() == []\n"
+    result = run_untrusted(program, isolation=isolation, python_guard=False)
+    assert result.passed, result.detail
+
+
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+def test_no_host_path_is_writable(isolation: str, good_program: str) -> None:
+    """Writes anywhere on the host (the on-disk /run/lock, a world-writable folder in the caller's
+    home, /etc, the project) land in throwaway tmpfs or fail: nothing outlives the run."""
+    name = f"sandbox-probe-{os.getpid()}-{isolation}"
+    open_dir = Path.home() / name
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)
+    targets = [Path("/run/lock") / name, open_dir / "x", Path("/etc") / name, Path.cwd() / name]
+    program = "".join(
+        f"try:\n    open({str(t)!r}, 'w').write('x' * 1000)\nexcept OSError:\n    pass\n" for t in targets
+    )
+    try:
+        result = run_untrusted(program, isolation=isolation, python_guard=False)
+        assert result.passed, result.detail
+        assert [t for t in targets if t.exists()] == []
+    finally:
+        for t in targets:
+            t.unlink(missing_ok=True)
+        open_dir.rmdir()
+    assert run_untrusted(good_program, isolation=isolation).passed
+
+
+@pytest.mark.skipif(not isolation_works("userns"), reason="unprivileged user namespaces are off here")
+def test_userns_hides_the_callers_files_and_the_parents_nonce() -> None:
+    """Running as the caller outside, the program still cannot read the project, the caller's home
+    or the cache, nor reach its parent's open files (where the nonce is) through /proc."""
+    from harness import packaged
+
+    project, cache = Path(__file__).resolve().parents[1], str(packaged.cache_root())
+    program = (
+        "import os\n"
+        f"assert not os.path.exists({str(project / 'pyproject.toml')!r})\n"
+        f"assert not os.path.exists({cache!r}) or not os.listdir({cache!r})\n"
+        "assert os.getppid() == 0\n"  # the parent is outside the PID namespace
+        "assert [p for p in os.listdir('/proc') if p.isdigit()] == ['1']\n"
+    )
+    result = run_untrusted(program, isolation="userns", python_guard=False)
     assert result.passed, result.detail
 
 
