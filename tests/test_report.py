@@ -13,6 +13,7 @@ import pytest
 from harness import setup
 from harness.report import (
     MIN_TIMED_TOKENS,
+    chosen_run,
     compare_rows,
     compare_table,
     progress,
@@ -378,3 +379,22 @@ def test_numbers_that_cannot_be_read_as_they_look_are_flagged() -> None:
     assert "WARNING: the speedup of mean time/token" in spread
     short = summary_line([make_row(new_tokens=2), make_row(new_tokens=2, mode="assisted")])
     assert f"fewer than {MIN_TIMED_TOKENS} new tokens" in short
+
+
+def test_a_published_section_shows_one_run_chosen_the_same_way_whatever_was_appended() -> None:
+    """The run covering the most prompts, the newest of those: an older complete run and a newer
+    partial one (an interrupted rerun) do not mix into it, in any order of the rows."""
+
+    def run(run_id: str, timestamp: str, examples: tuple[int, ...], ms: float) -> list[Row]:
+        return [
+            make_row(example=e, run_id=run_id, timestamp=timestamp, time_per_token_ms=ms) for e in examples
+        ]
+
+    older = run("older", "2026-01-01T00:00:00", (1, 2, 3), 100.0)
+    newer = run("newer", "2026-02-01T00:00:00", (1, 2, 3), 120.0)
+    partial = run("partial", "2026-03-01T00:00:00", (1,), 999.0)
+    for rows in (older + newer + partial, partial + newer + older, newer + partial + older):
+        chosen = chosen_run(rows)
+        assert {r.run_id for r in chosen} == {"newer"} and [r.example for r in chosen] == [1, 2, 3]
+    # the newest wins only among the most complete
+    assert {r.run_id for r in chosen_run(older + partial)} == {"older"}

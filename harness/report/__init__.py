@@ -289,11 +289,27 @@ def summary_line(
 
 
 def _latest_per_prompt(rows: list[Row]) -> list[Row]:
-    # A results file accumulates reruns; the published table shows each prompt's newest measurement.
+    # A run that was resumed may hold a prompt twice; its newest measurement stands.
     latest: dict[tuple[Any, ...], Row] = {}
     for row in sorted(rows, key=lambda r: (r.timestamp, r.run_id)):
         latest[(row.example, row.prompt_tokens, row.max_new_tokens)] = row
     return sorted(latest.values(), key=lambda r: (r.example, r.prompt_tokens, r.max_new_tokens))
+
+
+def chosen_run(rows: list[Row]) -> list[Row]:
+    """One run's rows for a published section: the run covering the most prompts, the newest of
+    those (then the greatest run id). A results file accumulates reruns; mixing their rows would
+    put numbers of different runs (and machine states) side by side, and which rows win would
+    depend on what was appended last. Rows without a run id count as one run."""
+    runs: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        runs[row.run_id or ""].append(row)
+
+    def rank(run_id: str) -> tuple[int, str, str]:
+        kept = _latest_per_prompt(runs[run_id])
+        return len(kept), max(r.timestamp or "" for r in kept), run_id
+
+    return _latest_per_prompt(runs[max(runs, key=rank)])
 
 
 def _series_label(row: Row) -> str:
@@ -400,8 +416,8 @@ def regen_results(
 ) -> list[Path]:
     """Write ``out_dir/<platform>/<model>.md`` and ``<model>-speedup.png`` for every platform/model.
 
-    Each distinct command line gets a section with its newest row per prompt; output is sorted so
-    regenerating from the same rows gives the same bytes. Returns the written paths.
+    Each distinct command line gets a section with one run's rows (``chosen_run``); output is sorted
+    so regenerating from the same rows gives the same bytes, in any order. Returns the written paths.
     """
     out_dir = Path(out_dir)
     groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
@@ -412,7 +428,7 @@ def regen_results(
         by_command: dict[str, list[Row]] = defaultdict(list)
         for row in group:
             by_command[setup.command(row, defaults)].append(row)
-        sections = [(command, _latest_per_prompt(by_command[command])) for command in sorted(by_command)]
+        sections = [(command, chosen_run(by_command[command])) for command in sorted(by_command)]
         folder = out_dir / files.file_name(platform)
         png_path = folder / f"{files.file_name(model)}-speedup.png"
         md_path = folder / f"{files.file_name(model)}.md"
