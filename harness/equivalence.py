@@ -8,22 +8,21 @@ batched low-precision arithmetic can be told from a real bug).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tabulate import tabulate
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
-from harness import results, vocab
+from harness import results, strategies
 from harness.generation import generate
 from harness.models import LoadedPair
 from harness.setup import GenerationSettings
 from harness.timing import Measurement
 
-STRATEGIES = ("registered", "self", "random", "partial", "prompt_lookup")
+STRATEGIES = tuple(strategies.STRATEGIES)
 
 # Largest top-2 logit gap (in logits, after the model's own output layer) that counts as a near tie
 # at a precision whose batched and one-token kernels may round differently. bf16 keeps 8 bits of
@@ -48,67 +47,6 @@ def tolerance_for(pair: LoadedPair) -> float:
     return NEAR_TIE_TOLERANCE.get(pair.target_precision, 0.0)
 
 
-def _keep_layers(config: PretrainedConfig, n: int) -> None:
-    """Make ``config`` describe only its first ``n`` layers (per-layer types included)."""
-    config.num_hidden_layers = n
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = config.layer_types[:n]
-
-
-def random_draft(pair: LoadedPair, seed: int = 1234) -> PreTrainedModel:
-    """Same architecture and vocabulary as the target, fresh random weights: agrees by chance only."""
-    config = copy.deepcopy(pair.target.config)
-    _keep_layers(config, 1)
-    # An exported target has no torch class to instantiate; the config's own class is the one.
-    cls = AutoModelForCausalLM.from_config if pair.target_backend == "onnxruntime" else type(pair.target)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = cls(config)
-    model.eval().to(pair.target.device)
-    model.generation_config = copy.deepcopy(pair.target.generation_config)
-    return model
-
-
-def truncated_target(pair: LoadedPair) -> PreTrainedModel:
-    """The target with only its first layers: agrees often but not always (partial acceptance).
-
-    Keeps the first half of the layers (for the tiny stand-ins that is their registered draft). An
-    exported target is truncated from the Hugging Face folder it was exported from, in fp32 torch.
-    """
-    if pair.target_backend == "onnxruntime":
-        config = copy.deepcopy(pair.target.config)
-        _keep_layers(config, max(1, config.num_hidden_layers // 2))
-        model = AutoModelForCausalLM.from_pretrained(
-            pair.target.source, config=config, dtype=torch.float32, local_files_only=True
-        )
-        model.eval()
-        model.generation_config = copy.deepcopy(pair.target.generation_config)
-        return model
-    model = copy.deepcopy(pair.target)
-    decoder = model.get_decoder()
-    layers = decoder.layers
-    n = max(1, len(layers) // 2)
-    decoder.layers = torch.nn.ModuleList(list(layers)[:n])
-    _keep_layers(model.config, n)
-    return model
-
-
-def draft_for(pair: LoadedPair, strategy: str) -> LoadedPair:
-    """The pair with the draft a strategy calls for (prompt lookup needs none)."""
-    if strategy == "registered" or strategy == "prompt_lookup":
-        return pair
-    if strategy == "self":
-        # A copy, not the same object: each model's forwards are timed and counted separately.
-        draft = copy.deepcopy(pair.target)
-    elif strategy == "random":
-        draft = random_draft(pair)
-    elif strategy == "partial":
-        draft = truncated_target(pair)
-    else:
-        raise ValueError(f"unknown draft strategy {strategy!r}; choose one of {STRATEGIES}")
-    return dataclasses.replace(pair, draft=vocab.pad_draft_vocab(draft, vocab.vocab_size(pair.target)))
-
-
 def top2_gap(model: PreTrainedModel, ids: list[int]) -> float:
     """The target's top-1 minus top-2 logit for the token after ``ids`` (one full forward)."""
     with torch.inference_mode():
@@ -117,7 +55,7 @@ def top2_gap(model: PreTrainedModel, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def eos_inside(plain_ids: list[int], start: int = 3) -> int | None:
+def eos_token_inside(plain_ids: list[int], start: int = 3) -> int | None:
     """A token that first appears mid-output: as EOS it ends decoding inside the budget."""
     for i in range(max(start, len(plain_ids) // 3), len(plain_ids) - 1):
         if plain_ids[i] not in plain_ids[:i]:
@@ -188,6 +126,78 @@ def check_case(
     return CaseResult(
         list(prompt_ids), plain, assisted, i, gap, tolerance, int(pair.target.config.vocab_size)
     )
+
+
+@dataclass
+class EqualityRuns:
+    """The one helper every greedy equivalence test calls (``case``), with what a test session
+    shares: each plain output computed once (it depends on neither K nor the draft), and only the
+    latest strategy's draft kept (a real 1.5B target's "self" draft is a 7 GB copy; several at once
+    would not fit beside the target in 24 GB)."""
+
+    plain_outputs: dict = field(default_factory=dict)
+    drafts: dict = field(default_factory=dict)
+
+    def plain(self, pair: LoadedPair, ids: list[int], s: GenerationSettings) -> Measurement:
+        target = (pair.spec.name, pair.target_backend, pair.target_precision, pair.target_kernels)
+        key = (*target, tuple(ids), s.max_new_tokens, s.eos_token_id, s.ignore_eos)
+        if key not in self.plain_outputs:
+            self.plain_outputs[key] = generate(pair, ids, dataclasses.replace(s, mode="plain"))
+        return self.plain_outputs[key]
+
+    def draft(self, pair: LoadedPair, strategy: strategies.Strategy) -> LoadedPair:
+        key = (id(pair), strategy.name)
+        if key not in self.drafts:
+            self.drafts.clear()
+            self.drafts[key] = strategy.draft(pair)
+        return self.drafts[key]
+
+    def case(
+        self,
+        pair: LoadedPair,
+        text: str,
+        strategy: str | strategies.Strategy,
+        s: GenerationSettings,
+        *,
+        eos_inside: bool = False,
+        max_prompt_tokens: int | None = None,
+    ) -> CaseResult:
+        """Plain vs assisted on ``text`` under ``s`` with ``strategy``'s draft; with ``eos_inside``,
+        a token of the plain output's middle serves as EOS, so decoding ends inside the budget."""
+        strategy = strategies.get(strategy) if isinstance(strategy, str) else strategy
+        ids = list(pair.tokenizer(text)["input_ids"])[:max_prompt_tokens]
+        whole = dataclasses.replace(s, ignore_eos=True)
+        if strategy.prompt(ids, []) != ids:
+            ids = strategy.prompt(ids, self.plain(pair, ids, whole).output_ids)
+        if eos_inside:
+            eos = eos_token_inside(self.plain(pair, ids, whole).output_ids)
+            if eos is None:
+                raise ValueError("no token to serve as EOS inside the budget; lengthen the budget")
+            s = dataclasses.replace(s, eos_token_id=eos)
+        else:
+            s = whole
+        plain = self.plain(pair, ids, s)
+        stopped = plain.output_ids[-1] == s.eos_token_id and len(plain.output_ids) < s.max_new_tokens
+        if eos_inside and not stopped:
+            raise ValueError(f"plain decoding did not stop at the chosen EOS {s.eos_token_id}")
+        return check_case(self.draft(pair, strategy), ids, s, plain=plain)
+
+
+def acceptance_problems(
+    cases: list[CaseResult], strategy: str | strategies.Strategy, *, eos: bool = False
+) -> list[str]:
+    """What is wrong with a test's cases (empty: nothing): an output that is not the target's own
+    (beyond a near tie where the kernels allow one), nothing drafted at all (the case would pass
+    vacuously), or acceptance other than the strategy implies, summed over the cases (one short
+    prompt can be accepted whole by a partly agreeing draft, two rarely are)."""
+    strategy = strategies.get(strategy) if isinstance(strategy, str) else strategy
+    problems = [case.explain() for case in cases if not case.acceptable]
+    drafted = sum(c.assisted.drafted for c in cases)
+    accepted = sum(c.assisted.accepted for c in cases)
+    if drafted == 0:
+        return [*problems, f"{strategy.name}: nothing was drafted, so nothing was tested"]
+    why = strategy.acceptance_problem(drafted, accepted, cases[0].vocab_size, whole_budget=not eos)
+    return problems + ([why] if why else [])
 
 
 @dataclass

@@ -4,9 +4,10 @@ The runtime Ryzen AI ships decodes through onnxruntime-genai's ``Generator``, wh
 decoding of its own: a draft model declared as ``model.draft`` in the target's ``genai_config.json``
 and ``speculative.max_draft_tokens`` (K). This module drives that engine, not an emulation of it:
 ``speculative_folder`` writes a folder holding the target export with the draft export beside it
-(files linked, configs the builder wrote), and ``decode_prompt`` runs the ``Generator`` token by token with
-the suite's clocks, returning the engine's own statistics (``get_speculative_stats``) next to what
-the suite measures, so one can be held against the other (``check_stats``).
+(files linked, configs the builder wrote), or one configured for the engine's n-gram decoding, and
+``decode_prompt`` runs the ``Generator`` token by token with the suite's clocks, returning the
+engine's own statistics (``get_speculative_stats``) next to what the suite measures, so one can be
+held against the other (``check_stats``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from harness import files
 from harness.errors import HarnessError, UnsupportedError
 
 MAX_K = 16  # what the engine's config parser accepts for max_draft_tokens (checked here first)
+# The engine's n-gram decoding (``speculative.ngram_size``): proposals looked up in the prompt and the
+# output so far by their last NGRAM_SIZE tokens. 2 is the shortest the engine takes and what
+# transformers' prompt lookup matches by default (``max_matching_ngram_size``).
+NGRAM_SIZE = 2
 _CONFIG = "genai_config.json"
 
 
@@ -40,39 +45,56 @@ def check_k(k: int) -> int:
     return k
 
 
-def speculative_folder(target: Path, draft: Path, k: int, root: Path) -> Path:
-    """A folder the engine opens as target + draft: the target export's files linked in, the draft
-    export's in ``draft/``, and a ``genai_config.json`` whose ``model.draft`` is the draft's own
-    decoder section (the builder's head sizes and layer counts) and ``speculative.max_draft_tokens``
-    is K. Rebuilt whenever either export or K changes (its name carries both)."""
+def speculative_folder(target: Path, draft: Path | None, k: int, root: Path, *, ngram_size: int = 0) -> Path:
+    """A folder the engine opens as speculative decoding of ``target``, up to K tokens a round.
+
+    With a ``draft`` export: the target export's files linked in, the draft's in ``draft/``, and a
+    ``genai_config.json`` whose ``model.draft`` is the draft's own decoder section (the builder's head
+    sizes and layer counts). With ``ngram_size`` (>= 2) and no draft: the engine's n-gram decoding.
+    Rebuilt whenever an export or a setting changes (its name carries them)."""
     check_k(k)
-    for folder, role in ((target, "target"), (draft, "draft")):
+    if (draft is None) == (ngram_size == 0):
+        raise HarnessError(
+            "the engine speculates with a draft model or with n-grams (ngram_size >= 2), one of them: "
+            "its n-gram decoding cannot be combined with a draft model"
+        )
+    if draft is None and ngram_size < 2:
+        raise HarnessError(f"ngram_size {ngram_size}: the engine's n-gram decoding takes 2 or more")
+    roles = ((target, "target"),) + (((draft, "draft"),) if draft is not None else ())
+    for folder, role in roles:
         if not (folder / _CONFIG).is_file():
             raise HarnessError(
                 f"the {role} export {folder} has no {_CONFIG}; export it with the model builder "
                 "(harness.onnx_export) first"
             )
     t_config = json.loads((target / _CONFIG).read_text(encoding="utf-8"))
-    d_config = json.loads((draft / _CONFIG).read_text(encoding="utf-8"))
-    if t_config["model"]["vocab_size"] != d_config["model"]["vocab_size"]:
-        raise HarnessError(
-            f"target and draft vocabularies differ ({t_config['model']['vocab_size']} vs "
-            f"{d_config['model']['vocab_size']}): the engine's speculative decoding needs one vocabulary"
-        )
-    name = f"{target.parent.name}+{draft.parent.name}-k{k}"
+    if draft is not None:
+        d_config = json.loads((draft / _CONFIG).read_text(encoding="utf-8"))
+        if t_config["model"]["vocab_size"] != d_config["model"]["vocab_size"]:
+            raise HarnessError(
+                f"target and draft vocabularies differ ({t_config['model']['vocab_size']} vs "
+                f"{d_config['model']['vocab_size']}): the engine's speculative decoding needs one vocabulary"
+            )
+        name = f"{target.parent.name}+{draft.parent.name}-k{k}"
+    else:
+        name = f"{target.parent.name}+ngram{ngram_size}-k{k}"
     out = root / name
     if (out / _CONFIG).is_file():
         return out
     tmp = root / f".{name}.partial-{os.getpid()}"
-    (tmp / "draft").mkdir(parents=True, exist_ok=True)
-    for src, dst in ((target, tmp), (draft, tmp / "draft")):
+    tmp.mkdir(parents=True, exist_ok=True)
+    for src, dst in ((folder, tmp if role == "target" else tmp / "draft") for folder, role in roles):
+        dst.mkdir(exist_ok=True)
         for f in src.iterdir():
             if f.is_file() and f.name != _CONFIG:
                 (dst / f.name).symlink_to(f.resolve())
-    draft_section = dict(d_config["model"]["decoder"])
-    draft_section["filename"] = f"draft/{draft_section['filename']}"
-    t_config["model"]["draft"] = draft_section
-    t_config["speculative"] = {"max_draft_tokens": k}
+    if draft is not None:
+        draft_section = dict(d_config["model"]["decoder"])
+        draft_section["filename"] = f"draft/{draft_section['filename']}"
+        t_config["model"]["draft"] = draft_section
+        t_config["speculative"] = {"max_draft_tokens": k}
+    else:
+        t_config["speculative"] = {"max_draft_tokens": k, "ngram_size": ngram_size}
     files.atomic_write(tmp / _CONFIG, json.dumps(t_config, indent=2).encode("utf-8"))
     try:
         os.replace(tmp, out)
@@ -176,8 +198,14 @@ def check_stats(run: EngineRun, k: int) -> list[str]:
     s = run.stats
     n = len(run.output_ids)
     get = lambda key: s.get(key, 0)  # noqa: E731
+    # Steps where nothing was proposed (an n-gram lookup that missed) decode one token the plain way.
+    fallback = get("standard_fallback_steps")
     checks = [
-        (get("tokens_emitted") == n, f"engine emitted {get('tokens_emitted')} tokens, the output holds {n}"),
+        (
+            get("tokens_emitted") + fallback == n,
+            f"engine emitted {get('tokens_emitted')} tokens in rounds and {fallback} in plain steps, "
+            f"the output holds {n}",
+        ),
         (get("draft_tokens_proposed") <= k * get("rounds"), f"more than K = {k} drafts in a round"),
         (
             get("draft_tokens_accepted") <= get("draft_tokens_evaluated"),
@@ -195,7 +223,7 @@ def check_stats(run: EngineRun, k: int) -> list[str]:
         ),
         (
             get("draft_tokens_accepted") + get("correction_tokens") + get("bonus_tokens")
-            == n + get("tokens_discarded"),
+            == n - fallback + get("tokens_discarded"),
             "accepted + closing tokens differ from emitted + discarded",
         ),
     ]
@@ -218,35 +246,43 @@ class Engine:
     draft_export: Path | None
     root: Path
     plain: Any
-    speculative: dict[int, Any] = field(default_factory=dict)
+    speculative: dict[tuple[str, int], Any] = field(default_factory=dict)
 
     def model_for(self, mode: str, k: int) -> Any:
+        """The model for ``mode``: plain, assisted (the draft model, K = k) or prompt_lookup (the
+        engine's n-gram decoding proposing up to k tokens)."""
         if mode == "plain":
             return self.plain
-        if self.draft_export is None:
+        if mode == "assisted" and self.draft_export is None:
             raise HarnessError("this engine was prepared without a draft export; prepare it with_draft=True")
-        if k not in self.speculative:
-            self.speculative[k] = load(
+        if (mode, k) not in self.speculative:
+            folder = (
                 speculative_folder(self.target_export, self.draft_export, k, self.root)
+                if mode == "assisted"
+                else speculative_folder(self.target_export, None, k, self.root, ngram_size=NGRAM_SIZE)
             )
-        return self.speculative[k]
+            self.speculative[(mode, k)] = load(folder)
+        return self.speculative[(mode, k)]
+
+
+def proposal_k(settings: Any) -> int:
+    """How many tokens a round may propose: K for a draft model, N for prompt lookup (n-grams)."""
+    if settings.mode == "prompt_lookup":
+        return settings.prompt_lookup_num_tokens
+    return settings.num_assistant_tokens
 
 
 def check_settings(settings: Any) -> None:
-    """What onnxruntime-genai 0.18.0 runs through the suite here: greedy, draft-model speculation.
-    Anything else is refused with what to use instead (never emulated)."""
-    if settings.mode == "prompt_lookup":
-        raise UnsupportedError(
-            "--engine onnxruntime-genai: its n-gram speculation is not wired into the suite yet; use a "
-            "draft model (--assisted_generation) or --engine transformers for prompt lookup"
-        )
+    """What onnxruntime-genai 0.18.0 runs through the suite here: greedy decoding, plain, with a
+    draft model, or with its n-gram decoding (the suite's prompt lookup). Anything else is refused
+    with what to use instead (never emulated)."""
     if settings.do_sample:
         raise UnsupportedError(
             "--engine onnxruntime-genai decodes greedily in this suite; drop --do_sample or use "
             "--engine transformers"
         )
-    if settings.mode == "assisted":
-        check_k(settings.num_assistant_tokens)
+    if settings.mode != "plain":
+        check_k(proposal_k(settings))
 
 
 def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = None, verify: bool = False):
@@ -293,10 +329,10 @@ def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = 
         from harness.timing import Measurement
 
         check_settings(settings)
-        model = engine.model_for(settings.mode, settings.num_assistant_tokens)
+        model = engine.model_for(settings.mode, proposal_k(settings))
         run = decode_prompt(model, ids, settings.max_new_tokens, ignore_eos=settings.ignore_eos)
         s = run.stats
-        speculative = settings.mode == "assisted"
+        speculative = settings.mode != "plain"
         return Measurement(
             prompt_tokens=len(ids),
             output_ids=run.output_ids,

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from harness import analysis, baselines, bench, equivalence, stats
+from harness import analysis, baselines, bench, stats, strategies
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.report import bench as bench_report
@@ -91,7 +91,7 @@ def test_acceptance_steps_agrees_with_the_runs_own_counts(tiny):
 
 @pytest.mark.parametrize("strategy,alpha", [("self", 1.0), ("random", 0.0)])
 def test_alpha_is_one_for_the_target_itself_and_chance_for_noise(tiny, strategy, alpha):
-    pair = equivalence.draft_for(tiny, strategy)
+    pair = strategies.get(strategy).draft(tiny)
     m = bench.measure_case(pair, SMALL, repetitions=2, write_rows=False, platform="test-box-2c")
     assert m.alpha == pytest.approx(alpha, abs=0.05)  # 512-token vocab: chance is a few percent
     assert m.identical_outputs

@@ -1,8 +1,11 @@
-"""The divergence table keeps each finished prompt on disk as it is counted."""
+"""Equivalence plumbing: the divergence table keeps each finished prompt on disk as it is counted;
+each draft strategy states the acceptance it implies."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from harness import equivalence, models
 from harness.setup import GenerationSettings
@@ -30,3 +33,24 @@ def test_divergence_rows_are_written_as_cases_finish(tmp_path):
     for row in done.values():
         again.add_recorded("fp32 / stock", row)
     assert again.counts == table.counts
+
+
+def test_each_strategy_states_the_acceptance_it_implies() -> None:
+    """What a test's summed acceptance must be, per strategy, stated once (transformers' test_utils
+    states the same expectations: the same model accepts all, a random one none)."""
+    from harness import strategies
+
+    def ok(name: str, drafted: int, accepted: int, vocab: int = 151936, whole: bool = True) -> bool:
+        return strategies.get(name).acceptance_problem(drafted, accepted, vocab, whole) is None
+
+    assert ok("self", 20, 20) and not ok("self", 20, 19)
+    assert ok("random", 20, 0) and not ok("random", 20, 1)
+    assert ok("random", 20, 1, vocab=512) and not ok("random", 20, 5, vocab=512)  # chance on a tiny vocab
+    assert ok("partial", 20, 7) and not ok("partial", 20, 0) and not ok("partial", 20, 20)
+    assert ok("partial", 20, 20, whole=False)  # an EOS inside the budget can end it before a miss
+    assert ok("registered", 20, 1) and not ok("registered", 20, 0)
+    assert ok("prompt_lookup", 20, 0)
+    assert strategies.get("prompt_lookup").settings(4, "constant", 16).mode == "prompt_lookup"
+    assert strategies.get("self").settings(4, "dynamic", 16).assistant_schedule == "dynamic"
+    with pytest.raises(ValueError, match="registered, self, random, partial, prompt_lookup"):
+        strategies.get("medusa")

@@ -340,11 +340,11 @@ def _first_new_printable(tok, ids: list[int], start: int) -> tuple[int, str]:
 
 @pytest.mark.parametrize("k", [2, 5])
 def test_assisted_stops_within_one_step_of_plain_at_a_stop_string(llama: models.LoadedPair, k: int) -> None:
-    from harness.equivalence import draft_for
+    from harness import strategies
 
     # The target as its own draft accepts every proposal, so the stop string lands inside a
     # (K+1)-token step rather than at its end: the case a suffix-only check misses.
-    pair = draft_for(llama, "self")
+    pair = strategies.get("self").draft(llama)
     reference = generate(pair, PROMPT, plain(max_new_tokens=24)).output_ids
     at, stop = _first_new_printable(pair.tokenizer, reference, 2 + k // 2)
     p = generate(pair, PROMPT, plain(max_new_tokens=24, stop_strings=(stop,)))

@@ -59,6 +59,35 @@ def test_a_partial_draft_changes_nothing_and_the_engine_counts_truthfully(export
     assert 0.0 < min(rates) and max(rates) < 1.0  # partial: neither everything nor nothing
 
 
+@pytest.mark.parametrize("k", [2, 5])
+def test_the_engines_ngram_decoding_changes_nothing_and_counts_truthfully(exports, k):
+    """The engine's n-gram decoding (the suite's prompt lookup): proposals looked up in the prompt
+    and the output; greedy output equal to plain; steps with no match decode the plain way, and the
+    statistics add up to the output with them."""
+    target, _, root = exports
+    plain = genai.load(target)
+    ngram = genai.load(genai.speculative_folder(target, None, k, root / "spec", ngram_size=genai.NGRAM_SIZE))
+    lookups = 0
+    for prompt in PROMPTS:
+        want = genai.decode_prompt(plain, prompt, 32)
+        got = genai.decode_prompt(ngram, prompt, 32)
+        assert got.output_ids == want.output_ids, (prompt, want.output_ids, got.output_ids)
+        assert genai.check_stats(got, k) == [], got.stats
+        assert got.stats["draft_forward_passes"] == 0  # no draft model: proposals cost no forward
+        lookups += got.stats["ngram_lookup_hits"]
+    assert lookups > 0  # the repeated tokens of the prompts were found and proposed
+
+
+def test_ngram_and_draft_model_speculation_are_one_or_the_other(exports, tmp_path):
+    target, draft, _ = exports
+    with pytest.raises(HarnessError, match="one of them"):
+        genai.speculative_folder(target, draft, 3, tmp_path, ngram_size=2)
+    with pytest.raises(HarnessError, match="one of them"):
+        genai.speculative_folder(target, None, 3, tmp_path)
+    with pytest.raises(HarnessError, match="takes 2 or more"):
+        genai.speculative_folder(target, None, 3, tmp_path, ngram_size=1)
+
+
 def test_a_k_the_engine_refuses_is_a_clear_error(exports, tmp_path):
     target, draft, _ = exports
     for k in (0, genai.MAX_K + 1):
@@ -76,6 +105,7 @@ def test_a_missing_draft_export_is_a_clear_error(exports, tmp_path):
     ("lie", "expected"),
     [
         ({"tokens_emitted": 31}, "the output holds 32"),
+        ({"standard_fallback_steps": 1}, "the output holds 32"),
         ({"acceptance_rate": 0.5}, "accepted / evaluated"),
         ({"bonus_tokens": 0}, "one each expected"),
         ({"draft_tokens_proposed": 10_000}, "more than K"),
@@ -95,8 +125,9 @@ def test_statistics_that_disagree_with_the_tokens_are_caught(exports, lie, expec
 @pytest.mark.slow
 def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
     """The offline pair exported by the model builder (int4, as the ONNX Runtime target), its 0.5B
-    draft beside it: on HumanEval prompts the engine's speculative output equals its plain output,
-    or leaves it only at a near tie of the engine's own logits; its statistics agree with its tokens."""
+    draft beside it, and the engine's n-gram decoding: on HumanEval prompts each speculative output
+    equals the engine's plain output, or leaves it only at a near tie of the engine's own logits; its
+    statistics agree with its tokens."""
     from transformers import AutoTokenizer
 
     from harness import equivalence, humaneval, models, packaged
@@ -111,16 +142,38 @@ def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
     tokenizer = AutoTokenizer.from_pretrained(folders[0])
     plain = genai.load(t_exp)
     speculative = genai.load(genai.speculative_folder(t_exp, d_exp, 3, packaged.cache_root() / "genai"))
+    ngram = genai.load(
+        genai.speculative_folder(t_exp, None, 5, packaged.cache_root() / "genai", ngram_size=genai.NGRAM_SIZE)
+    )
     tolerance = equivalence.ORT_NEAR_TIE_TOLERANCE["int4"]
     for prompt in humaneval.prompts(3, 64, tokenizer):
         want = genai.decode_prompt(plain, prompt.input_ids, 64)
-        got = genai.decode_prompt(speculative, prompt.input_ids, 64)
-        # Identical, or the first flip a near tie by the engine's own one-token logits (its wide
-        # verification forward is not bit-identical to a one-token step: its documented caveat).
-        flip = genai.divergence_gap(plain, prompt.input_ids, want.output_ids, got.output_ids)
-        assert flip is None or 0 <= flip[1] <= tolerance, (prompt.label, flip)
-        assert genai.check_stats(got, 3) == [], got.stats
-        assert got.stats["draft_tokens_accepted"] > 0
+        for model, k in ((speculative, 3), (ngram, 5)):
+            got = genai.decode_prompt(model, prompt.input_ids, 64)
+            # Identical, or the first flip a near tie by the engine's own one-token logits (its wide
+            # verification forward is not bit-identical to a one-token step: its documented caveat).
+            flip = genai.divergence_gap(plain, prompt.input_ids, want.output_ids, got.output_ids)
+            assert flip is None or 0 <= flip[1] <= tolerance, (prompt.label, k, flip)
+            assert genai.check_stats(got, k) == [], got.stats
+            assert got.stats["draft_tokens_accepted"] > 0
+
+
+def test_the_cli_runs_the_engines_ngram_decoding_as_prompt_lookup(tmp_path, capsys):
+    import json
+
+    from harness import cli
+
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--model_name", "tiny-qwen2", "--engine", "onnxruntime-genai", "--compare",
+            "--prompt_lookup", "4", "--limit", "2", "--max_new_tokens", "16", "--no_progress",
+            "--json", str(rows_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines()]
+    plain = {r["example"]: r["output_ids"] for r in rows if r["mode"] == "plain"}
+    lookup = [r for r in rows if r["mode"] == "prompt_lookup"]
+    assert len(lookup) == 2 and all(r["output_ids"] == plain[r["example"]] for r in lookup)
+    assert {r["engine"] for r in rows} == {"onnxruntime-genai"}
+    assert all(r["draft_forwards"] == 0 for r in lookup)
 
 
 def test_the_cli_runs_the_engine_and_its_rows_say_so(tmp_path, capsys):
@@ -148,7 +201,7 @@ def test_the_cli_runs_the_engine_and_its_rows_say_so(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--prompt_lookup", "5"], "n-gram speculation is not wired"),
+        (["--prompt_lookup", "40"], "max_draft_tokens takes 1 to"),
         (["--assisted_generation", "--do_sample"], "decodes greedily"),
         (["--assisted_generation", "--draft_vocab", "100"], "--draft_vocab applies to --engine transformers"),
         (["--assisted_generation", "--num_assistant_tokens", "40"], "max_draft_tokens takes 1 to"),
