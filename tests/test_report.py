@@ -16,7 +16,6 @@ from harness.report import (
     chosen_run,
     compare_rows,
     compare_table,
-    progress,
     regen_results,
     seed_table,
     summary_line,
@@ -330,12 +329,6 @@ def test_compare_handles_degenerate_speeds() -> None:
 def test_regen_files_are_world_readable(tmp_path: Path) -> None:
     for path in regen_results([make_row()], tmp_path):
         assert path.stat().st_mode & 0o444 == 0o444
-
-
-def test_progress_yields_every_item_and_stays_quiet_off_tty(capsys) -> None:
-    assert list(progress(iter(range(5)), total=5, desc="rows")) == [0, 1, 2, 3, 4]
-    # pytest captures stderr (not a TTY), so tqdm's disable=None turns the bar off entirely.
-    assert capsys.readouterr().err == ""
 
 
 def _ort_row(**overrides: Any) -> Row:

@@ -15,7 +15,6 @@ from harness.tasks import (
     Prompt,
     benchmark_prompts,
     decode_prompts,
-    humaneval_problems,
     load_prompts_file,
     parse_int_list,
 )
@@ -118,17 +117,6 @@ def test_benchmark_prompts_reject_length_beyond_text(byte_tok: PreTrainedTokeniz
 def test_benchmark_prompts_reject_non_tokenizer() -> None:
     with pytest.raises(HarnessError, match="Hugging Face tokenizer"):
         benchmark_prompts(object(), lengths=(8,), new_tokens=(8,))
-
-
-def test_humaneval_problems_in_task_order() -> None:
-    first = humaneval_problems(limit=3)
-    assert [p["task_id"] for p in first] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
-    assert all({"prompt", "test", "entry_point"} <= p.keys() for p in first)
-    everything = humaneval_problems()
-    assert len(everything) == 164
-    assert [p["task_id"] for p in everything[9:12]] == ["HumanEval/9", "HumanEval/10", "HumanEval/11"]
-    with pytest.raises(HarnessError):
-        humaneval_problems(limit=-1)
 
 
 def test_prompts_file_json_lines(tmp_path) -> None:

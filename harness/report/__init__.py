@@ -10,19 +10,15 @@ from __future__ import annotations
 import io
 import math
 import statistics
-import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from tabulate import tabulate
 
 from harness import files, setup
 from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
-
-T = TypeVar("T")
-
 
 _COMPARE_HEADERS = (
     "Example#",
@@ -35,13 +31,6 @@ _COMPARE_HEADERS = (
     "Same Output",
 )
 _COMPARE_SHORT = ("#", "Prompt", "New", "tok/s plain", "tok/s assisted", "Speedup", "Accept", "Same")
-
-
-def progress(iterable: Iterable[T], total: int | None, desc: str) -> Iterator[T]:
-    """A progress bar on stderr; tqdm turns itself off when stderr is not a terminal (disable=None)."""
-    from tqdm import tqdm
-
-    return iter(tqdm(iterable, total=total, desc=desc, file=sys.stderr, mininterval=1, disable=None))
 
 
 # The seeds' column names are long: on a terminal the tables use these short names and numbers
