@@ -307,6 +307,17 @@ def test_table_names_the_machine_the_workload_and_every_config(swept):
     assert table[1].startswith("|--") and len(table) == 2 + len(result.results)
 
 
+def test_the_terminal_table_fits_120_columns_and_names_every_config(swept):
+    result, _, _ = swept
+    text = sweep_report.sweep_table(result, wide=False)
+    lines = [line for line in text.splitlines() if not line.startswith("command: ")]
+    assert max(len(line) for line in lines) <= 120, text
+    for n, r in enumerate(result.results, 1):
+        assert f"{n}: {r.config.label}" in text
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(result.results)
+
+
 def test_plot_and_markdown_are_written_side_by_side(swept, tmp_path):
     result, _, _ = swept
     md, png = sweep_report.write_sweep(result, tmp_path)

@@ -383,7 +383,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         return 130
     reference = llama_reference(bench_binary, spec, new_tokens, result)
     md_path, png_path = sweep_report.write_sweep(result, args.results_dir, reference)
-    print(sweep_report.sweep_table(result))
+    print(sweep_report.sweep_table(result, wide=args.wide))
     print(f"\n{reference}")
     print(f"\nwrote {md_path} and {png_path}; rows in {rows_path}")
     return 0

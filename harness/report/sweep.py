@@ -52,8 +52,47 @@ def header_lines(result: SweepResult) -> list[str]:
     return lines
 
 
-def sweep_table(result: SweepResult) -> str:
-    """The header block and one GitHub-markdown line per configuration (tabulate), with a legend."""
+# On a terminal: numbered configurations (their labels listed below the table), the columns a
+# reader compares, within 120 columns; the published markdown keeps every column (``wide``).
+_SHORT_HEADERS = ("#", "Plain", "Assisted", "Speedup [95% CI]", "vs best", "alpha", "K", "c", "Pred.", "Same")
+
+
+def _short_table(result: SweepResult) -> str:
+    body = []
+    for n, r in enumerate(result.results, 1):
+        sp = r.speedup
+        ci = f" [{_f(sp.low, '.2f')}-{_f(sp.high, '.2f')}]" if math.isfinite(sp.low) else ""
+        body.append(
+            [
+                n,
+                _f(r.plain_tokens_per_s, ".1f"),
+                _f(r.assisted_tokens_per_s, ".1f"),
+                f"{_f(sp.value, '.2f')}x{ci}",
+                _f(r.vs_best_plain, ".2f", "x"),
+                _f(r.alpha, ".2f"),
+                r.config.num_assistant_tokens,
+                _f(r.c, ".2f"),
+                _f(r.predicted_speedup_verify, ".2f", "x"),
+                "yes" if r.identical else "NO",
+            ]
+        )
+    table = tabulate(body, headers=_SHORT_HEADERS, tablefmt="github", disable_numparse=True)
+    labels = [f"{n}: {r.config.label}" for n, r in enumerate(result.results, 1)]
+    return "\n".join([table, "", *labels])
+
+
+def sweep_table(result: SweepResult, wide: bool = True) -> str:
+    """The header block and one GitHub-markdown line per configuration (tabulate), with a legend;
+    ``wide=False``: the terminal's form (numbered configurations, fewer columns, 120 wide)."""
+    if not wide:
+        title = (
+            f"Configuration sweep - {result.pair} ({result.platform}, {len(result.prompt_labels)} prompts "
+            f"x {result.new_tokens} tokens; plain tok/s, speedup over it, Leviathan's prediction)"
+        )
+        # The command stays one line, however long: it is there to be copied.
+        command = [f"command: {result.command}"] if result.command else []
+        notes = [textwrap.fill(w, 120) for w in warnings(result)]
+        return "\n".join([textwrap.fill(title, 120), *command, "", _short_table(result), *notes])
     body = []
     for r in result.results:
         sp = r.speedup
