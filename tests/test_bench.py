@@ -207,10 +207,17 @@ def test_arms_share_rounds_but_not_runs(tiny):
 
 def test_summary_table_has_one_line_per_case(measured):
     m, _ = measured
-    table = bench_report.summary_table([(m, "tiny: not gated"), (m, "pass")])
-    lines = table.splitlines()
+    wide = bench_report.summary_table([(m, "tiny: not gated"), (m, "pass")], wide=True)
+    lines = wide.splitlines()
     assert len(lines) == 4 and "Speedup [95% CI]" in lines[0] and "Predicted (v=1)" in lines[0]
     assert SMALL.case_id in lines[2] and lines[3].rstrip("| ").endswith("pass")
+    # the terminal's form: numbered rows within 120 columns, each case named with its verdict below
+    verdict = "speedup: pass (1.23x against 1.20x [1.10-1.30]); " * 4
+    short = bench_report.summary_table([(m, "tiny: not gated"), (m, verdict)])
+    assert max(len(line) for line in short.splitlines()) <= 120, short
+    table = [line for line in short.splitlines() if line.startswith("|")]
+    assert len(table) == 4 and "Speedup [95% CI]" in table[0]
+    assert f"2: {m.summary()['pair']} {SMALL.case_id}" in short and "gate: speedup: pass" in short
 
 
 def test_acceptance_by_position_counts_each_draft_position(measured):

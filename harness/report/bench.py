@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 from tabulate import tabulate
@@ -28,24 +29,52 @@ def _f(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def summary_table(entries: Sequence[tuple[CaseMeasurement, str]]) -> str:
-    """One line per measured case (with its gate verdict), GitHub markdown via tabulate."""
+def summary_table(entries: Sequence[tuple[CaseMeasurement, str]], wide: bool = False) -> str:
+    """One line per measured case, GitHub markdown via tabulate. On a terminal (the default) the
+    cases are numbered and named below the table with their gate verdicts, within 120 columns;
+    ``wide``: every column on one line per case."""
     body = []
-    for m, verdict in entries:
+    for n, (m, verdict) in enumerate(entries, 1):
         s = m.summary()
-        body.append(
-            [
-                f"{s['pair']} {s['case_id']}",
-                _f(s["plain_tokens_per_s"], ".2f"),
-                _f(s["assisted_tokens_per_s"], ".2f"),
-                f"{_f(s['speedup'], '.2f')}x [{_f(s['speedup_low'], '.2f')}-{_f(s['speedup_high'], '.2f')}]",
-                _f(s["acceptance_rate"], ".2f"),
-                _f(s["alpha"], ".2f"),
-                s["num_assistant_tokens"],
-                _f(s["predicted_speedup"], ".2f"),
-                _f(s["predicted_speedup_verify"], ".2f"),
-                _f(s["assisted_non_forward_share"], ".1%"),
-                verdict,
-            ]
-        )
-    return tabulate(body, headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True)
+        speedup = f"{_f(s['speedup'], '.2f')}x [{_f(s['speedup_low'], '.2f')}-{_f(s['speedup_high'], '.2f')}]"
+        if wide:
+            body.append(
+                [
+                    f"{s['pair']} {s['case_id']}",
+                    _f(s["plain_tokens_per_s"], ".2f"),
+                    _f(s["assisted_tokens_per_s"], ".2f"),
+                    speedup,
+                    _f(s["acceptance_rate"], ".2f"),
+                    _f(s["alpha"], ".2f"),
+                    s["num_assistant_tokens"],
+                    _f(s["predicted_speedup"], ".2f"),
+                    _f(s["predicted_speedup_verify"], ".2f"),
+                    _f(s["assisted_non_forward_share"], ".1%"),
+                    verdict,
+                ]
+            )
+        else:
+            body.append(
+                [
+                    n,
+                    _f(s["plain_tokens_per_s"], ".1f"),
+                    _f(s["assisted_tokens_per_s"], ".1f"),
+                    speedup,
+                    _f(s["alpha"], ".2f"),
+                    s["num_assistant_tokens"],
+                    _f(s["predicted_speedup_verify"], ".2f"),
+                    _f(s["assisted_non_forward_share"], ".1%"),
+                ]
+            )
+    if wide:
+        return tabulate(body, headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True)
+    table = tabulate(body, headers=_SHORT_HEADERS, tablefmt="github", disable_numparse=True)
+    names = []
+    for n, (m, verdict) in enumerate(entries, 1):
+        s = m.summary()
+        names.append(f"{n}: {s['pair']} {s['case_id']}")
+        names.append(textwrap.fill(f"gate: {verdict}", 120, initial_indent="   ", subsequent_indent="   "))
+    return "\n".join([table, "", *names])
+
+
+_SHORT_HEADERS = ("#", "Plain tok/s", "Assisted tok/s", "Speedup [95% CI]", "alpha", "K", "Pred.", "Non-fwd")
