@@ -76,6 +76,8 @@ def acceptance_steps(m: Measurement) -> tuple[int, int]:
     that total drops: whether each step ended on a rejection or ran out of candidates or budget.
     That split is what the per-token acceptance probability needs (``alpha_mle``).
     """
+    if not m.forwards and m.rejected_steps is not None:  # an engine's own books (harness.genai)
+        return m.accepted, m.rejected_steps
     accepted = rejected = 0
     for judged in _judged_steps(m):
         run = judged.index(False) if False in judged else len(judged)
@@ -120,8 +122,13 @@ def mean_ms(forwards: Sequence[Forward]) -> float:
 
 
 def decode_ms(runs: Sequence[Measurement], role: str) -> float:
-    """Mean decode-step forward of ``role`` ("target" or "draft") over runs; NaN when there is none."""
-    return mean_ms([f for m in runs for f in decode_forwards(m.forwards) if f.role == role])
+    """Mean decode-step forward of ``role`` ("target" or "draft") over runs; NaN when there is none.
+    Runs without per-forward records count with their engine's own totals (``step_costs``)."""
+    recorded = [f for m in runs for f in decode_forwards(m.forwards) if f.role == role]
+    booked = [m.step_costs[role] for m in runs if not m.forwards and m.step_costs and role in m.step_costs]
+    total_ms = sum(f.ms for f in recorded) + sum(ms for ms, _ in booked)
+    count = len(recorded) + sum(n for _, n in booked)
+    return total_ms / count if count else math.nan
 
 
 def predict_speedup(alpha: float | None, k: int, c: float, v: float = 1.0) -> float | None:

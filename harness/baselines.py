@@ -85,6 +85,7 @@ class CaseKey:
     draft_vocab: int | None = None  # the draft scored only this many leading token ids
     draft_kernels: str = "stock"  # the draft's kernels ("invariant": the harness's, for speed)
     provider: str | None = None  # the execution provider of an ONNX Runtime target
+    engine: str = "transformers"  # what runs the decoding loop (harness.setup.ENGINES)
 
     @property
     def sampling(self) -> str:
@@ -117,6 +118,8 @@ class CaseKey:
             parts.append(_part(self.backend))
         if self.provider is not None:
             parts.append(_part(self.provider))
+        if self.engine != "transformers":
+            parts.append(_part(self.engine))
         if self.kernels != "stock":
             parts.append(_part(self.kernels))
         if self.draft_vocab is not None:
@@ -159,6 +162,7 @@ def case_key(columns: dict[str, Any], task: str, prompt_tokens: int | None) -> C
         draft_kernels=columns["draft_kernels"],
         backend=columns["target_backend"],
         provider=columns["execution_provider"],
+        engine=columns.get("engine") or "transformers",
     )
 
 

@@ -58,12 +58,17 @@ class BenchCase:
     draft_kernels: str = "stock"
     target_backend: str = "torch"  # "onnxruntime": target_precision is then the export's label
     execution_provider: str | None = None
+    engine: str = "transformers"  # "onnxruntime-genai": the engine's own loop (harness.genai)
 
     @property
     def run(self) -> RunSetup:
         """The case's assisted arm as a run setup: every key, id and check derives from it."""
         target = Target(
-            self.target_precision, self.target_kernels, self.target_backend, self.execution_provider
+            self.target_precision,
+            self.target_kernels,
+            self.target_backend,
+            self.execution_provider,
+            engine=self.engine,
         )
         draft = Draft(self.draft_precision, self.draft_kernels, self.draft_vocab)
         return RunSetup(self.pair, target, draft, self.settings("assisted"))
@@ -352,7 +357,7 @@ def default_rows_path(platform: str, results_dir: str | os.PathLike[str] | None 
 def _check_pair(pair: LoadedPair, case: BenchCase) -> None:
     if pair.spec.name.lower() != case.pair.lower():
         raise HarnessError(f"case is for {case.pair} but pair {pair.spec.name} was passed; load {case.pair}")
-    if pair.draft is None:
+    if pair.draft_setup is None:
         raise HarnessError(f"{pair.spec.name} was loaded without a draft; a benchmark needs both models")
     wanted = case.run.columns()
     got = pair.run_setup(case.settings("assisted")).columns()

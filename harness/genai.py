@@ -12,6 +12,7 @@ held against the other (``check_stats``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -285,6 +286,20 @@ def check_settings(settings: Any) -> None:
         check_k(proposal_k(settings))
 
 
+def _step_costs(stats: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """The engine's own books: its verify and draft forwards (prefill and re-anchoring left out)."""
+    return {
+        "target": (stats.get("total_target_verify_ms", 0.0), stats.get("target_verify_forward_passes", 0)),
+        "draft": (stats.get("total_draft_ms", 0.0), stats.get("draft_forward_passes", 0)),
+    }
+
+
+def _plain_step_costs(run: EngineRun) -> dict[str, tuple[float, int]]:
+    """Plain decoding: every step after the first token is one target forward, by the suite's clock."""
+    steps = len(run.output_ids) - 1
+    return {"target": (run.time_per_token_ms * steps, steps) if steps > 0 else (0.0, 0)}
+
+
 def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = None, verify: bool = False):
     """A ``LoadedPair`` whose target and draft are the engine's (exports by the model builder at
     ``ort``'s settings, the draft at the same ones) and the ``decode`` function that runs it;
@@ -341,14 +356,18 @@ def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = 
             target_prefill_ms=run.prefill_ms,
             time_per_token_ms=run.time_per_token_ms,
             tokens_per_s=run.tokens_per_s,
-            # The engine counts its forwards only when it speculates; plain decoding is one per token.
+            # The engine counts and times its forwards only when it speculates; plain decoding is one
+            # target forward per token, timed by the suite's clock around the whole decode.
             target_forwards=s.get("target_forward_passes", 0) if speculative else len(run.output_ids),
             draft_forwards=s.get("draft_forward_passes", 0),
-            target_ms=s.get("total_target_ms", 0.0),
+            target_ms=s.get("total_target_ms", 0.0) if speculative else run.total_s * 1000,
             draft_ms=s.get("total_draft_ms", 0.0),
             other_ms=0.0,
             drafted=s.get("draft_tokens_evaluated", 0),
             accepted=s.get("draft_tokens_accepted", 0),
+            # The rounds a correction token closed are the ones that rejected a candidate.
+            step_costs=_step_costs(s) if speculative else _plain_step_costs(run),
+            rejected_steps=s.get("correction_tokens", 0) if speculative else None,
         )
 
-    return pair, decode
+    return dataclasses.replace(pair, decoder=decode), decode

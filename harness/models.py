@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,9 @@ class LoadedPair:
     target_setup: Target  # how the target runs, resolved (harness.setup)
     draft_setup: Draft | None  # how the draft runs; None: loaded without one
     origins: dict[str, str] = field(default_factory=dict)  # role -> where the weights came from
+    # Decodes with this pair instead of transformers' generate (an engine of its own, harness.genai):
+    # (pair, prompt ids, settings) -> Measurement. None: transformers' generate.
+    decoder: Callable[..., Any] | None = None
 
     # The row columns of the two setups, read where rows and checks name them.
     @property

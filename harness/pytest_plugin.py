@@ -295,11 +295,14 @@ class PairCache:
         draft_vocab: int | None = None,
         draft_kernels: str | None = None,
         target_backend: tuple[str, str | None] = ("torch", None),
+        engine: str = "transformers",
     ) -> models.LoadedPair:
-        """``target_backend``: (backend, execution provider), as the ``target_backend`` fixture gives."""
+        """``target_backend``: (backend, execution provider), as the ``target_backend`` fixture gives;
+        ``engine="onnxruntime-genai"``: the pair as that engine runs it (the builder's exports)."""
         backend, provider = target_backend
         key = (
             name.lower(),
+            engine,
             backend,
             provider,
             target_precision,
@@ -316,6 +319,14 @@ class PairCache:
                 for other in [k for k in self._loaded if not models.get_pair(k[0]).target.is_tiny]:
                     del self._loaded[other]
                 gc.collect()
+            if engine == "onnxruntime-genai":
+                from harness import genai
+
+                ort = backends.OrtSettings(provider=provider or backends.DEFAULT_PROVIDER)
+                self._loaded[key], _ = genai.prepare(
+                    models.get_pair(name), ort, with_draft=with_draft, weights_dir=self.weights_dir
+                )
+                return self._loaded[key]
             self._loaded[key] = models.load_pair(
                 name,
                 target_precision=target_precision,

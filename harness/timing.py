@@ -142,6 +142,11 @@ class Measurement:
     drafted: int
     accepted: int
     forwards: list[Forward] = field(default_factory=list, repr=False)
+    # What an engine that keeps its own books reports instead of per-forward records (harness.genai):
+    # role -> (ms, count) of its decode-step forwards (prefill left out), and its verify steps that
+    # ended on a rejected candidate. None where ``forwards`` hold the record.
+    step_costs: dict[str, tuple[float, int]] | None = None
+    rejected_steps: int | None = None
 
     @property
     def new_tokens(self) -> int:

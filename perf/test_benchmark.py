@@ -9,6 +9,7 @@ Each real case is also recorded through pytest-benchmark, so ``--benchmark-autos
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import baselines, bench, models, report
+from harness import backends, baselines, bench, models, report
 from harness.backends import OrtSettings
 from harness.results import read_rows, runs_dir
 
@@ -95,6 +96,24 @@ def ort_case(spec: models.PairSpec, provider: str) -> bench.BenchCase:
     )
 
 
+def genai_case(spec: models.PairSpec, provider: str) -> bench.BenchCase:
+    """The registered case's prompt and budget through onnxruntime-genai's own loop: its plain
+    decoding against its speculative decoding with the draft exported beside the target (the
+    builder's int4, default settings), K=3 (the engine's K is fixed: no schedule of its own)."""
+    label = OrtSettings(provider=provider).label
+    return bench.BenchCase(
+        spec.name,
+        128,
+        32,
+        label,
+        label,
+        3,
+        target_backend="onnxruntime",
+        execution_provider=provider,
+        engine="onnxruntime-genai",
+    )
+
+
 def real_case(pair_name: str, which: str) -> bench.BenchCase:
     """The CI subset cases: short, because the 1.5B fp32 target decodes only ~2 tokens/s here.
 
@@ -113,6 +132,10 @@ def load(pairs, case: bench.BenchCase) -> models.LoadedPair:
     spec = models.get_pair(case.pair)
     if case == registered_case(spec) or case == tiny_case(case.pair):
         return pairs.get(case.pair)
+    if case.engine != "transformers":
+        return pairs.get(
+            case.pair, target_backend=(case.target_backend, case.execution_provider), engine=case.engine
+        )
     if case.target_backend == "onnxruntime":
         return pairs.get(case.pair, target_backend=(case.target_backend, case.execution_provider))
     # Anything else is spelled out, the whole draft vocabulary included (a case has no dv).
@@ -189,6 +212,35 @@ def test_benchmark_real_onnxruntime(
     beside the torch target's in the session summary and in results/."""
     case = ort_case(models.get_pair(pair_name), target_backend[1])
     run_real_case(case, pairs, benchmark, pytestconfig, platform_name, bench_results)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.backends("onnxruntime")
+def test_benchmark_real_onnxruntime_genai(
+    pairs, pair_name, target_backend, benchmark, pytestconfig, platform_name, bench_results
+):
+    """onnxruntime-genai's own speculative decoding against its own plain decoding, gated like the
+    transformers loop's cases (its draft model, the builder's exports)."""
+    case = genai_case(models.get_pair(pair_name), target_backend[1])
+    run_real_case(case, pairs, benchmark, pytestconfig, platform_name, bench_results)
+
+
+def test_benchmark_machinery_tiny_onnxruntime_genai(pairs, tmp_path, platform_name, bench_results):
+    """The benchmark's measurement, summary and rows on the engine's loop (tiny-qwen2): every number
+    the gate reads is finite and consistent, and the rows and the case id say the engine."""
+    case = dataclasses.replace(
+        genai_case(models.get_pair("tiny-qwen2"), backends.DEFAULT_PROVIDER),
+        prompt_tokens=64,
+        num_assistant_tokens=4,
+    )
+    rows_path = tmp_path / "rows" / "bench.jsonl"
+    m = bench.measure_case(
+        load(pairs, case), case, TINY_REPETITIONS, rows_path=rows_path, platform=platform_name
+    )
+    bench_results.append((m, "tiny: not gated"))
+    check_machinery(m, exact_outputs=False)
+    assert {r.engine for r in read_rows(rows_path)} == {"onnxruntime-genai"}
+    assert m.case.case_id.endswith("-onnxruntime-genai")
 
 
 def run_real_case(
