@@ -101,13 +101,39 @@ def test_humaneval_machinery_tiny(pairs, pair_name, target_backend, tmp_path):
 @pytest.mark.pairs(tiny=False)
 def test_humaneval_pass_at_1_equal_real(pairs, pair_name, target_backend, pytestconfig, tmp_path):
     pair = pairs.get(pair_name, target_backend=target_backend)
+    name = pair.spec.name
+    if pair.target_backend != "torch":
+        name += f"-{pair.target_backend}-{pair.execution_provider}"
+    _pass_at_1_equal(pair, name, pytestconfig, tmp_path)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.backends("onnxruntime")
+def test_humaneval_pass_at_1_equal_real_onnxruntime_genai(
+    pairs, pair_name, target_backend, pytestconfig, tmp_path
+):
+    """onnxruntime-genai's own loop, plain and speculative (its draft model): pass@1 equal."""
+    pair = pairs.get(pair_name, target_backend=target_backend, engine="onnxruntime-genai")
+    _pass_at_1_equal(
+        pair, f"{pair.spec.name}-onnxruntime-genai-{pair.execution_provider}", pytestconfig, tmp_path
+    )
+
+
+def test_humaneval_machinery_tiny_onnxruntime_genai(pairs, tmp_path):
+    """The pipeline on the engine's loop (tiny-qwen2): rows for both modes, resumable."""
+    pair = pairs.get("tiny-qwen2", target_backend=("onnxruntime", None), engine="onnxruntime-genai")
+    problems = humaneval.load_problems(limit=2)
+    path = tmp_path / "he.jsonl"
+    summary = evaluate(pair, problems, path, "completion")
+    _check_summary(summary, len(problems))
+    assert all(r["drafted"] > 0 for r in humaneval.read_results(path) if r["mode"] == "assisted")
+
+
+def _pass_at_1_equal(pair: LoadedPair, name: str, pytestconfig, tmp_path) -> None:
     if pair.spec.kind != "code":
         pytest.skip(f"{pair.spec.name} is not a code model")
     limit = pytestconfig.getoption("--humaneval-limit")
     out = pytestconfig.getoption("--humaneval-out")
-    name = pair.spec.name
-    if pair.target_backend != "torch":
-        name += f"-{pair.target_backend}-{pair.execution_provider}"
     path = Path(out) / f"{name}.jsonl" if out else tmp_path / "he.jsonl"
     problems = humaneval.load_problems(limit=limit)
     summary = evaluate(pair, problems, path, humaneval.STYLE_DEFAULT)
