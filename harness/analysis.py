@@ -121,14 +121,20 @@ def mean_ms(forwards: Sequence[Forward]) -> float:
     return statistics.fmean(f.ms for f in forwards) if forwards else math.nan
 
 
+def decode_totals(m: Measurement, role: str) -> tuple[float, int]:
+    """(ms, count) of ``role``'s decode-step forwards in one run: from its per-forward records, or
+    from its engine's own books (``step_costs``) where it keeps no records."""
+    if not m.forwards and m.step_costs:
+        return m.step_costs.get(role, (0.0, 0))
+    forwards = [f for f in decode_forwards(m.forwards) if f.role == role]
+    return sum(f.ms for f in forwards), len(forwards)
+
+
 def decode_ms(runs: Sequence[Measurement], role: str) -> float:
-    """Mean decode-step forward of ``role`` ("target" or "draft") over runs; NaN when there is none.
-    Runs without per-forward records count with their engine's own totals (``step_costs``)."""
-    recorded = [f for m in runs for f in decode_forwards(m.forwards) if f.role == role]
-    booked = [m.step_costs[role] for m in runs if not m.forwards and m.step_costs and role in m.step_costs]
-    total_ms = sum(f.ms for f in recorded) + sum(ms for ms, _ in booked)
-    count = len(recorded) + sum(n for _, n in booked)
-    return total_ms / count if count else math.nan
+    """Mean decode-step forward of ``role`` ("target" or "draft") over runs; NaN when there is none."""
+    totals = [decode_totals(m, role) for m in runs]
+    count = sum(n for _, n in totals)
+    return sum(ms for ms, _ in totals) / count if count else math.nan
 
 
 def predict_speedup(alpha: float | None, k: int, c: float, v: float = 1.0) -> float | None:

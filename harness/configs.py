@@ -20,6 +20,10 @@ dv         draft scores only the first N token ids (+ special tokens)  whole voc
 dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
 =========  ==========================================================  ===========================
 
+``kernels=onnxruntime-genai`` runs the target (t=int4 or t=fp32) in onnxruntime-genai's own loop:
+assisted configurations use the draft model exported at the target's settings (no d, dv or dk),
+``mode=prompt_lookup`` the engine's n-gram decoding.
+
 Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``,
 ``draft_kernels``.
 """
@@ -35,9 +39,12 @@ from harness.setup import SCHEDULES, GenerationSettings
 
 MODES = ("assisted", "prompt_lookup")
 KERNELS = ("stock", "invariant")
-# A target "kernels" value only: the target runs through ONNX Runtime (harness.backends), so the
-# sweep can put it beside the torch targets on the same prompts.
+# Target "kernels" values only: the target runs through ONNX Runtime (harness.backends) in
+# transformers' loop, or in onnxruntime-genai's own loop (harness.genai: its draft is the draft model
+# exported at the target's settings, prompt lookup its n-gram decoding), so the sweep can put them
+# beside the torch targets on the same prompts.
 ORT = "onnxruntime"
+GENAI = "onnxruntime-genai"
 DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
 DEFAULT_SPEC = (
     "t=fp32,d=fp32,k=5;"
@@ -105,9 +112,10 @@ class SweepConfig:
     @property
     def target(self) -> setup.Target:
         """The target this configuration runs on, as the loaded pair will report it."""
-        if self.target_kernels == ORT:
+        if self.target_kernels in (ORT, GENAI):
             ort = backends.OrtSettings(self.target_precision)
-            return setup.Target(ort.label, "stock", "onnxruntime", ort.provider)
+            engine = GENAI if self.target_kernels == GENAI else "transformers"
+            return setup.Target(ort.label, "stock", "onnxruntime", ort.provider, engine=engine)
         return setup.Target(self.target_precision, self.target_kernels)
 
     @property
@@ -166,6 +174,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
     k = _positive_int(where, "k", values.pop("num_assistant_tokens", str(DEFAULT_K[mode])), 5)
     schedule = values.pop("schedule", None)
     draft = values.pop("draft_precision", None)
+    draft_given = draft is not None
     dv_text = values.pop("draft_vocab", None)
     draft_vocab = None if dv_text is None else _positive_int(where, "dv", dv_text, 32768)
     if mode == "prompt_lookup":
@@ -189,17 +198,25 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
         if schedule not in SCHEDULES:
             raise HarnessError(f"{where}: sched {schedule!r} is not one of {', '.join(SCHEDULES)}")
     kernels = values.pop("target_kernels", "stock").lower()
-    if kernels not in (*KERNELS, ORT):
-        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join((*KERNELS, ORT))}")
+    if kernels not in (*KERNELS, ORT, GENAI):
+        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join((*KERNELS, ORT, GENAI))}")
     draft_kernels = values.pop("draft_kernels", "stock").lower()
     if draft_kernels not in KERNELS:
         raise HarnessError(f"{where}: dk {draft_kernels!r} is not one of {', '.join(KERNELS)}")
-    target = values.pop("target_precision", "int4" if kernels == ORT else "fp32")
-    if kernels == ORT and target not in backends.ORT_PRECISIONS:
+    target = values.pop("target_precision", "int4" if kernels in (ORT, GENAI) else "fp32")
+    if kernels in (ORT, GENAI) and target not in backends.ORT_PRECISIONS:
         raise HarnessError(
-            f"{where}: kernels=onnxruntime takes t={' or t='.join(backends.ORT_PRECISIONS)}, not t={target}"
+            f"{where}: kernels={kernels} takes t={' or t='.join(backends.ORT_PRECISIONS)}, not t={target}"
         )
-    for name in (target, draft) if kernels != ORT else (draft,):
+    if kernels == GENAI and mode == "assisted":
+        # The engine's draft is the draft model exported at the target's settings: nothing else to choose.
+        if draft_given or draft_vocab is not None or draft_kernels != "stock":
+            raise HarnessError(
+                f"{where}: kernels={GENAI} runs the draft model exported at the target's settings; "
+                "remove d, dv and dk"
+            )
+        draft = target
+    for name in (target, draft) if kernels not in (ORT, GENAI) else ((draft,) if kernels == ORT else ()):
         if name is not None:
             try:
                 precision.check_precision(name)

@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 from harness import (
     analysis,
+    backends,
     experiment,
     files,
     models,
@@ -52,7 +53,7 @@ from harness import (
     tiny,
     vocab,
 )
-from harness.configs import ORT, SweepConfig, group_configs, plain_label
+from harness.configs import GENAI, ORT, SweepConfig, group_configs, plain_label
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.results import Row, append_row, read_rows
@@ -128,6 +129,15 @@ def load_target_group(
     (prompt lookup only) the single pair, keyed None, has no draft.
     """
     drafts = list(dict.fromkeys(_draft_key(d) for d in draft_precisions))
+    if target_kernels == GENAI:
+        from harness import genai
+
+        spec, ort_settings = models.get_pair(pair_name), backends.OrtSettings(target_precision)
+        pair, _ = genai.prepare(
+            spec, ort_settings, with_draft=bool(drafts), weights_dir=weights_dir, verify=verify
+        )
+        # One draft at the target's settings serves every assisted configuration of this target.
+        return {key: pair for key in drafts} if drafts else {None: pair}
     ort = target_kernels == ORT
     first = models.load_pair(
         pair_name,
@@ -250,17 +260,16 @@ def _row_key(row: Row) -> tuple[str, str, int, str] | None:
 
 def _forward_numbers(m: Measurement) -> dict[str, float | int]:
     """What the summary needs from a run's forwards, kept in its row so resumed rows carry it too."""
-    decode = analysis.decode_forwards(m.forwards)
-    target = [f for f in decode if f.role == "target"]
-    draft = [f for f in decode if f.role == "draft"]
+    target_ms, target_n = analysis.decode_totals(m, "target")
+    draft_ms, draft_n = analysis.decode_totals(m, "draft")
     accepted, rejected = analysis.acceptance_steps(m)
     return {
         "accepted_steps": accepted,
         "rejected_steps": rejected,
-        "target_decode_ms": sum(f.ms for f in target),
-        "target_decode_forwards": len(target),
-        "draft_decode_ms": sum(f.ms for f in draft),
-        "draft_decode_forwards": len(draft),
+        "target_decode_ms": target_ms,
+        "target_decode_forwards": target_n,
+        "draft_decode_ms": draft_ms,
+        "draft_decode_forwards": draft_n,
     }
 
 

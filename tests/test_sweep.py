@@ -131,6 +131,9 @@ def test_default_spec_is_the_documented_list():
         ("kernels=magic", "kernels 'magic' is not one of stock, invariant, onnxruntime"),
         ("kernels=onnxruntime,t=w8af32", "kernels=onnxruntime takes t=int4 or t=fp32, not t=w8af32"),
         ("t=fp32,k=3;t=fp32,d=fp32,k=3", "configuration 2 repeats configuration 1"),
+        ("kernels=onnxruntime-genai,d=w8af32", "runs the draft model exported at the target's settings"),
+        ("kernels=onnxruntime-genai,k=3,dv=100", "remove d, dv and dk"),
+        ("kernels=onnxruntime-genai,t=bf16", "kernels=onnxruntime-genai takes t=int4 or t=fp32"),
     ],
 )
 def test_parse_rejects_bad_specs_with_a_clear_message(spec, expected):
@@ -340,6 +343,30 @@ def _cli(capsys, *argv):
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_the_engine_as_a_sweep_target(tmp_path, capsys):
+    """onnxruntime-genai's own loop beside transformers' on the same prompts: its draft model and its
+    n-gram decoding measured against its own plain runs, every output equal to them."""
+    (engine,) = sweep_spec.parse_configs("kernels=onnxruntime-genai,k=3")
+    assert engine.target.engine == "onnxruntime-genai" and engine.draft_precision == "int4"
+    assert engine.label == "t_int4-d_int4-K3-constant-onnxruntime-genai"
+    spec = "kernels=onnxruntime-genai,k=3;kernels=onnxruntime-genai,mode=prompt_lookup,k=4"
+    argv = ["--model_name", "tiny-qwen2", "--task", "sweep", "--limit", "2", "--max_new_tokens", "12",
+            "--results_dir", str(tmp_path), "--no_progress", "--sweep", spec]  # fmt: skip
+    assert cli.main(argv) == 0
+    rows = read_rows(tmp_path / "rows" / "sweep" / f"tiny-qwen2-{platforms.detect().name}.jsonl")
+    assert {r.engine for r in rows} == {"onnxruntime-genai"}
+    by_arm = {}
+    for r in rows:
+        by_arm.setdefault(r.extra["sweep"]["config"], {})[r.example] = r.output_ids
+    plain = by_arm.pop("t_int4-plain-onnxruntime-genai")
+    assert sorted(by_arm) == [
+        "t_int4-d_int4-K3-constant-onnxruntime-genai",
+        "t_int4-prompt_lookup-K4-onnxruntime-genai",
+    ]
+    assert all(outputs == plain for outputs in by_arm.values())
+    assert "2: t_int4-prompt_lookup-K4-onnxruntime-genai" in capsys.readouterr().out
 
 
 def test_cli_task_sweep_end_to_end_and_rerun_resumes(tmp_path, capsys, monkeypatch):

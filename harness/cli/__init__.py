@@ -323,11 +323,16 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep_spec.SweepConfig]:
         raise HarnessError(f"--task sweep needs --max_new_tokens of at least 2 (got {args.max_new_tokens})")
     configs = sweep_spec.parse_configs(sweep_spec.DEFAULT_SPEC if args.sweep is None else args.sweep)
     for config in configs:
-        if config.target_kernels == sweep_spec.ORT:
+        engine = config.target_kernels == sweep_spec.GENAI
+        if config.target_kernels in (sweep_spec.ORT, sweep_spec.GENAI):
             backends.OrtSettings(config.target_precision).validate()
         else:
             precision.check_precision(config.target_precision, args.target_device)
-        if config.draft_precision is not None and config.mode == "assisted":
+        if engine:
+            from harness import genai
+
+            genai.check_settings(config.settings(2))
+        elif config.draft_precision is not None and config.mode == "assisted":
             precision.check_precision(config.draft_precision, args.draft_device)
     return configs
 
