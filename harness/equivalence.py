@@ -79,7 +79,8 @@ class CaseResult:
 
     @property
     def near_tie(self) -> bool:
-        return self.gap is not None and self.gap <= self.tolerance
+        # A negative gap (an engine's own logits favouring the token assisted decoding took) is no tie.
+        return self.gap is not None and 0 <= self.gap <= self.tolerance
 
     @property
     def acceptable(self) -> bool:
@@ -120,12 +121,15 @@ def check_case(
     assisted = generate(pair, prompt_ids, settings)
     i = first_divergence(plain.output_ids, assisted.output_ids)
     gap = None
-    if i is not None:
+    engine_gap = getattr(pair.decoder, "gap", None)
+    if i is not None and engine_gap is not None:
+        # An engine of its own (harness.genai): the plain token's lead over the other's in its logits.
+        gap = engine_gap(prompt_ids, plain.output_ids, assisted.output_ids)
+    elif i is not None:
         gap = top2_gap(pair.target, list(prompt_ids) + plain.output_ids[:i])
     tolerance = tolerance_for(pair)
-    return CaseResult(
-        list(prompt_ids), plain, assisted, i, gap, tolerance, int(pair.target.config.vocab_size)
-    )
+    vocab_size = int(pair.target.config.vocab_size) if pair.target is not None else len(pair.tokenizer)
+    return CaseResult(list(prompt_ids), plain, assisted, i, gap, tolerance, vocab_size)
 
 
 @dataclass
@@ -139,7 +143,8 @@ class EqualityRuns:
     drafts: dict = field(default_factory=dict)
 
     def plain(self, pair: LoadedPair, ids: list[int], s: GenerationSettings) -> Measurement:
-        target = (pair.spec.name, pair.target_backend, pair.target_precision, pair.target_kernels)
+        t = pair.target_setup
+        target = (pair.spec.name, t.engine, t.backend, t.precision, t.kernels)
         key = (*target, tuple(ids), s.max_new_tokens, s.eos_token_id, s.ignore_eos)
         if key not in self.plain_outputs:
             self.plain_outputs[key] = generate(pair, ids, dataclasses.replace(s, mode="plain"))

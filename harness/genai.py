@@ -340,6 +340,11 @@ def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = 
         origins={role: str(path) for role, path in exports.items()},
     )
 
+    def gap(prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
+        """The engine's own one-token logit gap where ``other`` leaves ``plain`` (None: identical)."""
+        found = divergence_gap(engine.plain, prompt_ids, plain, other)
+        return None if found is None else found[1]
+
     def decode(_pair: Any, ids: list[int], settings: Any) -> Any:
         from harness.timing import Measurement
 
@@ -370,4 +375,6 @@ def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = 
             rejected_steps=s.get("correction_tokens", 0) if speculative else None,
         )
 
+    # The equivalence helper judges a flip with the engine's own logits (there is no torch target).
+    decode.gap = gap  # type: ignore[attr-defined]
     return dataclasses.replace(pair, decoder=decode), decode

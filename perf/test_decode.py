@@ -336,7 +336,8 @@ def _tier_check(
     max_tokens=None,
 ):
     s = strategies.get("registered").settings(5, "constant", new_tokens)
-    ort = f"onnxruntime {pair.execution_provider}"
+    engine = pair.target_setup.engine
+    ort = f"{'onnxruntime' if engine == 'transformers' else engine} {pair.execution_provider}"
     runs_on = pair.target_kernels if pair.target_backend == "torch" else ort
     label = f"{pair.target_precision} / {runs_on}"
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
@@ -380,6 +381,17 @@ def test_precision_tier_real_onnxruntime(
     pairs, equality, divergence_table, pair_name, target_backend, real_prompts
 ):
     pair = pairs.get(pair_name, target_backend=target_backend)
+    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.backends("onnxruntime")
+def test_precision_tier_real_onnxruntime_genai(
+    pairs, equality, divergence_table, pair_name, target_backend, real_prompts
+):
+    """onnxruntime-genai's own speculative decoding (its draft model) as a tier: every flip must be a
+    near tie of the engine's own one-token logits (``--real-prompts 186`` covers every prompt)."""
+    pair = pairs.get(pair_name, target_backend=target_backend, engine="onnxruntime-genai")
     _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
 
 
