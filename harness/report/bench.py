@@ -73,7 +73,17 @@ def summary_table(entries: Sequence[tuple[CaseMeasurement, str]], wide: bool = F
     for n, (m, verdict) in enumerate(entries, 1):
         s = m.summary()
         names.append(f"{n}: {s['pair']} {s['case_id']}")
-        names.append(textwrap.fill(f"gate: {verdict}", 120, initial_indent="   ", subsequent_indent="   "))
+        names.append(
+            # Paths and case ids stay whole (a broken path cannot be copied).
+            textwrap.fill(
+                f"gate: {verdict}",
+                120,
+                initial_indent="   ",
+                subsequent_indent="   ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
     return "\n".join([table, "", *names])
 
 
