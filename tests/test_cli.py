@@ -224,6 +224,9 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--json", "/dev/full"], "not a regular file"),
         (["--json", "/etc/hostname/rows.jsonl"], "is a file, so nothing can be created under it"),
         (["--regen-tables", "--rows", "missing.jsonl"], "--rows: no such file missing.jsonl"),
+        (["--regen-tables", "--rows", "/bin/true"], "is not a rows file of this harness"),
+        (["--regen-tables", "--results_dir", "/etc/hostname"], "is a file, not a folder"),
+        (["--task", "sweep", "--results_dir", "/etc/hostname/out"], "is a file, not a folder"),
     ],
 )
 def test_bad_flags_give_one_clear_line_and_exit_2(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -60,8 +61,21 @@ def _prompts(
     return prompts
 
 
+def _check_folder(flag: str, folder: str | None) -> None:
+    """A folder the run will write into: a folder (or creatable as one), and writable."""
+    if folder is None:
+        return
+    path = Path(folder)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise HarnessError(f"{flag} {folder}: {existing} is a file, not a folder; pass a folder")
+    if not os.access(existing, os.W_OK):
+        raise HarnessError(f"{flag} {folder}: {existing} is not writable; pass a folder you can write to")
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """Flag values argparse cannot judge, checked before anything slow (model loading) starts."""
+    _check_folder("--results_dir", getattr(args, "results_dir", None))
     for flag in ("limit", "max_new_tokens", "num_assistant_tokens", "prompt_lookup", "threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -182,6 +196,7 @@ def _modes(args: argparse.Namespace) -> tuple[str, ...]:
 
 def regen(args: argparse.Namespace) -> int:
     args.results_dir = args.results_dir or "results"
+    _check_folder("--results_dir", args.results_dir)
     missing = [p for p in args.rows or () if not Path(p).is_file()]
     if missing:
         raise HarnessError(f"--rows: no such file {', '.join(missing)}; pass JSONL row files of earlier runs")
@@ -193,7 +208,15 @@ def regen(args: argparse.Namespace) -> int:
             f"no row files found (looked for {Path(args.results_dir, 'rows')}/*.jsonl); "
             "run with --json PATH first or pass --rows FILE ..."
         )
-    rows = list(results.iter_rows(paths))
+    rows = []
+    for path in paths:
+        try:
+            rows += results.read_rows(path)
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+            raise HarnessError(
+                f"--rows {path} is not a rows file of this harness ({type(exc).__name__}: {exc}); pass the "
+                "JSONL rows an earlier run wrote (--json, or under runs/)"
+            ) from None
     written = report.regen_results(rows, Path(args.results_dir))
     for path in written:
         print(path)
