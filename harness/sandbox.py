@@ -321,31 +321,33 @@ def protections(isolation: str) -> dict[str, str]:
     rlimits = "kernel: RLIMIT_AS/CPU/FSIZE/NOFILE/CORE" + (
         "" if isolation != "basic" or os.geteuid() != 0 else " (root could raise them)"
     )
+    shared = {
+        "memory/cpu/files": rlimits,
+        "wall time": "kernel: SIGKILL to the process group from the parent",
+        "early sys.exit": "runner: nonce on a private pipe + exit code 0",
+        "python guard": "best-effort: dangerous functions replaced",
+    }
+    namespaces = {
+        "network": "kernel: empty network namespace (loopback down)",
+        "processes": "kernel: PID namespace + process-group kill",
+    }
     if isolation == "namespaces":
         return {
-            "network": "kernel: empty network namespace (loopback down)",
-            "processes": "kernel: PID namespace + process-group kill",
+            **namespaces,
             "fork bomb": "kernel: RLIMIT_NPROC on a per-run uid",
-            "file deletion outside the sandbox": "kernel: unprivileged per-run uid, no capabilities",
-            "disk filling": "kernel: RLIMIT_FSIZE + size-capped tmpfs",
+            "file deletion outside the sandbox": "kernel: unprivileged per-run uid, host mounts read-only",
+            "disk filling": "kernel: RLIMIT_FSIZE + size-capped tmpfs, host mounts read-only",
             "secrets in home": "kernel: tmpfs over non-world-readable ancestors of the interpreter",
-            "memory/cpu/files": rlimits,
-            "wall time": "kernel: SIGKILL to the process group from the parent",
-            "early sys.exit": "runner: nonce on a private pipe + exit code 0",
-            "python guard": "best-effort: dangerous functions replaced",
+            **shared,
         }
     if isolation == "userns":
         return {
-            "network": "kernel: empty network namespace (loopback down)",
-            "processes": "kernel: PID namespace + process-group kill",
+            **namespaces,
             "fork bomb": "kernel: RLIMIT_NPROC, counted in the run's own user namespace",
             "file deletion outside the sandbox": "kernel: every host mount read-only, no capabilities",
             "disk filling": "kernel: RLIMIT_FSIZE + size-capped tmpfs, host mounts read-only",
             "secrets in home": "kernel: tmpfs over the caller's home, the project and the cache",
-            "memory/cpu/files": rlimits,
-            "wall time": "kernel: SIGKILL to the process group from the parent",
-            "early sys.exit": "runner: nonce on a private pipe + exit code 0",
-            "python guard": "best-effort: dangerous functions replaced",
+            **shared,
         }
     root = os.geteuid() == 0
     return {
@@ -355,10 +357,7 @@ def protections(isolation: str) -> dict[str, str]:
         "file deletion outside the sandbox": "best-effort: python guard (runs as the caller)",
         "disk filling": "kernel: RLIMIT_FSIZE per file",
         "secrets in home": "best-effort: scrubbed environment only",
-        "memory/cpu/files": rlimits,
-        "wall time": "kernel: SIGKILL to the process group from the parent",
-        "early sys.exit": "runner: nonce on a private pipe + exit code 0",
-        "python guard": "best-effort: dangerous functions replaced",
+        **shared,
     }
 
 
