@@ -200,6 +200,16 @@ def test_compare_to_baseline_catches_slower_assisted_generation(tmp_path):
     assert CASE.case_id in results["speedup"].message
 
 
+def test_a_twelve_times_slower_assisted_run_is_reported_as_slower(tmp_path):
+    """What pytest-benchmark's compare once called "1.52x faster": assisted decoding 12x slower
+    against an unchanged plain decoding is a regression of the speedup and of assisted tokens/s."""
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(10, n=10)))
+    results = compare_to_baseline(tmp_path, "box", CASE, *interleaved(14, speedup=1.6 / 12, n=10))
+    assert results["speedup"].status == "regression", results["speedup"].message
+    assert results["assisted_tokens_per_s"].status == "regression"
+    assert results["speedup"].ratio < 0.1
+
+
 def test_compare_to_baseline_catches_slower_target(tmp_path):
     # A slower target slows both modes alike: the speedup holds, the tokens/s gates catch it.
     save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(10, n=10)))
