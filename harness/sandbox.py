@@ -46,7 +46,8 @@ every mount of the host is read-only inside the sandbox and the temporary direct
   every capability dropped and no_new_privs, so it cannot remount or unmount anything; the host's
   mounts are read-only and the caller's home, the project and the harness's cache are covered by
   empty tmpfs (the interpreter's prefix kept visible); RLIMIT_NPROC counts in the run's own user
-  namespace.
+  namespace, except for a root caller, whose processes it does not bind ("auto" gives root the
+  "namespaces" level, with a per-run uid).
 
 "basic" (any POSIX machine, no privileges needed): the same runner in a new session (process group
   killed on timeout) in a throwaway temporary directory with a scrubbed environment and the same
@@ -343,7 +344,9 @@ def protections(isolation: str) -> dict[str, str]:
     if isolation == "userns":
         return {
             **namespaces,
-            "fork bomb": "kernel: RLIMIT_NPROC, counted in the run's own user namespace",
+            "fork bomb": "kernel: RLIMIT_NPROC, counted in the run's own user namespace"
+            if os.geteuid() != 0
+            else "best-effort: python guard (RLIMIT_NPROC does not bind root's processes)",
             "file deletion outside the sandbox": "kernel: every host mount read-only, no capabilities",
             "disk filling": "kernel: RLIMIT_FSIZE + size-capped tmpfs, host mounts read-only",
             "secrets in home": "kernel: tmpfs over the caller's home, the project and the cache",
