@@ -172,8 +172,9 @@ class EqualityRuns:
         strategy = strategies.get(strategy) if isinstance(strategy, str) else strategy
         ids = list(pair.tokenizer(text)["input_ids"])[:max_prompt_tokens]
         whole = dataclasses.replace(s, ignore_eos=True)
-        if strategy.prompt(ids, []) != ids:
-            ids = strategy.prompt(ids, self.plain(pair, ids, whole).output_ids)
+        # The whole-budget plain run is needed below anyway (as the reference, or to place an EOS),
+        # so a strategy that shapes its prompt from it (prompt lookup) costs no extra decoding.
+        ids = strategy.prompt(ids, self.plain(pair, ids, whole).output_ids)
         if eos_inside:
             eos = eos_token_inside(self.plain(pair, ids, whole).output_ids)
             if eos is None:

@@ -34,8 +34,8 @@ def summary_table(entries: Sequence[tuple[CaseMeasurement, str]], wide: bool = F
     cases are numbered and named below the table with their gate verdicts, within 120 columns;
     ``wide``: every column on one line per case."""
     body = []
-    for n, (m, verdict) in enumerate(entries, 1):
-        s = m.summary()
+    summaries = [m.summary() for m, _ in entries]
+    for n, ((_, verdict), s) in enumerate(zip(entries, summaries, strict=True), 1):
         speedup = f"{_f(s['speedup'], '.2f')}x [{_f(s['speedup_low'], '.2f')}-{_f(s['speedup_high'], '.2f')}]"
         if wide:
             body.append(
@@ -70,8 +70,7 @@ def summary_table(entries: Sequence[tuple[CaseMeasurement, str]], wide: bool = F
         return tabulate(body, headers=SUMMARY_HEADERS, tablefmt="github", disable_numparse=True)
     table = tabulate(body, headers=_SHORT_HEADERS, tablefmt="github", disable_numparse=True)
     names = []
-    for n, (m, verdict) in enumerate(entries, 1):
-        s = m.summary()
+    for n, ((_, verdict), s) in enumerate(zip(entries, summaries, strict=True), 1):
         names.append(f"{n}: {s['pair']} {s['case_id']}")
         names.append(
             # Paths and case ids stay whole (a broken path cannot be copied).
