@@ -129,17 +129,49 @@ def load(folder: Path) -> Any:
         raise HarnessError(f"onnxruntime-genai cannot open {folder}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """The engine's sampling options. ``top_k`` 0 is the suite's "no top-k": the vocabulary's size,
+    which keeps every token and is what the engine's speculative sampling needs (a positive top_k;
+    its own default is 50)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def options(self, vocab_size: int) -> dict[str, Any]:
+        return dict(
+            do_sample=True,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k or vocab_size,
+            random_seed=self.seed,
+        )
+
+
+def vocab_size(folder: Path) -> int:
+    """The vocabulary an export's ``genai_config.json`` declares."""
+    return int(json.loads((folder / _CONFIG).read_text(encoding="utf-8"))["model"]["vocab_size"])
+
+
 def decode_prompt(
-    model: Any, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = True
+    model: Any,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    ignore_eos: bool = True,
+    sampling: dict[str, Any] | None = None,
 ) -> EngineRun:
-    """Greedy decoding of ``prompt_ids`` by the engine, one ``generate_next_token`` per token (the
-    engine drains a speculative round's tokens one call at a time), timed around the calls."""
+    """Decoding of ``prompt_ids`` by the engine, greedy or with ``sampling`` (``Sampling.options``),
+    one ``generate_next_token`` per token (the engine drains a speculative round's tokens one call
+    at a time), timed around the calls."""
     og = _og()
     params = og.GeneratorParams(model)
     params.set_search_options(
         max_length=len(prompt_ids) + max_new_tokens,
         min_length=len(prompt_ids) + max_new_tokens if ignore_eos else 0,
-        do_sample=False,
+        **(sampling or {"do_sample": False}),
     )
     generator = og.Generator(model, params)
     start = time.perf_counter()
@@ -274,16 +306,18 @@ def proposal_k(settings: Any) -> int:
 
 
 def check_settings(settings: Any) -> None:
-    """What onnxruntime-genai 0.18.0 runs through the suite here: greedy decoding, plain, with a
-    draft model, or with its n-gram decoding (the suite's prompt lookup). Anything else is refused
-    with what to use instead (never emulated)."""
-    if settings.do_sample:
-        raise UnsupportedError(
-            "--engine onnxruntime-genai decodes greedily in this suite; drop --do_sample or use "
-            "--engine transformers"
-        )
+    """What onnxruntime-genai 0.18.0 runs through the suite: plain decoding, with a draft model or
+    with its n-gram decoding (the suite's prompt lookup), greedy or sampled (temperature, top-p,
+    top-k, seed). A K it refuses is refused here first, with the range it takes."""
     if settings.mode != "plain":
         check_k(proposal_k(settings))
+
+
+def sampling_of(settings: Any) -> Sampling | None:
+    """The engine's sampling options for the suite's settings (None: greedy)."""
+    if not settings.do_sample:
+        return None
+    return Sampling(settings.temperature, settings.top_p, settings.top_k, settings.seed)
 
 
 def _step_costs(stats: dict[str, Any]) -> dict[str, tuple[float, int]]:
@@ -306,10 +340,20 @@ def _plain_step_costs(run: EngineRun) -> dict[str, tuple[float, int]]:
     return {"target": (run.time_per_token_ms * steps, steps) if steps > 0 else (0.0, 0)}
 
 
-def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = None, verify: bool = False):
+def prepare(
+    spec: Any,
+    ort: Any,
+    *,
+    with_draft: bool,
+    weights_dir: str | None = None,
+    verify: bool = False,
+    folders: dict[str, Path] | None = None,
+):
     """A ``LoadedPair`` whose target and draft are the engine's (exports by the model builder at
     ``ort``'s settings, the draft at the same ones) and the ``decode`` function that runs it;
-    ``runner.run_prompts(pair, ..., decode=decode)`` then measures it like any other pair."""
+    ``runner.run_prompts(pair, ..., decode=decode)`` then measures it like any other pair.
+    ``folders`` (role -> Hugging Face folder) stands in for the spec's own models (a test's pair
+    built from a recipe)."""
     from transformers import AutoTokenizer
 
     from harness import backends, models, packaged
@@ -317,7 +361,9 @@ def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = 
 
     backends.check_family(spec.family, spec.name)
     roles = {"target": spec.target, **({"draft": spec.draft} if with_draft else {})}
-    if spec.target.is_tiny:
+    if folders is not None:
+        folders = {role: folders[role] for role in roles}
+    elif spec.target.is_tiny:
         # The tiny stand-ins have no folders: saved once, named by their content (tiny.saved_folder).
         from harness import tiny
 
@@ -334,6 +380,7 @@ def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = 
     engine = Engine(
         exports["target"], exports.get("draft"), packaged.cache_root() / "genai", load(exports["target"])
     )
+    vocab = vocab_size(exports["target"])
     pair = models.LoadedPair(
         spec=spec,
         target=None,
@@ -356,7 +403,14 @@ def prepare(spec: Any, ort: Any, *, with_draft: bool, weights_dir: str | None = 
 
         check_settings(settings)
         model = engine.model_for(settings.mode, proposal_k(settings))
-        run = decode_prompt(model, ids, settings.max_new_tokens, ignore_eos=settings.ignore_eos)
+        sampling = sampling_of(settings)
+        run = decode_prompt(
+            model,
+            ids,
+            settings.max_new_tokens,
+            ignore_eos=settings.ignore_eos,
+            sampling=sampling.options(vocab) if sampling else None,
+        )
         s = run.stats
         speculative = settings.mode != "plain"
         return Measurement(

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from harness import equivalence, humaneval, strategies, tasks, tiny
+from harness import equivalence, genai, humaneval, strategies, tasks, tiny
 from harness.backends import OrtSettings
 from harness.errors import UnsupportedError
 from harness.generation import generate, generation_config
@@ -194,10 +194,18 @@ SAMPLING = {
 }
 
 
-@pytest.fixture(scope="module", params=["torch", "onnxruntime"])
+SAMPLING_ENGINES = [
+    pytest.param("torch", id="torch"),
+    pytest.param("onnxruntime", id="onnxruntime"),
+    pytest.param("onnxruntime-genai", id="onnxruntime_genai"),
+]
+
+
+@pytest.fixture(scope="module", params=SAMPLING_ENGINES)
 def sampling_pair(request, selected_target_backends) -> LoadedPair:
-    """The sampling pair with its target in torch, and exported to ONNX Runtime (int4, the
-    backend's default precision) with the same torch draft."""
+    """The sampling pair with its target in torch; exported to ONNX Runtime (int4, the backend's
+    default precision) with the same torch draft; and both exported for onnxruntime-genai, whose
+    own speculative sampling then runs it."""
     target = tiny.build_target(SAMPLE_RECIPE)
     draft = tiny.build_draft(SAMPLE_RECIPE, target)
     tokenizer = tiny.build_tokenizer()
@@ -209,6 +217,10 @@ def sampling_pair(request, selected_target_backends) -> LoadedPair:
         pytest.skip("onnxruntime is not in --target-backends")
     settings = OrtSettings(provider=provider).validate()
     source = tiny.saved_folder("tiny-sampling", target, tokenizer)
+    if request.param == "onnxruntime-genai":
+        folders = {"target": source, "draft": tiny.saved_folder("tiny-sampling-draft", draft, tokenizer)}
+        engine_pair, _ = genai.prepare(pair.spec, settings, with_draft=True, folders=folders)
+        return engine_pair
     exported = load_ort_target("tiny-sampling", source, settings)
     exported.generation_config = target.generation_config
     return dataclasses.replace(
@@ -235,7 +247,10 @@ def _sample_tokens(pair: LoadedPair, s: GenerationSettings, seeds: range) -> tup
 
 def _sample_plain(pair: LoadedPair, s: GenerationSettings, n: int, seed: int) -> np.ndarray:
     """The target's own samples: n independent rows of one batched ``generate`` call (each row draws
-    its own multinomial samples), n times cheaper than n calls and the same distribution."""
+    its own multinomial samples), n times cheaper than n calls and the same distribution. An
+    engine's pair (no torch target) samples one seed per call, as its speculative runs do."""
+    if pair.decoder is not None:
+        return _sample_tokens(pair, s, range(seed * n, seed * n + n))[0]
     ids = torch.tensor([SAMPLE_PROMPT] * n)
     torch.manual_seed(seed)
     with torch.inference_mode():
@@ -293,6 +308,9 @@ def test_sampling_matches_target_distribution(sampling_pair, plain_samples, name
     assert min(p_values) > ALPHA, f"assisted sampling departs from the target's distribution: p={p_values}"
 
 
+# transformers' loop only: the draft is patched where that loop calls it (the engine's draft runs
+# inside its C++ library).
+@pytest.mark.parametrize("sampling_pair", ["torch", "onnxruntime"], indirect=True)
 def test_sampling_test_catches_misreported_draft(sampling_pair, plain_samples, monkeypatch):
     """A draft that samples from one distribution but reports another (a known transformers bug
     class) biases speculative sampling; the distribution test must notice."""
@@ -311,6 +329,16 @@ def test_sampling_test_catches_misreported_draft(sampling_pair, plain_samples, m
         sampling_pair, _sampling_settings("assisted", kw), range(10_000, 10_000 + SAMPLE_SEEDS)
     )
     assert min(_distribution_p_values(plain, biased)) < ALPHA
+
+
+def test_sampling_test_detects_a_changed_temperature(sampling_pair, plain_samples):
+    """The test's power at this sample size, on every engine: the target's own samples at
+    temperature 0.5 are told apart from its samples at 1.0 (a sampler that dropped or doubled the
+    temperature would be caught)."""
+    cooler = _sample_plain(
+        sampling_pair, _sampling_settings("plain", dict(temperature=0.5)), SAMPLE_SEEDS, 11
+    )
+    assert min(_distribution_p_values(plain_samples["temp1.0"], cooler)) < ALPHA
 
 
 # --------------------------------------------------------------------------- precision tiers
