@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from harness.errors import HarnessError
 from harness.timing import Forward, Measurement
@@ -167,6 +168,11 @@ def expected_tokens_per_forward(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+def _expected_tokens_at(alpha: float, d: float) -> float:
+    """``expected_tokens_per_forward`` at a mean number of drafts that need not be whole."""
+    return d + 1.0 if alpha == 1.0 else (1.0 - alpha ** (d + 1.0)) / (1.0 - alpha)
+
+
 def leviathan_speedup_verify(alpha: float, k: int, c: float, v: float) -> float:
     """Expected walltime speedup when a K+1-token verification forward costs ``v`` one-token forwards.
 
@@ -207,3 +213,80 @@ def acceptance_from_counts(accepted: int, drafted: int) -> float | None:
             f"drafted={drafted}; the candidate generator's counters are inconsistent"
         )
     return None if drafted == 0 else accepted / drafted
+
+
+# --------------------------------------------------------------------------- an engine's own books
+
+# The engine reports its acceptance rate as a float32.
+ENGINE_STATS_TOLERANCE = 1e-6
+
+
+def engine_stats_problems(s: dict[str, Any], n: int, k: int) -> list[str]:
+    """Disagreements between onnxruntime-genai's own statistics ``s`` (``get_speculative_stats``)
+    and what its ``n`` output tokens and this theory show (empty: none).
+
+    The tokens it emitted are the output; each round proposes at most K drafts and ends with one
+    correction or bonus token; every completed round accepted all, some or none of its drafts; the
+    tokens it committed are the accepted drafts plus those closing tokens, less what the budget
+    discarded; its acceptance rate is accepted / evaluated; its tokens per round are emitted /
+    rounds; its expected tokens per round are ``expected_tokens_per_forward`` at its acceptance
+    rate and K. (Its speedup estimate needs a plain-step time of its own, which it takes only when
+    it falls back to plain steps, adaptive K or cooldown; the suite's speedup comes from its own
+    interleaved plain runs.)"""
+    get = lambda key: s.get(key, 0)  # noqa: E731
+    # Steps where nothing was proposed (an n-gram lookup that missed) decode one token the plain way.
+    fallback = get("standard_fallback_steps")
+    checks = [
+        (
+            get("tokens_emitted") + fallback == n,
+            f"engine emitted {get('tokens_emitted')} tokens in rounds and {fallback} in plain steps, "
+            f"the output holds {n}",
+        ),
+        (get("draft_tokens_proposed") <= k * get("rounds"), f"more than K = {k} drafts in a round"),
+        (
+            get("draft_tokens_accepted") <= get("draft_tokens_evaluated"),
+            "more drafts accepted than evaluated",
+        ),
+        (
+            get("correction_tokens") + get("bonus_tokens") == get("rounds"),
+            f"{get('rounds')} rounds closed by {get('correction_tokens')} corrections and "
+            f"{get('bonus_tokens')} bonus tokens (one each expected)",
+        ),
+        (
+            get("full_accept_rounds") + get("partial_accept_rounds") + get("zero_accept_rounds")
+            == get("completed_rounds"),
+            "completed rounds are not full + partial + zero accepts",
+        ),
+        (
+            get("draft_tokens_accepted") + get("correction_tokens") + get("bonus_tokens")
+            == n - fallback + get("tokens_discarded"),
+            "accepted + closing tokens differ from emitted + discarded",
+        ),
+    ]
+    problems = [why for ok, why in checks if not ok]
+    if get("draft_tokens_evaluated"):
+        rate = get("draft_tokens_accepted") / get("draft_tokens_evaluated")
+        if abs(rate - s.get("acceptance_rate", -1.0)) > ENGINE_STATS_TOLERANCE:
+            problems.append(f"acceptance_rate {s.get('acceptance_rate')} but accepted / evaluated is {rate}")
+    # The engine reports these as float32: agreement to its precision, relative.
+    if get("rounds"):
+        per_round = get("tokens_emitted") / get("rounds")
+        if not math.isclose(per_round, s.get("mean_emitted_tokens_per_round", -1.0), rel_tol=1e-5):
+            problems.append(
+                f"mean_emitted_tokens_per_round {s.get('mean_emitted_tokens_per_round')} but emitted / "
+                f"rounds is {per_round}"
+            )
+    if get("draft_tokens_evaluated") and get("rounds") and "expected_tokens_per_round" in s:
+        # Per round (1 - a^(d+1)) / (1 - a) for the d drafts it proposed: at K when every round
+        # proposed K, and never above the formula at the mean d (concave in d) when the budget or
+        # a lookup cut some rounds short.
+        rate, said = min(1.0, max(0.0, s["acceptance_rate"])), s["expected_tokens_per_round"]
+        mean_d = get("draft_tokens_proposed") / get("rounds")
+        full = mean_d == k
+        bound = expected_tokens_per_forward(rate, k) if full else _expected_tokens_at(rate, mean_d)
+        if (full and not math.isclose(said, bound, rel_tol=1e-4)) or said > bound * (1 + 1e-4) or said < 1:
+            problems.append(
+                f"expected_tokens_per_round {said} but (1 - a^(d+1)) / (1 - a) at its acceptance rate "
+                f"and {mean_d:g} drafts a round is {'' if full else 'at most '}{bound}"
+            )
+    return problems

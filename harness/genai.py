@@ -7,7 +7,7 @@ and ``speculative.max_draft_tokens`` (K). This module drives that engine, not an
 (files linked, configs the builder wrote), or one configured for the engine's n-gram decoding, and
 ``decode_prompt`` runs the ``Generator`` token by token with the suite's clocks, returning the
 engine's own statistics (``get_speculative_stats``) next to what the suite measures, so one can be
-held against the other (``check_stats``).
+held against the other (``analysis.engine_stats_problems``).
 """
 
 from __future__ import annotations
@@ -215,57 +215,6 @@ def divergence_gap(
         generator.append_tokens([token])
     logits = np.asarray(generator.get_logits(), dtype=np.float64).reshape(-1)
     return i, float(logits[plain[i]] - logits[other[i]])
-
-
-# The engine reports its acceptance rate as a float32.
-STATS_TOLERANCE = 1e-6
-
-
-def check_stats(run: EngineRun, k: int) -> list[str]:
-    """Disagreements between the engine's own statistics and what its tokens show (empty: none).
-
-    The tokens it emitted are the output; each round proposes at most K drafts and ends with one
-    correction or bonus token; every completed round accepted all, some or none of its drafts; the
-    tokens it committed are the accepted drafts plus those closing tokens, less what the budget
-    discarded; its acceptance rate is accepted / evaluated."""
-    s = run.stats
-    n = len(run.output_ids)
-    get = lambda key: s.get(key, 0)  # noqa: E731
-    # Steps where nothing was proposed (an n-gram lookup that missed) decode one token the plain way.
-    fallback = get("standard_fallback_steps")
-    checks = [
-        (
-            get("tokens_emitted") + fallback == n,
-            f"engine emitted {get('tokens_emitted')} tokens in rounds and {fallback} in plain steps, "
-            f"the output holds {n}",
-        ),
-        (get("draft_tokens_proposed") <= k * get("rounds"), f"more than K = {k} drafts in a round"),
-        (
-            get("draft_tokens_accepted") <= get("draft_tokens_evaluated"),
-            "more drafts accepted than evaluated",
-        ),
-        (
-            get("correction_tokens") + get("bonus_tokens") == get("rounds"),
-            f"{get('rounds')} rounds closed by {get('correction_tokens')} corrections and "
-            f"{get('bonus_tokens')} bonus tokens (one each expected)",
-        ),
-        (
-            get("full_accept_rounds") + get("partial_accept_rounds") + get("zero_accept_rounds")
-            == get("completed_rounds"),
-            "completed rounds are not full + partial + zero accepts",
-        ),
-        (
-            get("draft_tokens_accepted") + get("correction_tokens") + get("bonus_tokens")
-            == n - fallback + get("tokens_discarded"),
-            "accepted + closing tokens differ from emitted + discarded",
-        ),
-    ]
-    problems = [why for ok, why in checks if not ok]
-    if get("draft_tokens_evaluated"):
-        rate = get("draft_tokens_accepted") / get("draft_tokens_evaluated")
-        if abs(rate - s.get("acceptance_rate", -1.0)) > STATS_TOLERANCE:
-            problems.append(f"acceptance_rate {s.get('acceptance_rate')} but accepted / evaluated is {rate}")
-    return problems
 
 
 # --------------------------------------------------------------------------- the engine as a decoder

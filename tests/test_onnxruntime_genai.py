@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness import genai, onnx_export, tiny
+from harness.analysis import engine_stats_problems
 from harness.backends import OrtSettings
 from harness.errors import HarnessError
 
@@ -40,7 +41,7 @@ def test_the_target_as_its_own_draft_accepts_everything(exports, k):
         got = genai.decode_prompt(spec, prompt, 24)
         assert got.output_ids == want.output_ids
         assert got.stats["acceptance_rate"] == 1.0 and got.stats["draft_tokens_accepted"] > 0
-        assert genai.check_stats(got, k) == []
+        assert engine_stats_problems(got.stats, len(got.output_ids), k) == []
         assert want.stats["rounds"] == 0  # plain decoding speculates nothing
 
 
@@ -54,7 +55,7 @@ def test_a_partial_draft_changes_nothing_and_the_engine_counts_truthfully(export
         want = genai.decode_prompt(plain, prompt, 32)
         got = genai.decode_prompt(spec, prompt, 32)
         assert got.output_ids == want.output_ids, (prompt, want.output_ids, got.output_ids)
-        assert genai.check_stats(got, k) == [], got.stats
+        assert engine_stats_problems(got.stats, len(got.output_ids), k) == [], got.stats
         rates.append(got.stats["acceptance_rate"])
     assert 0.0 < min(rates) and max(rates) < 1.0  # partial: neither everything nor nothing
 
@@ -72,7 +73,7 @@ def test_the_engines_ngram_decoding_changes_nothing_and_counts_truthfully(export
         want = genai.decode_prompt(plain, prompt, 32)
         got = genai.decode_prompt(ngram, prompt, 32)
         assert got.output_ids == want.output_ids, (prompt, want.output_ids, got.output_ids)
-        assert genai.check_stats(got, k) == [], got.stats
+        assert engine_stats_problems(got.stats, len(got.output_ids), k) == [], got.stats
         assert got.stats["draft_forward_passes"] == 0  # no draft model: proposals cost no forward
         lookups += got.stats["ngram_lookup_hits"]
     assert lookups > 0  # the repeated tokens of the prompts were found and proposed
@@ -109,6 +110,8 @@ def test_a_missing_draft_export_is_a_clear_error(exports, tmp_path):
         ({"acceptance_rate": 0.5}, "accepted / evaluated"),
         ({"bonus_tokens": 0}, "one each expected"),
         ({"draft_tokens_proposed": 10_000}, "more than K"),
+        ({"mean_emitted_tokens_per_round": 9.0}, "emitted / rounds"),
+        ({"expected_tokens_per_round": 9.0}, "at its acceptance rate"),
     ],
 )
 def test_statistics_that_disagree_with_the_tokens_are_caught(exports, lie, expected):
@@ -116,9 +119,9 @@ def test_statistics_that_disagree_with_the_tokens_are_caught(exports, lie, expec
     run = genai.decode_prompt(
         genai.load(genai.speculative_folder(target, draft, 2, root / "spec")), PROMPTS[0], 32
     )
-    assert genai.check_stats(run, 2) == []
+    assert engine_stats_problems(run.stats, len(run.output_ids), 2) == []
     run.stats.update(lie)
-    assert any(expected in problem for problem in genai.check_stats(run, 2))
+    assert any(expected in problem for problem in engine_stats_problems(run.stats, len(run.output_ids), 2))
 
 
 @pytest.mark.real
@@ -154,7 +157,7 @@ def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
             # verification forward is not bit-identical to a one-token step: its documented caveat).
             flip = genai.divergence_gap(plain, prompt.input_ids, want.output_ids, got.output_ids)
             assert flip is None or 0 <= flip[1] <= tolerance, (prompt.label, k, flip)
-            assert genai.check_stats(got, k) == [], got.stats
+            assert engine_stats_problems(got.stats, len(got.output_ids), k) == [], got.stats
             assert got.stats["draft_tokens_accepted"] > 0
 
 
