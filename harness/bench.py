@@ -19,7 +19,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from harness.errors import HarnessError
 from harness.generation import generate
 from harness.models import LoadedPair
 from harness.results import append_row, runs_dir
-from harness.setup import Draft, GenerationSettings, RunSetup, Target
+from harness.setup import GenerationSettings, RunSetup
 from harness.timing import Measurement
 
 TASK = "benchmark"
@@ -38,40 +38,29 @@ TASK = "benchmark"
 
 @dataclass(frozen=True)
 class BenchCase:
-    """Every setting of one benchmark case; ``key()`` is the baseline identity (``baselines.CaseKey``)."""
+    """One benchmark case: its assisted arm's run setup (the plain arm is the same run with mode
+    plain), the prompt's length and the task. ``key()`` is the baseline identity
+    (``baselines.CaseKey``); every setting lives in ``run``, which ``case`` resolves."""
 
-    pair: str
+    run: RunSetup
     prompt_tokens: int
-    new_tokens: int
-    target_precision: str = "fp32"
-    draft_precision: str = "fp32"
-    num_assistant_tokens: int = 5
-    schedule: str = "constant"
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
     task: str = TASK
-    target_kernels: str = "stock"
-    draft_vocab: int | None = None
-    draft_kernels: str = "stock"
-    target_backend: str = "torch"  # "onnxruntime": target_precision is then the export's label
-    execution_provider: str | None = None
-    engine: str = "transformers"  # "onnxruntime-genai": the engine's own loop (harness.genai)
 
     @property
-    def run(self) -> RunSetup:
-        """The case's assisted arm as a run setup: every key, id and check derives from it."""
-        target = Target(
-            self.target_precision,
-            self.target_kernels,
-            self.target_backend,
-            self.execution_provider,
-            engine=self.engine,
-        )
-        draft = Draft(self.draft_precision, self.draft_kernels, self.draft_vocab)
-        return RunSetup(self.pair, target, draft, self.settings("assisted"))
+    def pair(self) -> str:
+        return self.run.pair
+
+    @property
+    def new_tokens(self) -> int:
+        return self.run.decoding.max_new_tokens
+
+    @property
+    def num_assistant_tokens(self) -> int:
+        return self.run.decoding.num_assistant_tokens
+
+    @property
+    def do_sample(self) -> bool:
+        return self.run.decoding.do_sample
 
     def key(self) -> baselines.CaseKey:
         return baselines.case_key(self.run.columns(), self.task, self.prompt_tokens)
@@ -81,19 +70,29 @@ class BenchCase:
         return self.key().case_id
 
     def settings(self, mode: str) -> GenerationSettings:
-        # ignore_eos: both modes decode exactly new_tokens, so their tokens/s cover the same work.
-        return GenerationSettings(
-            mode=mode,
-            max_new_tokens=self.new_tokens,
-            num_assistant_tokens=self.num_assistant_tokens,
-            assistant_schedule=self.schedule,
-            do_sample=self.do_sample,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            ignore_eos=True,
-        ).validate()
+        return replace(self.run.decoding, mode=mode).validate()
+
+
+def case(
+    pair: Any,
+    prompt_tokens: int,
+    new_tokens: int,
+    *,
+    sampling: Mapping[str, Any] | None = None,
+    task: str = TASK,
+    **settings: Any,
+) -> BenchCase:
+    """A benchmark case of ``pair`` (a name or ``models.PairSpec``): every setting not given is the
+    pair's registered one (``setup.resolve``, with its keyword arguments); ``sampling`` holds
+    ``do_sample``, ``temperature``, ``top_p``, ``top_k`` and ``seed``. Both arms decode exactly
+    ``new_tokens`` (EOS ignored), so their tokens/s cover the same work."""
+    from harness import models
+
+    spec = models.get_pair(pair) if isinstance(pair, str) else pair
+    decoding = GenerationSettings(
+        mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, **(sampling or {})
+    )
+    return BenchCase(setup.resolve(spec, decoding=decoding, **settings), prompt_tokens, task)
 
 
 # --------------------------------------------------------------------------- slowdown injection

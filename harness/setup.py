@@ -262,6 +262,7 @@ def resolve(
     ort_block_size: int = OrtSettings.block_size,
     ort_accuracy_level: int = OrtSettings.accuracy_level,
     target_device: str = "cpu",
+    engine: str = "transformers",
     draft_precision: str | None = None,
     draft_kernels: str | None = None,
     draft_vocab: int | None = None,
@@ -275,13 +276,18 @@ def resolve(
     pair's registration: the one place registered defaults are applied.
 
     ``draft_vocab`` 0 means the whole vocabulary (None: the registered restriction). On ONNX Runtime
-    the target's precision is the export's label, and its kernels are the runtime's own ("stock").
+    the target's precision is the export's label, and its kernels are the runtime's own ("stock");
+    ``engine`` onnxruntime-genai runs such a target in its own loop.
     """
+    if engine not in ENGINES:
+        raise HarnessError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    if engine != "transformers" and target_backend != "onnxruntime":
+        raise HarnessError(f"engine {engine} runs an ONNX Runtime target: pass target_backend='onnxruntime'")
     if target_backend == "onnxruntime":
         ort = OrtSettings(
             target_precision or "int4", ort_block_size, ort_accuracy_level, provider or DEFAULT_PROVIDER
         )
-        target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device)
+        target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device, engine)
     else:
         target = Target(
             target_precision or spec.target_precision,

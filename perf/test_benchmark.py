@@ -9,7 +9,6 @@ Each real case is also recorded through pytest-benchmark, so ``--benchmark-autos
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import warnings
@@ -59,59 +58,49 @@ REQUIRED = (
 
 
 def tiny_case(pair_name: str) -> bench.BenchCase:
-    return bench.BenchCase(pair_name, prompt_tokens=64, new_tokens=32, num_assistant_tokens=5)
+    return bench.case(pair_name, 64, 32, num_assistant_tokens=5)
 
 
 def registered_case(spec: models.PairSpec) -> bench.BenchCase:
     """The pair as registered: for the offline pair, the configuration the CLI runs by default."""
-    return bench.BenchCase(
-        spec.name,
-        128,
-        32,
-        spec.target_precision,
-        spec.draft_precision,
-        spec.num_assistant_tokens,
-        schedule=spec.assistant_schedule,
-        target_kernels=spec.target_kernels,
-        draft_vocab=spec.draft_vocab,
-        draft_kernels=spec.draft_kernels,
-    )
+    return bench.case(spec, 128, 32)
 
 
 def ort_case(spec: models.PairSpec, provider: str) -> bench.BenchCase:
     """The registered case with the target exported to ONNX Runtime (int4, default settings) and the
     registered torch draft: what the seeds' NPU-target / CPU-draft users run."""
-    return bench.BenchCase(
-        spec.name,
-        128,
-        32,
-        OrtSettings(provider=provider).label,
-        spec.draft_precision,
-        spec.num_assistant_tokens,
-        schedule=spec.assistant_schedule,
-        draft_vocab=spec.draft_vocab,
-        draft_kernels=spec.draft_kernels,
-        target_backend="onnxruntime",
-        execution_provider=provider,
-    )
+    return bench.case(spec, 128, 32, target_backend="onnxruntime", provider=provider)
 
 
-def genai_case(spec: models.PairSpec, provider: str) -> bench.BenchCase:
+def genai_case(spec: models.PairSpec, provider: str, prompt_tokens: int = 128, k: int = 3) -> bench.BenchCase:
     """The registered case's prompt and budget through onnxruntime-genai's own loop: its plain
     decoding against its speculative decoding with the draft exported beside the target (the
     builder's int4, default settings), K=3 (the engine's K is fixed: no schedule of its own)."""
-    label = OrtSettings(provider=provider).label
-    return bench.BenchCase(
-        spec.name,
-        128,
+    return bench.case(
+        spec,
+        prompt_tokens,
         32,
-        label,
-        label,
-        3,
         target_backend="onnxruntime",
-        execution_provider=provider,
+        provider=provider,
         engine="onnxruntime-genai",
+        draft_precision=OrtSettings(provider=provider).label,
+        draft_kernels="stock",
+        draft_vocab=0,
+        num_assistant_tokens=k,
+        assistant_schedule="constant",
     )
+
+
+# The stock fp32 pair: no quantization, no hand-written kernel, the whole vocabulary, K=5 constant.
+FP32 = dict(
+    target_precision="fp32",
+    target_kernels="stock",
+    draft_precision="fp32",
+    draft_kernels="stock",
+    draft_vocab=0,
+    num_assistant_tokens=5,
+    assistant_schedule="constant",
+)
 
 
 def real_case(pair_name: str, which: str) -> bench.BenchCase:
@@ -121,7 +110,7 @@ def real_case(pair_name: str, which: str) -> bench.BenchCase:
     reference with no quantization or hand-written kernel involved."""
     spec = models.get_pair(pair_name)
     if which == "fp32" and spec.name == models.DEFAULT_PAIR:
-        return bench.BenchCase(spec.name, 128, 32, "fp32", "fp32", num_assistant_tokens=5)
+        return bench.case(spec, 128, 32, **FP32)
     if which == "fp32":
         pytest.skip(f"{spec.name} runs its registered case only (the fp32 case is the offline pair's)")
     return registered_case(spec)
@@ -132,20 +121,16 @@ def load(pairs, case: bench.BenchCase) -> models.LoadedPair:
     spec = models.get_pair(case.pair)
     if case == registered_case(spec) or case == tiny_case(case.pair):
         return pairs.get(case.pair)
-    if case.engine != "transformers":
-        return pairs.get(
-            case.pair, target_backend=(case.target_backend, case.execution_provider), engine=case.engine
-        )
-    if case.target_backend == "onnxruntime":
-        return pairs.get(case.pair, target_backend=(case.target_backend, case.execution_provider))
-    # Anything else is spelled out, the whole draft vocabulary included (a case has no dv).
+    target, draft = case.run.target, case.run.draft
+    if target.backend == "onnxruntime":
+        return pairs.get(case.pair, target_backend=(target.backend, target.provider), engine=target.engine)
     return pairs.get(
         case.pair,
-        case.target_precision,
-        case.draft_precision,
-        target_kernels=case.target_kernels,
-        draft_vocab=0,
-        draft_kernels=case.draft_kernels,
+        target.precision,
+        draft.precision,
+        target_kernels=target.kernels,
+        draft_vocab=draft.vocab or 0,
+        draft_kernels=draft.kernels,
     )
 
 
@@ -228,11 +213,7 @@ def test_benchmark_real_onnxruntime_genai(
 def test_benchmark_machinery_tiny_onnxruntime_genai(pairs, tmp_path, platform_name, bench_results):
     """The benchmark's measurement, summary and rows on the engine's loop (tiny-qwen2): every number
     the gate reads is finite and consistent, and the rows and the case id say the engine."""
-    case = dataclasses.replace(
-        genai_case(models.get_pair("tiny-qwen2"), backends.DEFAULT_PROVIDER),
-        prompt_tokens=64,
-        num_assistant_tokens=4,
-    )
+    case = genai_case(models.get_pair("tiny-qwen2"), backends.DEFAULT_PROVIDER, prompt_tokens=64, k=4)
     rows_path = tmp_path / "rows" / "bench.jsonl"
     m = bench.measure_case(
         load(pairs, case), case, TINY_REPETITIONS, rows_path=rows_path, platform=platform_name
@@ -268,7 +249,8 @@ def run_real_case(
     benchmark.pedantic(measure, rounds=1, iterations=1)
     m = measured[-1]
     benchmark.extra_info.update(m.summary())
-    exact = case.target_kernels == "invariant" or case.target_precision == case.draft_precision == "fp32"
+    target, draft = case.run.target, case.run.draft
+    exact = target.kernels == "invariant" or target.precision == draft.precision == "fp32"
     check_machinery(m, exact_outputs=exact)
 
     if pytestconfig.getoption("--update-baselines"):
@@ -343,7 +325,7 @@ def test_gate_catches_injected_slowdown(
             f"the real-pair slowdown check takes ~9 minutes here; set {REAL_SLOWDOWN_ENV}=1 to run it "
             "(the tiny-pair variant checks the same gate every run)"
         )
-    case = bench.BenchCase(name, prompt_tokens, new_tokens, num_assistant_tokens=5)
+    case = bench.case(name, prompt_tokens, new_tokens, num_assistant_tokens=5)
     pair = load(pairs, case)
     arms = bench.measure_arms(
         pair,

@@ -6,7 +6,6 @@ asked), so these run anywhere, in parallel, in seconds.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 
@@ -21,7 +20,7 @@ from harness.results import read_rows
 from harness.setup import GenerationSettings
 from harness.timing import Forward, record_forwards
 
-SMALL = bench.BenchCase("tiny-llama", prompt_tokens=24, new_tokens=12, num_assistant_tokens=4)
+SMALL = bench.case("tiny-llama", 24, 12, num_assistant_tokens=4)
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +36,31 @@ def measured(tiny, tmp_path_factory):
 
 
 def test_case_key_names_every_speed_setting():
-    case = bench.BenchCase("qwen2.5-coder-1.5b", 128, 32)
+    fp32 = dict(
+        target_precision="fp32",
+        target_kernels="stock",
+        draft_precision="fp32",
+        draft_kernels="stock",
+        draft_vocab=0,
+        num_assistant_tokens=5,
+        assistant_schedule="constant",
+    )
+    case = bench.case("qwen2.5-coder-1.5b", 128, 32, **fp32)
     assert case.case_id == "benchmark-p128-n32-t_fp32-d_fp32-k5-constant-greedy"
     assert case.key() == baselines.CaseKey(
         "qwen2.5-coder-1.5b", "benchmark", 128, 32, "fp32", "fp32", 5, "constant"
     )
-    sampled = dataclasses.replace(case, do_sample=True, temperature=0.7, top_p=0.9, top_k=50)
+    sampling = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=50)
+    sampled = bench.case("qwen2.5-coder-1.5b", 128, 32, sampling=sampling, **fp32)
     assert sampled.case_id.endswith("sample-t0.7-topp0.9-topk50")
     # Greedy cases do not vary with sampling knobs that have no effect.
-    assert dataclasses.replace(case, temperature=0.3).case_id == case.case_id
+    assert (
+        bench.case("qwen2.5-coder-1.5b", 128, 32, sampling=dict(temperature=0.3), **fp32).case_id
+        == case.case_id
+    )
+    # Settings left out are the pair's registered ones.
+    registered = bench.case("qwen2.5-coder-1.5b", 128, 32).run
+    assert (registered.target.precision, registered.draft.precision) == ("gguf", "q4k")
 
 
 def test_case_settings_decode_the_whole_budget_in_both_modes():
@@ -53,7 +68,7 @@ def test_case_settings_decode_the_whole_budget_in_both_modes():
         s = SMALL.settings(mode)
         assert (s.mode, s.max_new_tokens, s.num_assistant_tokens, s.ignore_eos) == (mode, 12, 4, True)
     with pytest.raises(HarnessError, match="num_assistant_tokens"):
-        dataclasses.replace(SMALL, num_assistant_tokens=0).settings("assisted")
+        bench.case("tiny-llama", 24, 12, num_assistant_tokens=0).settings("assisted")
 
 
 def test_alpha_mle():
@@ -137,9 +152,11 @@ def test_measure_case_rejects_bad_input_before_decoding(tiny):
     with pytest.raises(HarnessError, match="repetitions"):
         bench.measure_case(tiny, SMALL, repetitions=1, write_rows=False)
     with pytest.raises(HarnessError, match="tiny-opt"):
-        bench.measure_case(tiny, dataclasses.replace(SMALL, pair="tiny-opt"), 2, write_rows=False)
+        bench.measure_case(tiny, bench.case("tiny-opt", 24, 12), 2, write_rows=False)
     with pytest.raises(HarnessError, match="bf16"):
-        bench.measure_case(tiny, dataclasses.replace(SMALL, target_precision="bf16"), 2, write_rows=False)
+        bench.measure_case(
+            tiny, bench.case("tiny-llama", 24, 12, target_precision="bf16"), 2, write_rows=False
+        )
     with pytest.raises(HarnessError, match="inject_slowdown"):
         bench.measure_case(tiny, SMALL, 2, inject_slowdown=1.5, write_rows=False)
 
