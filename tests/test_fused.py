@@ -211,3 +211,78 @@ def test_project_shares_k_quant_inputs_and_calls_other_linears(ext):
     x = torch.randn(2, lin.in_features)
     (y,) = fused.project(x, (lin,))
     assert torch.equal(y, lin(x))
+
+
+def _cat_cache(steps: list[int]) -> tuple[list[torch.Tensor], object]:
+    """A cache fed ``steps`` (n > 0: append n rows; n < 0: crop n) through ``append_kv``, checked
+    at every step against transformers' own cache fed the same."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    mine, theirs = DynamicCache(), DynamicCache()
+    for n in steps:
+        if n < 0:
+            mine.crop(n)
+            theirs.crop(n)
+        else:
+            k, v = torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)
+            got = fused.append_kv(mine, 0, k, v)
+            want = theirs.update(k, v, 0)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        assert mine.get_seq_length() == theirs.get_seq_length()
+    return [mine.layers[0].keys, mine.layers[0].values], mine
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-3, 70), min_size=1, max_size=30))
+def test_the_grown_cache_holds_what_transformers_cache_holds(sizes):
+    """Appends (any number of rows) and crops in any order: the cache in a growing buffer returns,
+    and keeps, exactly what ``DynamicLayer``'s concatenation does."""
+    steps, held = [], 0
+    for n in sizes:
+        n = max(n, -held) if held else max(n, 1)  # never crop below one row, start with an append
+        if n:
+            steps.append(n)
+            held += n
+    _cat_cache(steps)
+
+
+def test_the_cache_grows_in_place_and_readers_see_views():
+    (keys, _), cache = _cat_cache([5, 1])  # the first append creates the layer, the second the buffer
+    layer = cache.layers[0]
+    buffer = layer._buffers_kv[0]
+    assert keys.data_ptr() == buffer.data_ptr() and buffer.shape[-2] == 6 + fused.CACHE_HEADROOM
+    fused.append_kv(cache, 0, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))
+    assert layer.keys.data_ptr() == buffer.data_ptr() and cache.get_seq_length() == 7  # no new buffer
+    # Past its room it moves to a larger buffer, contents kept.
+    before, more = layer.keys.clone(), torch.ones(1, 2, fused.CACHE_HEADROOM, 8)
+    fused.append_kv(cache, 0, more, more)
+    assert layer._buffers_kv[0].data_ptr() != buffer.data_ptr()
+    assert torch.equal(layer.keys[..., :7, :], before) and cache.get_seq_length() == 7 + fused.CACHE_HEADROOM
+
+
+def test_attention_reads_a_cache_view_as_its_contiguous_copy(ext):
+    g = torch.Generator().manual_seed(3)
+    buffer_k, buffer_v = torch.randn(2, 40, 16, generator=g), torch.randn(2, 40, 16, generator=g)
+    q = torch.randn(3, 4 * 16, generator=g)
+    k, v = buffer_k[:, :25], buffer_v[:, :25]
+    assert not k.is_contiguous()
+    assert torch.equal(
+        ext.attention_md(q, k, v, 4, 0.25), ext.attention_md(q, k.contiguous(), v.contiguous(), 4, 0.25)
+    )
+
+
+def test_other_caches_keep_their_own_update():
+    from transformers import DynamicCache
+
+    class Recording(DynamicCache):
+        calls = 0
+
+        def update(self, *args, **kwargs):
+            Recording.calls += 1
+            return super().update(*args, **kwargs)
+
+    cache = Recording()
+    fused.append_kv(cache, 0, torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8))
+    fused.append_kv(cache, 0, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))
+    assert Recording.calls == 2 and cache.get_seq_length() == 4

@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="transformers",
         help="what runs the decoding loop: transformers' generate (torch or ONNX Runtime target), or "
         "onnxruntime-genai's own Generator and speculative decoding (target and draft exported by its "
-        "model builder at --target_precision int4|fp32 and the --ort_* settings; greedy only)",
+        "model builder at --target_precision int4|fp32 and the --ort_* settings; greedy or sampled)",
     )
     _add(
         m,

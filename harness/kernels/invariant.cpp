@@ -570,10 +570,13 @@ inline float dot8(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-// Row (h, i) of q at qp + h * q_h + i * q_m; its output at op + h * o_h + i * o_m; k and v contiguous
-// [Hkv, L, D]. The layouts only move where a row is read and written, never the order of its sums.
-void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, const float* vp, float* op, int64_t o_h,
-            int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L, float scale) {
+// Row (h, i) of q at qp + h * q_h + i * q_m; its output at op + h * o_h + i * o_m; k and v [Hkv, L, D]
+// with contiguous rows, head g at kp + g * k_h (vp + g * v_h): a cache kept in a buffer with room to
+// grow is read where it lies. The layouts only move where a row is read and written, never the order
+// of its sums.
+void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t k_h, const float* vp, int64_t v_h,
+            float* op, int64_t o_h, int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L,
+            float scale) {
   const int64_t group = H / Hkv;
 #pragma omp parallel
   {
@@ -583,8 +586,8 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, const fl
     for (int64_t hm = 0; hm < H * M; ++hm) {
       const int64_t h = hm / M, i = hm % M, n = L - M + i + 1;
       const float* qr = qp + h * q_h + i * q_m;
-      const float* kh = kp + (h / group) * L * D;
-      const float* vh = vp + (h / group) * L * D;
+      const float* kh = kp + (h / group) * k_h;
+      const float* vh = vp + (h / group) * v_h;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
         p[j] = dot8(qr, kh + j * D, D) * scale;
@@ -611,6 +614,13 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, const fl
   }
 }
 
+// k or v as attend reads it: rows of D contiguous floats (any head stride), else a contiguous copy.
+torch::Tensor kv_rows(const torch::Tensor& t) {
+  return t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2) && t.stride(0) >= t.size(1) * t.size(2)
+             ? t
+             : t.contiguous();
+}
+
 void check_kv(const torch::Tensor& k, const torch::Tensor& v, int64_t H, int64_t M, int64_t D) {
   TORCH_CHECK(k.dim() == 3 && v.dim() == 3, "k and v must be [Hkv, L, D]");
   TORCH_CHECK(k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32, "attention takes float32");
@@ -624,13 +634,13 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   // q [H, M, D]; k, v [Hkv, L, D], float32
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be float32 [H, M, D]");
   q = q.contiguous();
-  k = k.contiguous();
-  v = v.contiguous();
+  k = kv_rows(k);
+  v = kv_rows(v);
   const int64_t H = q.size(0), M = q.size(1), D = q.size(2);
   check_kv(k, v, H, M, D);
   auto out = torch::empty({H, M, D}, q.options());
-  attend(q.data_ptr<float>(), M * D, D, k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(), M * D, D,
-         H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
+  attend(q.data_ptr<float>(), M * D, D, k.data_ptr<float>(), k.stride(0), v.data_ptr<float>(), v.stride(0),
+         out.data_ptr<float>(), M * D, D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
   return out;
 }
 
@@ -640,13 +650,13 @@ torch::Tensor attention_md(torch::Tensor q, torch::Tensor k, torch::Tensor v, in
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && H > 0 && q.size(1) % H == 0,
               "q must be float32 [M, H * D]");
   q = q.contiguous();
-  k = k.contiguous();
-  v = v.contiguous();
+  k = kv_rows(k);
+  v = kv_rows(v);
   const int64_t M = q.size(0), D = q.size(1) / H;
   check_kv(k, v, H, M, D);
   auto out = torch::empty({M, H * D}, q.options());
-  attend(q.data_ptr<float>(), D, H * D, k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(), D, H * D,
-         H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
+  attend(q.data_ptr<float>(), D, H * D, k.data_ptr<float>(), k.stride(0), v.data_ptr<float>(), v.stride(0),
+         out.data_ptr<float>(), D, H * D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
   return out;
 }
 
