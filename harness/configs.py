@@ -77,16 +77,63 @@ _SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode,
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """One assisted configuration; ``label`` names it in rows, tables and plots."""
+    """One assisted configuration: the target and draft it runs, as a ``setup.RunSetup`` holds them
+    (``draft`` None for prompt lookup), and how it proposes. ``of`` builds one from the sweep's
+    spelling; ``label`` names it in rows, tables and plots."""
 
-    target_precision: str = "fp32"
-    draft_precision: str | None = "fp32"  # None for prompt lookup (no draft model)
+    target: setup.Target
+    draft: setup.Draft | None
     mode: str = "assisted"
     num_assistant_tokens: int = 5  # K; for prompt lookup the number of tokens proposed
     schedule: str = "constant"
-    target_kernels: str = "stock"
-    draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
-    draft_kernels: str = "stock"
+
+    @classmethod
+    def of(
+        cls,
+        target_precision: str = "fp32",
+        draft_precision: str | None = "fp32",
+        mode: str = "assisted",
+        num_assistant_tokens: int = 5,
+        schedule: str = "constant",
+        target_kernels: str = "stock",
+        draft_vocab: int | None = None,
+        draft_kernels: str = "stock",
+    ) -> SweepConfig:
+        """The sweep's spelling (``t``, ``kernels``: stock, invariant, or the ONNX Runtime target in
+        transformers' loop or onnxruntime-genai's) as the run's target and draft."""
+        if target_kernels in (ORT, GENAI):
+            ort = backends.OrtSettings(target_precision)
+            engine = GENAI if target_kernels == GENAI else "transformers"
+            target = setup.Target(ort.label, "stock", "onnxruntime", ort.provider, engine=engine)
+        else:
+            target = setup.Target(target_precision, target_kernels)
+        draft = None if draft_precision is None else setup.Draft(draft_precision, draft_kernels, draft_vocab)
+        return cls(target, draft, mode, num_assistant_tokens, schedule)
+
+    # The sweep's spelling read back (labels, loaders and keys of stored rows use it).
+    @property
+    def target_precision(self) -> str:
+        if self.target.backend == "onnxruntime":
+            return backends.OrtSettings.from_label(self.target.precision).precision
+        return self.target.precision
+
+    @property
+    def target_kernels(self) -> str:
+        if self.target.backend == "onnxruntime":
+            return GENAI if self.target.engine == GENAI else ORT
+        return self.target.kernels
+
+    @property
+    def draft_precision(self) -> str | None:
+        return self.draft.precision if self.draft else None
+
+    @property
+    def draft_vocab(self) -> int | None:
+        return self.draft.vocab if self.draft else None
+
+    @property
+    def draft_kernels(self) -> str:
+        return self.draft.kernels if self.draft else "stock"
 
     @property
     def draft_key(self) -> tuple[str | None, int | None] | tuple[str | None, int | None, str]:
@@ -98,8 +145,7 @@ class SweepConfig:
     @property
     def label(self) -> str:
         if self.mode == "prompt_lookup":
-            # Matches the issue's example (t_w8af32-prompt_lookup-K10); the kernels only show when
-            # they are not the stock ones.
+            # The kernels only show when they are not the stock ones.
             suffix = "" if self.target_kernels == "stock" else f"-{self.target_kernels}"
             return f"t_{self.target_precision}-prompt_lookup-K{self.num_assistant_tokens}{suffix}"
         return (
@@ -108,15 +154,6 @@ class SweepConfig:
             + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
             + ("-dk_invariant" if self.draft_kernels != "stock" else "")
         )
-
-    @property
-    def target(self) -> setup.Target:
-        """The target this configuration runs on, as the loaded pair will report it."""
-        if self.target_kernels in (ORT, GENAI):
-            ort = backends.OrtSettings(self.target_precision)
-            engine = GENAI if self.target_kernels == GENAI else "transformers"
-            return setup.Target(ort.label, "stock", "onnxruntime", ort.provider, engine=engine)
-        return setup.Target(self.target_precision, self.target_kernels)
 
     @property
     def target_key(self) -> tuple[str, str]:
@@ -133,6 +170,10 @@ class SweepConfig:
             prompt_lookup_num_tokens=self.num_assistant_tokens,
             ignore_eos=True,
         ).validate()
+
+    def run(self, pair: str, new_tokens: int) -> setup.RunSetup:
+        """The configuration's assisted runs of ``pair`` as one run setup."""
+        return setup.RunSetup(pair, self.target, self.draft, self.settings(new_tokens))
 
 
 def plain_label(target_precision: str, target_kernels: str = "stock") -> str:
@@ -222,7 +263,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
                 precision.check_precision(name)
             except HarnessError as exc:
                 raise HarnessError(f"{where}: {exc}") from None
-    return SweepConfig(target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels)
+    return SweepConfig.of(target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels)
 
 
 def parse_configs(spec: str) -> list[SweepConfig]:

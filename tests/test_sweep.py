@@ -72,9 +72,9 @@ def test_parse_the_issue_example():
         "t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10"
     )
     assert configs == [
-        sweep_spec.SweepConfig("fp32", "fp32", "assisted", 5, "constant", "stock"),
-        sweep_spec.SweepConfig("w8af32", "w8af32", "assisted", 3, "dynamic", "stock"),
-        sweep_spec.SweepConfig("fp32", None, "prompt_lookup", 10, "constant", "stock"),
+        sweep_spec.SweepConfig.of("fp32", "fp32", "assisted", 5, "constant", "stock"),
+        sweep_spec.SweepConfig.of("w8af32", "w8af32", "assisted", 3, "dynamic", "stock"),
+        sweep_spec.SweepConfig.of("fp32", None, "prompt_lookup", 10, "constant", "stock"),
     ]
     assert [c.label for c in configs] == [
         "t_fp32-d_fp32-K5-constant-stock",
@@ -87,8 +87,8 @@ def test_parse_defaults_long_names_spaces_and_a_trailing_semicolon():
     (a, b, c) = sweep_spec.parse_configs(
         " t = w8af32 ; target=fp32, draft=w8af32, schedule=heuristic ; mode=prompt_lookup ;"
     )
-    assert a == sweep_spec.SweepConfig("w8af32", "fp32", "assisted", 5, "constant", "stock")
-    assert b == sweep_spec.SweepConfig("fp32", "w8af32", "assisted", 5, "heuristic", "stock")
+    assert a == sweep_spec.SweepConfig.of("w8af32", "fp32", "assisted", 5, "constant", "stock")
+    assert b == sweep_spec.SweepConfig.of("fp32", "w8af32", "assisted", 5, "heuristic", "stock")
     assert c.label == "t_fp32-prompt_lookup-K10"  # prompt lookup's own default K
     inv = sweep_spec.parse_configs(
         "t=w8af32,mode=prompt_lookup,kernels=invariant;t=fp32,d=w8af32,target_kernels=invariant"
