@@ -462,3 +462,17 @@ def test_two_runs_on_one_rows_file_never_write_at_once(
     code, _, err = run_cli(capsys, *TINY, "--json", str(path))
     assert code == 0, err
     assert len(results.read_rows(path)) == 2
+
+
+def test_every_run_setting_flag_is_built_from_the_fields():
+    """The run settings' flags come from ``setup.FIELDS`` (the columns rows carry and the reproduce
+    command spells): one option entry per field with a flag, and the parser offers each of them in
+    both spellings."""
+    from harness import setup
+    from harness.cli import parser
+
+    flagged = [f for f in setup.FIELDS if f.flag is not None]
+    assert set(parser.setting_flags()) == {f.column for f in flagged}
+    offered = {name for action in parser.build_parser()._actions for name in action.option_strings}
+    for f in flagged:
+        assert f.flag in offered and "--" + f.flag[2:].replace("_", "-") in offered, f.flag

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from harness import backends, invariant, llamacpp, models, precision, setup, sweep, tasks
 from harness import configs as sweep_spec
@@ -56,6 +57,198 @@ def _int_list(text: str) -> tuple[int, ...]:
     return tasks.parse_int_list(text)
 
 
+def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
+    """How each run setting's flag is offered: ``setup.FIELDS`` names the settings and their flags
+    (the columns rows carry, the reproduce command's spelling); here each gets its group, type,
+    choices, default and help. ``build_parser`` adds the flags from ``FIELDS`` in its order, so a
+    setting is one entry there and one here (a test holds the two lists equal)."""
+    return {
+        "model": (
+            "run",
+            dict(
+                default=models.DEFAULT_PAIR,
+                help="registered pair (see --list-models)",
+            ),
+        ),
+        "target_precision": (
+            "models",
+            dict(
+                choices=(
+                    *precision.PRECISIONS,
+                    *precision.BLOCK_PRECISIONS,
+                    *(set(backends.ORT_PRECISIONS) - set(precision.PRECISIONS)),
+                ),
+                help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32); gguf:"
+                " the model's GGUF file's own 4/6-bit blocks on batch-invariant kernels; q4k: its "
+                "weights quantized to Q4_K blocks on those kernels",
+            ),
+        ),
+        "target_kernels": (
+            "models",
+            dict(
+                choices=invariant.KERNELS,
+                help="default: the pair's. Target kernels: stock (torch/BLAS) or invariant "
+                "(batch-invariant: every verification row equals the one-token decode step bit for "
+                "bit, so assisted == plain at every precision)",
+            ),
+        ),
+        "target_backend": (
+            "models",
+            dict(
+                choices=backends.BACKENDS,
+                default="torch",
+                help="what runs the target: torch, or onnxruntime (the target exported to ONNX once, "
+                "cached, run on --execution_provider; the draft stays in torch on the CPU)",
+            ),
+        ),
+        "execution_provider": (
+            "models",
+            dict(
+                default=backends.DEFAULT_PROVIDER,
+                help="ONNX Runtime execution provider for the target (onnxruntime backend); one this build"
+                " lacks fails with the list of those it has",
+            ),
+        ),
+        "target_device": (
+            "models",
+            dict(
+                default="cpu",
+                help="cpu, cuda[:N] (npu: not available here)",
+            ),
+        ),
+        "engine": (
+            "models",
+            dict(
+                choices=setup.ENGINES,
+                default="transformers",
+                help="what runs the decoding loop: transformers' generate (torch or ONNX Runtime target), "
+                "or onnxruntime-genai's own Generator and speculative decoding (target and draft "
+                "exported by its model builder at --target_precision int4|fp32 and the --ort_* "
+                "settings; greedy or sampled)",
+            ),
+        ),
+        "draft_precision": (
+            "models",
+            dict(
+                choices=(*precision.PRECISIONS, *precision.BLOCK_PRECISIONS),
+                help="default: the pair's; q4k: the draft's weights as Q4_K blocks (with --draft_kernels "
+                "invariant)",
+            ),
+        ),
+        "draft_kernels": (
+            "models",
+            dict(
+                choices=invariant.KERNELS,
+                help="default: the pair's. Draft kernels: stock, or invariant (the harness's small-M "
+                "kernels: chosen for speed, a draft's output is only a proposal)",
+            ),
+        ),
+        "draft_vocab": (
+            "models",
+            dict(
+                type=int,
+                help="default: the pair's. The draft scores only the first N token ids plus the special "
+                "tokens (a smaller output layer: faster drafts, same output; byte-level BPE ids are "
+                "ordered by frequency); 0 = the whole vocabulary",
+            ),
+        ),
+        "draft_device": (
+            "models",
+            dict(
+                default="cpu",
+                help="cpu, cuda[:N]",
+            ),
+        ),
+        "num_assistant_tokens": (
+            "assistance",
+            dict(
+                type=int,
+                help="draft tokens K per step (default: the pair's)",
+            ),
+        ),
+        "assistant_schedule": (
+            "assistance",
+            dict(
+                choices=tuple(setup.SCHEDULES),
+                help="default: the pair's. How K evolves: constant, heuristic (+2 on full accept, -1 "
+                "otherwise), dynamic (draft stops early below a confidence threshold)",
+            ),
+        ),
+        "assistant_confidence_threshold": (
+            "assistance",
+            dict(
+                type=float,
+                default=DECODING.assistant_confidence_threshold,
+                help="threshold for the dynamic schedule",
+            ),
+        ),
+        "prompt_lookup_num_tokens": (
+            "assistance",
+            dict(
+                type=int,
+                metavar="N",
+                help="prompt-lookup decoding proposing N tokens (instead of a draft model)",
+            ),
+        ),
+        "do_sample": (
+            "sampling",
+            dict(
+                action="store_true",
+                help="sample instead of greedy decoding",
+            ),
+        ),
+        "temperature": (
+            "sampling",
+            dict(
+                type=float,
+                default=DECODING.temperature,
+                help="sampling temperature",
+            ),
+        ),
+        "top_p": (
+            "sampling",
+            dict(
+                type=float,
+                default=DECODING.top_p,
+                help="nucleus sampling mass",
+            ),
+        ),
+        "top_k": (
+            "sampling",
+            dict(
+                type=int,
+                default=DECODING.top_k,
+                help="top-k sampling (0: off)",
+            ),
+        ),
+        "seed": (
+            "sampling",
+            dict(
+                type=int,
+                default=DECODING.seed,
+                help="random seed, set before every generate call",
+            ),
+        ),
+        "max_new_tokens": (
+            "run",
+            dict(
+                type=int,
+                help="override every prompt's new-token budget (decode: 30 general / 200 code; "
+                f"benchmark: --new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: "
+                f"{PROMPTS_FILE_NEW_TOKENS}; sweep: {sweep.DEFAULT_NEW_TOKENS})",
+            ),
+        ),
+        "min_new_tokens": (
+            "run",
+            dict(
+                type=int,
+                default=DECODING.min_new_tokens,
+                help="decode at least this many tokens",
+            ),
+        ),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="assisted_generation.py",
@@ -63,7 +256,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Decode prompts with or without an assistant (draft) model and print the seeds' table.",
     )
     g = p.add_argument_group("what to run")
-    _add(g, "--model_name", default=models.DEFAULT_PAIR, help="registered pair (see --list-models)")
     _add(
         g,
         "--model_name_or_path",
@@ -142,21 +334,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=(64, 128, 256),
         help="benchmark new-token counts, comma separated",
     )
-    _add(
-        g,
-        "--max_new_tokens",
-        type=int,
-        help=f"override every prompt's new-token budget (decode: 30 general / 200 code; benchmark: "
-        f"--new_tokens; benchmark_code: {HUMANEVAL_NEW_TOKENS}; --prompts: {PROMPTS_FILE_NEW_TOKENS}; "
-        f"sweep: {sweep.DEFAULT_NEW_TOKENS})",
-    )
-    _add(
-        g,
-        "--min_new_tokens",
-        type=int,
-        default=DECODING.min_new_tokens,
-        help="decode at least this many tokens",
-    )
     _add(g, "--ignore_eos", action="store_true", help="decode the whole budget even past EOS")
 
     a = p.add_argument_group("assistance")
@@ -167,73 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run plain and assisted interleaved per prompt and print the speedup",
     )
-    _add(
-        a,
-        "--prompt_lookup",
-        type=int,
-        metavar="N",
-        help="prompt-lookup decoding proposing N tokens (instead of a draft model)",
-    )
-    _add(a, "--num_assistant_tokens", type=int, help="draft tokens K per step (default: the pair's)")
-    _add(
-        a,
-        "--assistant_schedule",
-        choices=tuple(setup.SCHEDULES),
-        help="default: the pair's. How K evolves: constant, heuristic (+2 on full accept, -1 otherwise), "
-        "dynamic (draft stops early below a confidence threshold)",
-    )
-    _add(
-        a,
-        "--assistant_confidence_threshold",
-        type=float,
-        default=DECODING.assistant_confidence_threshold,
-        help="threshold for the dynamic schedule",
-    )
 
     s = p.add_argument_group("sampling")
-    _add(s, "--do_sample", action="store_true", help="sample instead of greedy decoding")
-    _add(s, "--temperature", type=float, default=DECODING.temperature, help="sampling temperature")
-    _add(s, "--top_p", type=float, default=DECODING.top_p, help="nucleus sampling mass")
-    _add(s, "--top_k", type=int, default=DECODING.top_k, help="top-k sampling (0: off)")
-    _add(s, "--seed", type=int, default=DECODING.seed, help="random seed, set before every generate call")
 
     m = p.add_argument_group("models, precisions, devices")
-    _add(
-        m,
-        "--target_precision",
-        choices=(
-            *precision.PRECISIONS,
-            *precision.BLOCK_PRECISIONS,
-            *(set(backends.ORT_PRECISIONS) - set(precision.PRECISIONS)),
-        ),
-        help="default: the pair's (torch) or int4 (onnxruntime, which offers int4 and fp32); gguf: the "
-        "model's GGUF file's own 4/6-bit blocks on batch-invariant kernels; q4k: its weights "
-        "quantized to Q4_K blocks on those kernels",
-    )
-    _add(
-        m,
-        "--engine",
-        choices=setup.ENGINES,
-        default="transformers",
-        help="what runs the decoding loop: transformers' generate (torch or ONNX Runtime target), or "
-        "onnxruntime-genai's own Generator and speculative decoding (target and draft exported by its "
-        "model builder at --target_precision int4|fp32 and the --ort_* settings; greedy or sampled)",
-    )
-    _add(
-        m,
-        "--target_backend",
-        choices=backends.BACKENDS,
-        default="torch",
-        help="what runs the target: torch, or onnxruntime (the target exported to ONNX once, cached, "
-        "run on --execution_provider; the draft stays in torch on the CPU)",
-    )
-    _add(
-        m,
-        "--execution_provider",
-        default=backends.DEFAULT_PROVIDER,
-        help="ONNX Runtime execution provider for the target (onnxruntime backend); one this build "
-        "lacks fails with the list of those it has",
-    )
     _add(
         m,
         "--ort_block_size",
@@ -248,37 +362,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=ORT.accuracy_level,
         help="int4 export: MatMulNBits accuracy level, the type activations are computed in "
         "(1 fp32, 2 fp16, 3 bf16, 4 int8)",
-    )
-    _add(
-        m,
-        "--draft_precision",
-        choices=(*precision.PRECISIONS, *precision.BLOCK_PRECISIONS),
-        help="default: the pair's; q4k: the draft's weights as Q4_K blocks (with --draft_kernels invariant)",
-    )
-    _add(m, "--target_device", default="cpu", help="cpu, cuda[:N] (npu: not available here)")
-    _add(
-        m,
-        "--target_kernels",
-        choices=invariant.KERNELS,
-        help="default: the pair's. Target kernels: stock (torch/BLAS) or invariant (batch-invariant: "
-        "every verification row equals the one-token decode step bit for bit, so assisted == plain at "
-        "every precision)",
-    )
-    _add(m, "--draft_device", default="cpu", help="cpu, cuda[:N]")
-    _add(
-        m,
-        "--draft_kernels",
-        choices=invariant.KERNELS,
-        help="default: the pair's. Draft kernels: stock, or invariant (the harness's small-M kernels: "
-        "chosen for speed, a draft's output is only a proposal)",
-    )
-    _add(
-        m,
-        "--draft_vocab",
-        type=int,
-        help="default: the pair's. The draft scores only the first N token ids plus the special tokens "
-        "(a smaller output layer: faster drafts, same output; byte-level BPE ids are ordered by "
-        "frequency); 0 = the whole vocabulary",
     )
     _add(m, "--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
     _add(
@@ -314,4 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="--task sweep: llama.cpp's llama-bench binary, to time its plain decoding of the same GGUF "
         f"in the same run as a reference row (or set {llamacpp.ENV}; absent: no reference)",
     )
+    groups = {"run": g, "assistance": a, "sampling": s, "models": m}
+    options = setting_flags()
+    for f in setup.FIELDS:
+        if f.flag is not None:
+            group, kw = options[f.column]
+            _add(groups[group], f.flag, **kw)
     return p
