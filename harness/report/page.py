@@ -1,0 +1,337 @@
+"""The results page: every committed result as a table, written from the committed rows alone.
+
+``--regen-tables`` writes it (``results/README.md``): per platform, the benchmark cases, the
+sweeps, the divergence tiers and the HumanEval runs, each table headed by the machine it ran on,
+the versions its rows record and the command that reproduces it. Nothing on it is typed by hand,
+so regenerating from the same rows gives the same bytes; what the numbers mean is discussed in
+``docs/FINDINGS.md``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from harness import backends, configs, files, results, setup, sweep
+from harness.report import chosen_run, compare_rows, overall_speedup
+from harness.results import Row
+
+PAGE_NAME = "README.md"
+REGEN = "python assisted_generation.py --regen-tables"
+_VERSIONS = ("torch", "transformers", "onnxruntime", "onnxruntime-genai", "python")
+
+
+def _versions(rows: Iterable[Row]) -> str:
+    """The versions rows record, one value per package (several: all of them, sorted)."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        for name, value in (row.versions or {}).items():
+            if name in _VERSIONS:
+                seen[name].add(str(value))
+    if not seen:
+        return "not recorded in these rows"
+    return ", ".join(f"{name} {'/'.join(sorted(seen[name]))}" for name in _VERSIONS if name in seen)
+
+
+def _header(platform: str, command: str, versions: str, rows: str) -> list[str]:
+    return [
+        f"- machine: `{platform}`",
+        f"- versions: {versions}",
+        f"- command: `{command}`",
+        f"- rows: `{rows}`",
+    ]
+
+
+def _f(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+# --------------------------------------------------------------------------- benchmark cases
+
+
+def benchmark_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
+    """One line per benchmark command (the run covering the most rounds): plain and assisted
+    tokens/s, speedup, acceptance and whether every output equalled plain."""
+    by_command: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        if row.mode != "plain":
+            by_command[setup.command(row)].append(row)
+    lines = []
+    for command in sorted(by_command):
+        # One measurement per command: the run covering the most prompts (the newest of those),
+        # both its modes.
+        run_id = chosen_run(by_command[command])[0].run_id
+        run = [r for r in rows if r.run_id == run_id]
+        pairs = [p for p in compare_rows(run) if p["command"] == command]
+        if not pairs:
+            continue
+        of_means, _ = overall_speedup(pairs)
+        acceptance = [p["acceptance_rate"] for p in pairs if p["acceptance_rate"] is not None]
+        table = tabulate(
+            [
+                [
+                    len(pairs),
+                    statistics.fmean(p["plain_tokens_per_s"] for p in pairs),
+                    statistics.fmean(p["assisted_tokens_per_s"] for p in pairs),
+                    _f(of_means, ".2f", "x"),
+                    _f(statistics.fmean(acceptance) if acceptance else None, ".2f"),
+                    f"{sum(p['identical'] for p in pairs)}/{len(pairs)}",
+                ]
+            ],
+            headers=["rounds", "plain tok/s", "assisted tok/s", "speedup", "acceptance", "identical"],
+            tablefmt="github",
+            floatfmt=".2f",
+        )
+        first = next(r for r in run if r.mode != "plain")
+        lines += [
+            f"#### {first.model}, {first.task}: {pairs[0]['mode']}, {first.target_precision} target",
+            "",
+        ]
+        lines += _header(platform, command, _versions(run), source) + ["", table, ""]
+    return lines
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def _config_of(row: Row) -> configs.SweepConfig:
+    """The configuration a sweep row ran, from its own columns."""
+    target = setup.Target(
+        row.target_precision,
+        row.target_kernels or "stock",
+        row.target_backend or "torch",
+        row.execution_provider,
+        engine=row.engine or "transformers",
+    )
+    draft = None
+    if row.mode == "assisted":
+        precision = row.draft_precision
+        if target.engine == configs.GENAI:
+            # The engine's draft is exported at the target's settings: the sweep names it as the target.
+            precision = backends.OrtSettings.from_label(precision).precision
+        draft = setup.Draft(precision, row.draft_kernels or "stock", row.draft_vocab)
+    k = row.prompt_lookup_num_tokens if row.mode == "prompt_lookup" else row.num_assistant_tokens
+    return configs.SweepConfig(target, draft, row.mode, int(k or 0), row.assistant_schedule or "constant")
+
+
+def _arm(row: Row) -> str:
+    return str(((row.extra or {}).get("sweep") or {}).get("config", ""))
+
+
+def _sweep_spec(config: configs.SweepConfig) -> str:
+    items = [f"t={config.target_precision}"]
+    if config.target_kernels != "stock":
+        items.append(f"kernels={config.target_kernels}")
+    if config.mode == "prompt_lookup":
+        items.append("mode=prompt_lookup")
+    elif config.target_kernels != configs.GENAI:
+        items.append(f"d={config.draft_precision}")
+        if config.draft_kernels != "stock":
+            items.append(f"dk={config.draft_kernels}")
+        if config.draft_vocab is not None:
+            items.append(f"dv={config.draft_vocab}")
+    items.append(f"k={config.num_assistant_tokens}")
+    if config.mode == "assisted" and config.schedule != "constant":
+        items.append(f"sched={config.schedule}")
+    return ",".join(items)
+
+
+def sweep_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
+    """One table per sweep file: every configuration against its target's plain runs of the same
+    run (the run with the most prompts for each configuration), as the sweep printed it."""
+    by_arm: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_arm[_arm(row)].append(row)
+    plain_arms = {arm for arm, group in by_arm.items() if group[0].mode == "plain"}
+    chosen: dict[str, list[Row]] = {arm: chosen_run(group) for arm, group in by_arm.items()}
+    plain_of_run = {r.run_id: arm for arm in plain_arms for r in chosen[arm]}
+    plain_rate = {arm: statistics.fmean(r.tokens_per_s for r in chosen[arm]) for arm in plain_arms}
+    best = max(plain_rate.values(), default=None)
+    results_, configs_ = [], []
+    for arm in sorted(set(by_arm) - plain_arms):
+        assisted = chosen[arm]
+        plain_arm = plain_of_run.get(assisted[0].run_id)
+        if plain_arm is None:
+            continue  # its target's plain runs belong to a run this file does not hold
+        config = _config_of(assisted[0])
+        plain = {r.example: r for r in chosen[plain_arm] if r.run_id == assisted[0].run_id}
+        results_.append(sweep.summarize(config, plain, {r.example: r for r in assisted}, best))
+        configs_.append(config)
+    if not results_:
+        return []
+    first = rows[0]
+    tokens = sorted({r.new_tokens for r in rows})
+    command = (
+        f"python assisted_generation.py --model_name {first.model} --task sweep --limit "
+        f"{max(r.prompts for r in results_)} --max_new_tokens {max(tokens)} --sweep "
+        f'"{";".join(_sweep_spec(c) for c in configs_)}"'
+    )
+    body = [
+        [
+            r.config.label,
+            r.prompts,
+            r.plain_tokens_per_s,
+            r.assisted_tokens_per_s,
+            f"{r.speedup.value:.2f}x [{r.speedup.low:.2f}-{r.speedup.high:.2f}]",
+            _f(r.vs_best_plain, ".2f", "x"),
+            _f(r.alpha, ".2f"),
+            _f(r.c, ".2f"),
+            "yes" if r.identical else "no",
+        ]
+        for r in results_
+    ]
+    plain_lines = [f"{arm}: {rate:.2f} tok/s" for arm, rate in sorted(plain_rate.items())]
+    table = tabulate(
+        body,
+        headers=[
+            "configuration",
+            "prompts",
+            "plain tok/s",
+            "assisted tok/s",
+            "speedup [95% CI]",
+            "vs best plain",
+            "alpha",
+            "c",
+            "identical",
+        ],  # fmt: skip
+        tablefmt="github",
+        floatfmt=".2f",
+    )
+    lines = [f"#### Sweep: {first.model}, {len(results_)} configurations, {len(plain_rate)} targets", ""]
+    lines += _header(platform, command, _versions(rows), source)
+    lines += ["", table, "", "Plain decoding in the same run: " + "; ".join(plain_lines) + ".", ""]
+    return lines
+
+
+# --------------------------------------------------------------------------- divergence and HumanEval
+
+
+def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    """All prompts of each precision tier: exact, near ties (with the largest gap), other."""
+    body = []
+    commands = []
+    for source, records in sorted(tiers.items()):
+        near = [r for r in records if not r.get("identical") and r.get("near_tie")]
+        other = [r for r in records if not r.get("identical") and not r.get("near_tie")]
+        gaps = [abs(r["gap"]) for r in near if r.get("gap") is not None]
+        first = records[0]
+        body.append(
+            [
+                first.get("precision", Path(source).stem),
+                len(records),
+                sum(int(r.get("tokens", 0)) for r in records),
+                sum(bool(r.get("identical")) for r in records),
+                f"{len(near)}" + (f" (max gap {max(gaps):.3f})" if gaps else ""),
+                len(other),
+            ]
+        )
+        commands.append(
+            f'pytest perf/test_decode.py -k "precision_tier_real and {first.get("pair", "")}" '
+            f"--real-prompts {len(records)} --divergence-out {source}"
+        )
+    table = tabulate(
+        body,
+        headers=["precision / kernels", "prompts", "tokens", "exact", "near ties", "other"],
+        tablefmt="github",
+    )
+    lines = ["#### Divergence: assisted against plain, every prompt", ""]
+    lines += [f"- machine: `{platform}`", "- versions: not recorded in these rows"]
+    lines += [f"- command ({Path(s).stem}): `{c}`" for s, c in zip(sorted(tiers), commands, strict=True)]
+    return lines + ["", table, ""]
+
+
+def humaneval_section(platform: str, records: list[dict[str, Any]], source: str) -> list[str]:
+    from harness import humaneval
+
+    summary = humaneval.summarise(records)
+    modes = summary["modes"]
+    body = [
+        [
+            mode,
+            s["tasks"],
+            s["passed"],
+            _f(None if s["pass@1"] is None else 100 * s["pass@1"], ".1f", "%"),
+        ]
+        for mode, s in modes.items()
+    ]
+    table = tabulate(body, headers=["mode", "tasks", "passed", "pass@1"], tablefmt="github")
+    tasks = max((s["tasks"] for s in modes.values()), default=0)
+    command = f"pytest perf/test_humaneval.py -k pass_at_1_equal_real --humaneval-limit {tasks}"
+    lines = [f"#### HumanEval: {Path(source).stem}", ""]
+    lines += _header(platform, command, "not recorded in these rows", source)
+    lines += [
+        "",
+        table,
+        "",
+        f"Identical completions: {summary['identical_completions']} of {summary['paired_tasks']}; "
+        f"pass@1 equal: {'yes' if summary['pass@1_equal'] else 'no'}.",
+        "",
+    ]
+    return lines
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def results_page(results_dir: Path) -> str:
+    """The page for every row file under ``results_dir`` (paths shown relative to its parent)."""
+    results_dir = Path(results_dir)
+    root = results_dir.parent
+    sections: dict[str, list[str]] = defaultdict(list)
+    newest: dict[str, str] = defaultdict(str)
+
+    for path in sorted([*results_dir.glob("**/rows/*.jsonl"), *results_dir.glob("*/engine/*.jsonl")]):
+        rows = results.read_rows(path)
+        for platform in sorted({r.platform or "unknown" for r in rows}):
+            mine = [r for r in rows if (r.platform or "unknown") == platform]
+            newest[platform] = max([newest[platform], *(r.timestamp or "" for r in mine)])
+            sections[platform] += benchmark_section(platform, mine, _rel(path, root))
+    for path in sorted(results_dir.glob("**/rows/sweep/*.jsonl")):
+        rows = results.read_rows(path)
+        platform = rows[0].platform if rows else "unknown"
+        newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
+        sections[platform] += sweep_section(platform, rows, _rel(path, root))
+    for folder in sorted(results_dir.glob("*/divergence")):
+        tiers = {_rel(p, root): results.read_records(p) for p in sorted(folder.glob("*.jsonl"))}
+        if any(tiers.values()):
+            sections[folder.parent.name] += divergence_section(
+                folder.parent.name, {k: v for k, v in tiers.items() if v}
+            )
+    for path in sorted(results_dir.glob("*/humaneval/*.jsonl")):
+        records = results.read_records(path)
+        if records:
+            sections[path.parent.parent.name] += humaneval_section(
+                path.parent.parent.name, records, _rel(path, root)
+            )
+
+    lines = [
+        "# Results",
+        "",
+        f"Generated by `{REGEN}` from the committed rows under `{results_dir.name}/`; do not edit. "
+        "Every table names the machine it ran on, the versions its rows record and the command that "
+        "reproduces it. Hosts of one kind differ by ~25% in absolute speed: compare ratios measured "
+        "in one run. What the numbers mean: `docs/FINDINGS.md`.",
+        "",
+    ]
+    order = sorted(sections, key=lambda p: (newest[p], p), reverse=True)
+    for platform in order:
+        lines += [f"## {platform}", "", *sections[platform]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_results_page(results_dir: Path) -> Path:
+    path = Path(results_dir) / PAGE_NAME
+    files.atomic_write(path, results_page(Path(results_dir)).encode("utf-8"))
+    return path

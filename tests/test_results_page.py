@@ -1,0 +1,49 @@
+"""The results page: generated from the committed rows, current, every table headed by its machine,
+versions and command."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from harness import cli
+from harness.report import page
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+
+
+def test_the_committed_page_is_what_the_committed_rows_generate():
+    """Nothing on the page is typed by hand: regenerating it from the rows gives the same bytes
+    (after new rows are committed, ``--regen-tables`` rewrites it)."""
+    assert (RESULTS / page.PAGE_NAME).read_text(encoding="utf-8") == page.results_page(RESULTS)
+
+
+def test_every_table_says_its_machine_versions_and_command():
+    text = page.results_page(RESULTS)
+    sections = re.split(r"^#### ", text, flags=re.MULTILINE)[1:]
+    assert len(sections) >= 10
+    for section in sections:
+        head = section.split("\n\n|", 1)[0]
+        assert "- machine: `" in head and "- versions: " in head and "- command" in head, head
+        assert "\n|" in section, f"no table under {section.splitlines()[0]}"
+
+
+def test_the_page_shows_each_kind_of_result():
+    text = page.results_page(RESULTS)
+    # A sweep (speedup with its interval), the benchmark cases, divergence counts and HumanEval.
+    assert re.search(r"\| t_gguf-d_q4k-K3-dynamic-invariant-dv16384-dk_invariant +\| +20 \|", text)
+    assert "#### qwen2.5-coder-1.5b, benchmark: assisted" in text
+    assert "| gguf / invariant" in text and "#### HumanEval: qwen2.5-coder-1.5b-gguf-q4k" in text
+    # The engine's draft-model configuration keeps the label the sweep gave it.
+    assert "t_int4-d_int4-K3-constant-onnxruntime-genai" in text
+
+
+def test_regen_tables_writes_the_page_into_the_results_folder(tmp_path, capsys):
+    copy = tmp_path / "results"
+    shutil.copytree(RESULTS, copy)
+    (copy / page.PAGE_NAME).unlink()
+    assert cli.main(["--regen-tables", "--results_dir", str(copy)]) == 0
+    assert str(copy / page.PAGE_NAME) in capsys.readouterr().out
+    assert (copy / page.PAGE_NAME).read_text(encoding="utf-8") == page.results_page(copy)
