@@ -230,9 +230,9 @@ def engine_stats_problems(s: dict[str, Any], n: int, k: int) -> list[str]:
     tokens it committed are the accepted drafts plus those closing tokens, less what the budget
     discarded; its acceptance rate is accepted / evaluated; its tokens per round are emitted /
     rounds; its expected tokens per round are ``expected_tokens_per_forward`` at its acceptance
-    rate and K. (Its speedup estimate needs a plain-step time of its own, which it takes only when
-    it falls back to plain steps, adaptive K or cooldown; the suite's speedup comes from its own
-    interleaved plain runs.)"""
+    rate and K; and, where it timed plain steps of its own (cooldown, adaptive K), its observed and
+    estimated speedups are what its own times and counts give. (Without such steps it reports no
+    speedup; the suite's comes from its own interleaved plain runs.)"""
     get = lambda key: s.get(key, 0)  # noqa: E731
     # Steps where nothing was proposed (an n-gram lookup that missed) decode one token the plain way.
     fallback = get("standard_fallback_steps")
@@ -289,4 +289,26 @@ def engine_stats_problems(s: dict[str, Any], n: int, k: int) -> list[str]:
                 f"expected_tokens_per_round {said} but (1 - a^(d+1)) / (1 - a) at its acceptance rate "
                 f"and {mean_d:g} drafts a round is {'' if full else 'at most '}{bound}"
             )
+    # Its speedup figures exist once it has timed plain steps of its own (cooldown, adaptive K):
+    # the observed one is that per-token time over what its forwards cost per emitted token, the
+    # estimated one the same from its expected tokens and its per-round costs.
+    baseline = s.get("target_baseline_ms_per_token", 0.0)
+    forwards_ms = get("total_target_ms") + get("total_draft_ms")
+    if baseline > 0 and forwards_ms > 0 and get("rounds"):
+        observed = baseline * get("tokens_emitted") / forwards_ms
+        if not math.isclose(observed, s.get("observed_speedup", -1.0), rel_tol=1e-4):
+            problems.append(
+                f"observed_speedup {s.get('observed_speedup')} but its plain-step time x emitted tokens "
+                f"over its forwards' time is {observed}"
+            )
+        per_round = get("avg_target_ms_per_round") + get("avg_draft_ms_per_token") * get(
+            "avg_draft_tokens_per_round"
+        )
+        if per_round > 0:
+            estimated = get("expected_tokens_per_round") * baseline / per_round
+            if not math.isclose(estimated, s.get("estimated_speedup", -1.0), rel_tol=1e-4):
+                problems.append(
+                    f"estimated_speedup {s.get('estimated_speedup')} but its expected tokens per round x "
+                    f"plain-step time over its per-round cost is {estimated}"
+                )
     return problems

@@ -124,6 +124,27 @@ def test_statistics_that_disagree_with_the_tokens_are_caught(exports, lie, expec
     assert any(expected in problem for problem in engine_stats_problems(run.stats, len(run.output_ids), 2))
 
 
+def test_the_engines_speedup_figures_are_what_its_own_books_give(exports, tmp_path):
+    """With adaptive K the engine times plain steps of its own and reports an observed and an
+    estimated speedup: both must follow from its times and counts, and a wrong one is caught."""
+    import json
+    import shutil
+
+    target, draft, root = exports
+    folder = tmp_path / "adaptive"
+    shutil.copytree(genai.speculative_folder(target, draft, 3, root / "spec"), folder, symlinks=True)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["speculative"]["min_adaptive_k"] = 1
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    run = genai.decode_prompt(genai.load(folder), PROMPTS[0], 64)
+    s = run.stats
+    assert s["target_baseline_ms_per_token"] > 0 and s["observed_speedup"] > 0 and s["estimated_speedup"] > 0
+    assert engine_stats_problems(s, len(run.output_ids), 3) == []
+    for lie in ("observed_speedup", "estimated_speedup"):
+        told = dict(s, **{lie: s[lie] * 1.5})
+        assert any(lie in problem for problem in engine_stats_problems(told, len(run.output_ids), 3))
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
