@@ -357,6 +357,21 @@ def test_table_and_plot(tmp_path: Path) -> None:
         he.plot_speedup(untimed, tmp_path / "none.png")
 
 
+def test_the_plot_of_every_problem_stays_readable(tmp_path: Path) -> None:
+    """164 problems: one figure of ordinary width with at most ~20 labelled ticks, not a bar and a
+    label per problem (a 2,600-pixel strip)."""
+    from PIL import Image
+
+    rows = []
+    for n in range(164):
+        tid = f"HumanEval/{n}"
+        rows.append(he.make_row(tid, "plain", "A", _outcome(True), measurements={"total_s": 2.0}))
+        rows.append(he.make_row(tid, "assisted", "A", _outcome(True), measurements={"total_s": 1.0 + n % 3}))
+    out = he.plot_speedup(rows, tmp_path / "all.png")
+    width, height = Image.open(out).size
+    assert width <= 1300 and height <= 600
+
+
 def test_run_mode_scores_records_and_resumes(problems: list[dict], tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     calls: list[str] = []

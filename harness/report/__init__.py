@@ -302,13 +302,17 @@ def chosen_run(rows: list[Row]) -> list[Row]:
 
 
 def _series_label(row: Row) -> str:
+    # The target leads every label: two assisted series with the same draft on different targets
+    # must not read alike.
+    target = f"{row.target_precision} target"
     if row.mode == "plain":
-        label = f"plain ({row.target_precision})"
+        label = f"plain: {target}"
     elif row.mode == "prompt_lookup":
-        label = f"prompt lookup (N={row.prompt_lookup_num_tokens})"
+        label = f"prompt lookup: {target}, N={row.prompt_lookup_num_tokens}"
     else:
         label = (
-            f"assisted (draft {row.draft_precision}, K={row.num_assistant_tokens}, {row.assistant_schedule})"
+            f"assisted: {target}, {row.draft_precision} draft, K={row.num_assistant_tokens} "
+            f"{row.assistant_schedule}"
         )
     return label + (f", T={row.temperature}" if row.do_sample else "")
 
@@ -343,7 +347,15 @@ def _speedup_png(title: str, sections: list[tuple[str, list[Row]]]) -> bytes:
             for x, y, row in zip(xs, ys, rows, strict=True):
                 base = plain.get(setup.pairing_key(row)) if row.mode != "plain" else None
                 if base is not None and _finite_positive(base.tokens_per_s) and y > 0:
-                    ax.annotate(f"{y / base.tokens_per_s:.2f}x", (x, y), ha="center", va="bottom", fontsize=7)
+                    # Upright when the bars are narrow, so neighbouring labels do not overlap.
+                    ax.annotate(
+                        f"{y / base.tokens_per_s:.2f}x",
+                        (x, y),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        rotation=90 if len(series) >= 4 else 0,
+                    )
         ax.set_xticks(range(len(prompts)))
         ax.set_xticklabels([f"#{e}\n{p} tok\n+{n}" for e, p, n in prompts], fontsize=8)
         # At least four slots wide, so one or two prompts do not stretch into one huge bar.
