@@ -16,7 +16,7 @@ import torch
 from tabulate import tabulate
 from transformers import PreTrainedModel
 
-from harness import results, strategies
+from harness import platforms, results, strategies
 from harness.generation import generate
 from harness.models import LoadedPair
 from harness.setup import GenerationSettings
@@ -232,6 +232,7 @@ class DivergenceTable:
                 "near_tie": case.near_tie,
                 "first_divergence": case.first_divergence,
                 "gap": case.gap,
+                "versions": platforms.library_versions(),
             }
             results.append_row(self.rows_path, row)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import platforms
 from harness.errors import HarnessError, UnsupportedError
 from harness.results import append_row, read_records
 from harness.sandbox import SandboxResult, available_isolation, run_untrusted
@@ -339,7 +340,8 @@ def make_row(
             f"measurements carry {clashes} with values that differ from the HumanEval row's own; "
             "rename those keys before passing them"
         )
-    return {**extra, **own}
+    # What scored it, as every row store records (the page of results says it beside the table).
+    return {"versions": platforms.library_versions(), **extra, **own}
 
 
 def record(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:

@@ -100,7 +100,15 @@ def detect() -> PlatformInfo:
 def library_versions() -> dict[str, str]:
     """Versions that change speed or output; recorded with every row and baseline."""
     out = {"python": platform.python_version()}
-    for dist in ("torch", "transformers", "tokenizers", "gguf", "pytest-benchmark"):
+    for dist in (
+        "torch",
+        "transformers",
+        "tokenizers",
+        "gguf",
+        "onnxruntime",
+        "onnxruntime-genai",
+        "pytest-benchmark",
+    ):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

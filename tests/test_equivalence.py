@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from harness import equivalence, models
 from harness.setup import GenerationSettings
@@ -23,6 +24,7 @@ def test_divergence_rows_are_written_as_cases_finish(tmp_path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["prompt_tokens"] for r in rows] == [3, 4]
     assert all(r["identical"] and r["tokens"] == 6 and r["precision"] == "fp32 / stock" for r in rows)
+    assert all(r["versions"]["torch"] == torch.__version__ for r in rows)  # what measured them
     assert table.counts["fp32 / stock"] == {"prompts": 2, "tokens": 12, "exact": 2, "near_tie": 0, "other": 0}
 
     # A rerun with the same file finds both prompts done and counts them without decoding.

@@ -236,6 +236,13 @@ def test_scoring_refuses_a_machine_without_kernel_isolation(
 # ------------------------------------------------------------------------------------ rows and resume
 
 
+def test_rows_say_which_versions_scored_them() -> None:
+    import platform
+
+    row = he.make_row("HumanEval/0", "plain", "    return 1\n", _outcome(True))
+    assert row["versions"]["python"] == platform.python_version() and "transformers" in row["versions"]
+
+
 def test_rows_resume_skips_finished_tasks(tmp_path: Path) -> None:
     path = tmp_path / "he.jsonl"
     assert he.completed_task_ids(path, "plain") == set()

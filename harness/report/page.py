@@ -27,10 +27,15 @@ _VERSIONS = ("torch", "transformers", "onnxruntime", "onnxruntime-genai", "pytho
 
 
 def _versions(rows: Iterable[Row]) -> str:
-    """The versions rows record, one value per package (several: all of them, sorted)."""
+    return _record_versions({"versions": row.versions} for row in rows)
+
+
+def _record_versions(records: Iterable[Mapping[str, Any]]) -> str:
+    """The versions records carry (``versions``), one value per package (several: all, sorted);
+    older divergence and HumanEval rows carry none."""
     seen: dict[str, set[str]] = defaultdict(set)
-    for row in rows:
-        for name, value in (row.versions or {}).items():
+    for record in records:
+        for name, value in (record.get("versions") or {}).items():
             if name in _VERSIONS:
                 seen[name].add(str(value))
     if not seen:
@@ -240,7 +245,8 @@ def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]])
         tablefmt="github",
     )
     lines = ["#### Divergence: assisted against plain, every prompt", ""]
-    lines += [f"- machine: `{platform}`", "- versions: not recorded in these rows"]
+    every = [r for records in tiers.values() for r in records]
+    lines += [f"- machine: `{platform}`", f"- versions: {_record_versions(every)}"]
     lines += [f"- command ({Path(s).stem}): `{c}`" for s, c in zip(sorted(tiers), commands, strict=True)]
     return lines + ["", table, ""]
 
@@ -263,7 +269,7 @@ def humaneval_section(platform: str, records: list[dict[str, Any]], source: str)
     tasks = max((s["tasks"] for s in modes.values()), default=0)
     command = f"pytest perf/test_humaneval.py -k pass_at_1_equal_real --humaneval-limit {tasks}"
     lines = [f"#### HumanEval: {Path(source).stem}", ""]
-    lines += _header(platform, command, "not recorded in these rows", source)
+    lines += _header(platform, command, _record_versions(records), source)
     lines += [
         "",
         table,
