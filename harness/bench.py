@@ -14,11 +14,12 @@ machine's real clock), which is how the tests show the gate catches a regression
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,16 @@ class CaseMeasurement:
     @property
     def repetitions(self) -> int:
         return len(self.plain)
+
+    def extended(self, more: CaseMeasurement) -> CaseMeasurement:
+        """This measurement with ``more`` rounds of the same case, arm and machine appended (the
+        rows keep each batch's own run id)."""
+        same = (more.case, more.platform, more.inject_slowdown, more.threads)
+        if same != (self.case, self.platform, self.inject_slowdown, self.threads):
+            raise HarnessError("only rounds of the same case, arm and machine extend a measurement")
+        return dataclasses.replace(
+            self, plain=self.plain + more.plain, assisted=self.assisted + more.assisted
+        )
 
     @property
     def plain_tps(self) -> list[float]:
@@ -468,6 +479,25 @@ def measure_arms(
         )
         for arm in names
     }
+
+
+def gate_with_more_rounds(
+    m: CaseMeasurement,
+    gate: Callable[[CaseMeasurement], dict[str, Any]],
+    more: Callable[[], CaseMeasurement],
+    batches: int,
+) -> tuple[CaseMeasurement, dict[str, Any]]:
+    """``gate(m)``; while its speedup answer is inconclusive (this run's spread cannot tell an
+    unchanged build from a regression), measure ``more()`` rounds, up to ``batches`` times, and
+    answer on all of them. More rounds are what an inconclusive answer asks for; a pass or a
+    regression stops it."""
+    gates = gate(m)
+    for _ in range(batches):
+        if gates["speedup"].conclusive:
+            break
+        m = m.extended(more())
+        gates = gate(m)
+    return m, gates
 
 
 def measure_case(

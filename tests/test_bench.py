@@ -272,3 +272,44 @@ def test_acceptance_gate_catches_a_changed_draft_without_timing(tiny, tmp_path, 
     changed = bench.measure_case(tiny, SMALL, repetitions=2, write_rows=False, platform="box")
     gate = changed.gate(tmp_path)["acceptance_by_position"]
     assert gate.status == "regression" and gate.failed and "drafting or verification changed" in gate.message
+
+
+def test_more_rounds_extend_a_measurement(tiny):
+    """An inconclusive gate measures more rounds and answers on all of them: the rounds pool, and
+    only rounds of the same case, arm and machine may."""
+    m, more = (bench.measure_case(tiny, SMALL, 2, write_rows=False, platform="test-box-2c") for _ in range(2))
+    both = m.extended(more)
+    assert both.repetitions == 4 and both.plain_tps == m.plain_tps + more.plain_tps
+    pairs = zip(m.acceptance_by_position, more.acceptance_by_position, strict=True)
+    assert both.acceptance_by_position == [[a[0] + b[0], a[1] + b[1]] for a, b in pairs]
+    other = bench.measure_case(tiny, SMALL, 2, write_rows=False, platform="other-box-2c")
+    with pytest.raises(HarnessError, match="same case, arm and machine"):
+        m.extended(other)
+
+
+def test_an_inconclusive_gate_measures_more_rounds_until_it_can_answer(tiny):
+    """The loop around the gate (the gate itself is tested in test_stats/test_baselines): more
+    batches while the answer is inconclusive, none after a pass or a regression, never more than
+    allowed; the answer given is the one on all the rounds."""
+    first = bench.measure_case(tiny, SMALL, 2, write_rows=False, platform="test-box-2c")
+    calls = []
+
+    def more():
+        calls.append(1)
+        return bench.measure_case(tiny, SMALL, 2, write_rows=False, platform="test-box-2c")
+
+    def answer(status):
+        return {"speedup": stats.GateResult(status, 1.0, 0.5, (0.9, 1.1), status)}
+
+    # Inconclusive until six rounds are in: two more batches, then a pass on all six.
+    m, gates = bench.gate_with_more_rounds(
+        first, lambda x: answer("pass" if x.repetitions >= 6 else "inconclusive"), more, batches=5
+    )
+    assert (m.repetitions, len(calls), gates["speedup"].status) == (6, 2, "pass")
+    # A regression is an answer: nothing more is measured.
+    calls.clear()
+    m, gates = bench.gate_with_more_rounds(first, lambda x: answer("regression"), more, batches=5)
+    assert (m.repetitions, len(calls), gates["speedup"].status) == (2, 0, "regression")
+    # Still inconclusive after the allowed batches: that answer stands.
+    m, gates = bench.gate_with_more_rounds(first, lambda x: answer("inconclusive"), more, batches=1)
+    assert (m.repetitions, gates["speedup"].status) == (4, "inconclusive")
