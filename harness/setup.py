@@ -313,6 +313,19 @@ def resolve(
     return RunSetup(spec.name, target, draft, decoding)
 
 
+# ``resolve``'s settings for the stock fp32 pair, whatever a pair registers: no quantization, no
+# hand-written kernel, the whole draft vocabulary, K=5 constant (the reference configuration).
+STOCK_FP32: dict[str, Any] = dict(
+    target_precision="fp32",
+    target_kernels="stock",
+    draft_precision="fp32",
+    draft_kernels="stock",
+    draft_vocab=0,
+    num_assistant_tokens=5,
+    assistant_schedule="constant",
+)
+
+
 def defaults(spec: Any) -> dict[str, Any]:
     """The columns a run without flags has (``resolve`` with nothing given, and the decoding
     defaults): a reproduce command leaves out every flag whose value equals these."""

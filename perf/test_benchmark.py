@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import backends, baselines, bench, models, report
+from harness import backends, baselines, bench, models, report, setup
 from harness.backends import OrtSettings
 from harness.results import read_rows, runs_dir
 
@@ -91,18 +91,6 @@ def genai_case(spec: models.PairSpec, provider: str, prompt_tokens: int = 128, k
     )
 
 
-# The stock fp32 pair: no quantization, no hand-written kernel, the whole vocabulary, K=5 constant.
-FP32 = dict(
-    target_precision="fp32",
-    target_kernels="stock",
-    draft_precision="fp32",
-    draft_kernels="stock",
-    draft_vocab=0,
-    num_assistant_tokens=5,
-    assistant_schedule="constant",
-)
-
-
 def real_case(pair_name: str, which: str) -> bench.BenchCase:
     """The CI subset cases: short, because the 1.5B fp32 target decodes only ~2 tokens/s here.
 
@@ -110,7 +98,7 @@ def real_case(pair_name: str, which: str) -> bench.BenchCase:
     reference with no quantization or hand-written kernel involved."""
     spec = models.get_pair(pair_name)
     if which == "fp32" and spec.name == models.DEFAULT_PAIR:
-        return bench.case(spec, 128, 32, **FP32)
+        return bench.case(spec, 128, 32, **setup.STOCK_FP32)
     if which == "fp32":
         pytest.skip(f"{spec.name} runs its registered case only (the fp32 case is the offline pair's)")
     return registered_case(spec)

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from harness import analysis, baselines, bench, stats, strategies
+from harness import analysis, baselines, bench, setup, stats, strategies
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.report import bench as bench_report
@@ -36,15 +36,7 @@ def measured(tiny, tmp_path_factory):
 
 
 def test_case_key_names_every_speed_setting():
-    fp32 = dict(
-        target_precision="fp32",
-        target_kernels="stock",
-        draft_precision="fp32",
-        draft_kernels="stock",
-        draft_vocab=0,
-        num_assistant_tokens=5,
-        assistant_schedule="constant",
-    )
+    fp32 = setup.STOCK_FP32
     case = bench.case("qwen2.5-coder-1.5b", 128, 32, **fp32)
     assert case.case_id == "benchmark-p128-n32-t_fp32-d_fp32-k5-constant-greedy"
     assert case.key() == baselines.CaseKey(
