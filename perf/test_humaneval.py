@@ -16,6 +16,7 @@ import pytest
 from harness import experiment, humaneval
 from harness.generation import generate
 from harness.models import LoadedPair
+from harness.report import humaneval as report
 from harness.setup import GenerationSettings
 
 # Floor on the CI subset's pass@1 (HumanEval/0-1). Qwen2.5-Coder-1.5B-Instruct's published HumanEval
@@ -71,7 +72,7 @@ def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> 
 
 def _check_summary(summary: dict, n: int) -> None:
     assert summary["paired_tasks"] == n, "every problem must be decoded in both modes"
-    assert summary["pass@1_equal"], f"pass@1 differs with assistance:\n{humaneval.format_table(summary)}"
+    assert summary["pass@1_equal"], f"pass@1 differs with assistance:\n{report.format_table(summary)}"
     assert not summary["disagreements"], f"problems scored differently: {summary['disagreements']}"
 
 
@@ -80,7 +81,7 @@ def _check_identical(pair: LoadedPair, summary: dict, n: int) -> None:
     it (torch). An ONNX Runtime target is third-party: its one-token and batched kernels may flip a
     near-tied argmax (the decode suite checks each such flip is one), so there the gate is pass@1."""
     if pair.target_backend == "torch":
-        assert summary["identical_completions"] == n, humaneval.format_table(summary)
+        assert summary["identical_completions"] == n, report.format_table(summary)
 
 
 @pytest.mark.pairs(real=False)
@@ -137,10 +138,10 @@ def _pass_at_1_equal(pair: LoadedPair, name: str, pytestconfig, tmp_path) -> Non
     path = Path(out) / f"{name}.jsonl" if out else tmp_path / "he.jsonl"
     problems = humaneval.load_problems(limit=limit)
     summary = evaluate(pair, problems, path, humaneval.STYLE_DEFAULT)
-    print(humaneval.format_table(summary))
+    print(report.format_table(summary))
     if out:
-        humaneval.plot_speedup(humaneval.read_results(path), Path(out) / f"{name}-speedup.png")
-        (Path(out) / f"{name}.md").write_text(humaneval.format_table(summary, tablefmt="github") + "\n")
+        report.plot_speedup(humaneval.read_results(path), Path(out) / f"{name}-speedup.png")
+        (Path(out) / f"{name}.md").write_text(report.format_table(summary, tablefmt="github") + "\n")
     _check_summary(summary, len(problems))
     _check_identical(pair, summary, len(problems))
-    assert summary["paired_pass@1"]["plain"] >= PASS_AT_1_FLOOR, humaneval.format_table(summary)
+    assert summary["paired_pass@1"]["plain"] >= PASS_AT_1_FLOOR, report.format_table(summary)

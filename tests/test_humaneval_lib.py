@@ -10,6 +10,7 @@ import torch
 
 from harness import humaneval as he
 from harness.errors import HarnessError
+from harness.report import humaneval as he_report
 from harness.sandbox import SandboxResult
 from harness.tiny import build_tokenizer
 
@@ -349,19 +350,19 @@ def test_summary_reports_tokens_per_second_and_acceptance_over_paired_problems()
     assert first["new_tokens"] == {"plain": 10, "assisted": 12}
     assert first["tokens_per_s"] == {"plain": 5.0, "assisted": 12.0}
     assert first["acceptance"] == pytest.approx(6 / 9)
-    md = he.format_table(s, tablefmt="github")
+    md = he_report.format_table(s, tablefmt="github")
     assert "| HumanEval/0 " in md and "10 / 12" in md and "speedup 1.50x" in md and "acceptance 0.80" in md
 
 
 def test_table_and_plot(tmp_path: Path) -> None:
     rows = _rows()
-    table = he.format_table(he.summarise(rows))
+    table = he_report.format_table(he.summarise(rows))
     assert "80.0%" in table and "50.0%" in table and "HumanEval/2" in table and "3.00x" in table
-    out = he.plot_speedup(rows, tmp_path / "plots" / "speedup.png")
+    out = he_report.plot_speedup(rows, tmp_path / "plots" / "speedup.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     untimed = [{k: v for k, v in r.items() if k != "total_s"} for r in rows]
     with pytest.raises(HarnessError, match="timing"):
-        he.plot_speedup(untimed, tmp_path / "none.png")
+        he_report.plot_speedup(untimed, tmp_path / "none.png")
 
 
 def test_the_plot_of_every_problem_stays_readable(tmp_path: Path) -> None:
@@ -374,7 +375,7 @@ def test_the_plot_of_every_problem_stays_readable(tmp_path: Path) -> None:
         tid = f"HumanEval/{n}"
         rows.append(he.make_row(tid, "plain", "A", _outcome(True), measurements={"total_s": 2.0}))
         rows.append(he.make_row(tid, "assisted", "A", _outcome(True), measurements={"total_s": 1.0 + n % 3}))
-    out = he.plot_speedup(rows, tmp_path / "all.png")
+    out = he_report.plot_speedup(rows, tmp_path / "all.png")
     width, height = Image.open(out).size
     assert width <= 1300 and height <= 600
 
