@@ -44,7 +44,7 @@ KERNELS = ("stock", "invariant")
 # exported at the target's settings, prompt lookup its n-gram decoding), so the sweep can put them
 # beside the torch targets on the same prompts.
 ORT = "onnxruntime"
-GENAI = "onnxruntime-genai"
+GENAI = setup.GENAI  # the engine's name is its kernels value
 DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
 DEFAULT_SPEC = (
     "t=fp32,d=fp32,k=5;"

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import backends, equivalence, models, platforms
+from harness import backends, engines, equivalence, models, platforms, setup
 from harness.errors import HarnessError
 
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
@@ -273,7 +273,7 @@ class PairCache:
 
     def __init__(self, weights_dir: str | None) -> None:
         self.weights_dir = weights_dir
-        self._loaded: dict[tuple, models.LoadedPair] = {}
+        self._loaded: dict[setup.RunSetup, models.LoadedPair] = {}
 
     def require_weights(self, name: str) -> None:
         spec = models.get_pair(name)
@@ -300,44 +300,28 @@ class PairCache:
         """``target_backend``: (backend, execution provider), as the ``target_backend`` fixture gives;
         ``engine="onnxruntime-genai"``: the pair as that engine runs it (the builder's exports)."""
         backend, provider = target_backend
-        key = (
-            name.lower(),
-            engine,
-            backend,
-            provider,
-            target_precision,
-            draft_precision,
-            with_draft,
-            target_kernels,
-            draft_vocab,
-            draft_kernels,
+        settings = dict(
+            target_precision=target_precision,
+            draft_precision=draft_precision,
+            with_draft=with_draft,
+            target_kernels=target_kernels,
+            draft_vocab=draft_vocab,
+            draft_kernels=draft_kernels,
+            target_backend=backend,
         )
+        spec = models.get_pair(name)
+        # The run setup these settings resolve to is the cache's key: two spellings of one
+        # configuration (a default given or left out) share one load.
+        key = setup.resolve(spec, **settings, provider=provider, engine=engine)
         if key not in self._loaded:
             self.require_weights(name)
-            if not models.get_pair(name).target.is_tiny:
+            if not spec.target.is_tiny:
                 # One real pair in memory at a time: a 1.5B fp32 pair is ~10 GB, a 7B one more.
-                for other in [k for k in self._loaded if not models.get_pair(k[0]).target.is_tiny]:
+                for other in [k for k in self._loaded if not models.get_pair(k.pair).target.is_tiny]:
                     del self._loaded[other]
                 gc.collect()
-            if engine == "onnxruntime-genai":
-                from harness import genai
-
-                ort = backends.OrtSettings(provider=provider or backends.DEFAULT_PROVIDER)
-                self._loaded[key], _ = genai.prepare(
-                    models.get_pair(name), ort, with_draft=with_draft, weights_dir=self.weights_dir
-                )
-                return self._loaded[key]
-            self._loaded[key] = models.load_pair(
-                name,
-                target_precision=target_precision,
-                draft_precision=draft_precision,
-                with_draft=with_draft,
-                weights_dir=self.weights_dir,
-                target_kernels=target_kernels,
-                draft_vocab=draft_vocab,
-                draft_kernels=draft_kernels,
-                target_backend=backend,
-                execution_provider=provider or backends.DEFAULT_PROVIDER,
+            self._loaded[key] = engines.load(
+                spec, engine=engine, execution_provider=provider, weights_dir=self.weights_dir, **settings
             )
         return self._loaded[key]
 

@@ -29,7 +29,8 @@ from harness.errors import HarnessError
 MODES = ("plain", "assisted", "prompt_lookup")
 # What runs the decoding loop: transformers' generate (torch or ONNX Runtime target behind an
 # adapter), or onnxruntime-genai's own Generator with its own speculative decoding (harness.genai).
-ENGINES = ("transformers", "onnxruntime-genai")
+GENAI = "onnxruntime-genai"
+ENGINES = ("transformers", GENAI)
 # User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
 # "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
 # second prompt of a run would not start from the K the user set.

@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from harness import (
     analysis,
-    backends,
+    engines,
     experiment,
     files,
     models,
@@ -130,11 +130,13 @@ def load_target_group(
     """
     drafts = list(dict.fromkeys(_draft_key(d) for d in draft_precisions))
     if target_kernels == GENAI:
-        from harness import genai
-
-        spec, ort_settings = models.get_pair(pair_name), backends.OrtSettings(target_precision)
-        pair, _ = genai.prepare(
-            spec, ort_settings, with_draft=bool(drafts), weights_dir=weights_dir, verify=verify
+        pair = engines.load(
+            pair_name,
+            engine=engines.GENAI,
+            target_precision=target_precision,
+            with_draft=bool(drafts),
+            weights_dir=weights_dir,
+            verify=verify,
         )
         # One draft at the target's settings serves every assisted configuration of this target.
         return {key: pair for key in drafts} if drafts else {None: pair}

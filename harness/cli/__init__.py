@@ -19,7 +19,7 @@ from pathlib import Path
 from harness import (
     backends,
     devices,
-    generation,
+    engines,
     humaneval,
     llamacpp,
     models,
@@ -140,29 +140,6 @@ def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.Generati
     ).decoding
 
 
-# Flags of transformers' loop that the engine does not take: refused rather than silently ignored.
-_NOT_FOR_GENAI = ("draft_precision", "draft_vocab", "draft_kernels", "target_kernels")
-
-
-def _genai_pair(args: argparse.Namespace, spec: models.PairSpec, settings, modes):  # noqa: ANN202
-    from harness import genai
-
-    for flag in _NOT_FOR_GENAI:
-        if getattr(args, flag) is not None:
-            raise HarnessError(
-                f"--{flag} applies to --engine transformers; onnxruntime-genai runs the builder's exports "
-                "(set their precision with --target_precision int4|fp32 and --ort_*)"
-            )
-    for mode in modes:
-        genai.check_settings(dataclasses.replace(settings, mode=mode))
-    ort = backends.OrtSettings(
-        args.target_precision or "int4", args.ort_block_size, args.ort_accuracy_level, args.execution_provider
-    ).validate()
-    return genai.prepare(
-        spec, ort, with_draft="assisted" in modes, weights_dir=args.weights_dir, verify=args.verify
-    )
-
-
 def _use_threads(threads: int | None) -> None:
     if threads is not None:
         import torch
@@ -256,27 +233,26 @@ def run(args: argparse.Namespace) -> int:
         )
     models.offline_env()
     _use_threads(args.threads)
-    decode = generation.generate
-    if args.engine == "onnxruntime-genai":
-        pair, decode = _genai_pair(args, spec, settings, modes)
-    else:
-        pair = models.load_pair(
-            spec,
-            target_precision=args.target_precision,
-            draft_precision=args.draft_precision,
-            target_device=args.target_device,
-            draft_device=args.draft_device,
-            with_draft="assisted" in modes,
-            weights_dir=args.weights_dir,
-            target_kernels=args.target_kernels,
-            draft_vocab=args.draft_vocab,
-            draft_kernels=args.draft_kernels,
-            target_backend=args.target_backend,
-            execution_provider=args.execution_provider,
-            ort_block_size=args.ort_block_size,
-            ort_accuracy_level=args.ort_accuracy_level,
-            verify=args.verify,
-        )
+    for mode in modes:
+        engines.check_settings(args.engine, dataclasses.replace(settings, mode=mode))
+    pair = engines.load(
+        spec,
+        engine=args.engine,
+        target_precision=args.target_precision,
+        draft_precision=args.draft_precision,
+        target_device=args.target_device,
+        draft_device=args.draft_device,
+        with_draft="assisted" in modes,
+        weights_dir=args.weights_dir,
+        target_kernels=args.target_kernels,
+        draft_vocab=args.draft_vocab,
+        draft_kernels=args.draft_kernels,
+        target_backend=args.target_backend,
+        execution_provider=args.execution_provider,
+        ort_block_size=args.ort_block_size,
+        ort_accuracy_level=args.ort_accuracy_level,
+        verify=args.verify,
+    )
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name
     defaults = setup.defaults(pair.spec)
@@ -291,7 +267,6 @@ def run(args: argparse.Namespace) -> int:
             platform=platform,
             max_new_tokens=args.max_new_tokens,
             progress=False if args.no_progress else None,
-            decode=decode,
         )
     except KeyboardInterrupt:
         where = f"; finished rows are in {args.json}" if args.json else ""
@@ -358,9 +333,7 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep_spec.SweepConfig]:
         else:
             precision.check_precision(config.target_precision, args.target_device)
         if engine:
-            from harness import genai
-
-            genai.check_settings(config.settings(2))
+            engines.check_settings(engines.GENAI, config.settings(2))
         elif config.draft_precision is not None and config.mode == "assisted":
             precision.check_precision(config.draft_precision, args.draft_device)
     return configs
