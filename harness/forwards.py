@@ -4,16 +4,21 @@ Assisted decoding pays one draft forward per proposed token (M = 1) and one targ
 K+1 tokens per step; plain decoding pays target forwards at M = 1. Whether assistance can pay on a
 machine is mostly these costs (Leviathan et al.: c = draft / target at M = 1, v = target at K+1 /
 target at M = 1), so they are measured directly, per precision and kernels, on a KV cache of a
-realistic length. ``python -m harness.forwards`` prints the table the README holds.
+realistic length. ``python -m harness.forwards`` prints the table; with ``--json`` it also keeps
+each cost as a row (with the machine, versions, bandwidth and command), from which the results page
+draws the same table.
 """
 
 from __future__ import annotations
 
+import shlex
 import statistics
+import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,6 +35,10 @@ class ForwardCost:
     ms: float  # median over the repetitions
     ms_min: float
     bytes_read: int | None = None  # weights one forward streams (None: not a torch model)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ForwardCost:
+        return cls(**{f.name: record.get(f.name) for f in fields(cls)})
 
 
 def bytes_read(model: torch.nn.Module, m: int) -> int | None:
@@ -109,8 +118,10 @@ def measure(
     weights_dir: str | None = None,
     cache_tokens: int = 200,
     repetitions: int = 5,
+    on_row: Callable[[ForwardCost], None] | None = None,
 ) -> list[ForwardCost]:
-    """Load the pair's ``role`` model once per (precision, kernels) and time its forwards by M."""
+    """Load the pair's ``role`` model once per (precision, kernels) and time its forwards by M;
+    ``on_row`` sees each cost as soon as it is measured (so a long run keeps what it finished)."""
     if role not in ("target", "draft"):
         raise HarnessError(f"role must be target or draft, not {role!r}")
     rows = []
@@ -130,6 +141,8 @@ def measure(
             model = getattr(pair, role)
             for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
                 rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m)))
+                if on_row is not None:
+                    on_row(rows[-1])
             del pair, model
     return rows
 
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m harness.forwards``: median ms of one forward by M, per precision and kernels."""
     import argparse
 
-    from harness import platforms, tasks
+    from harness import platforms, results, tasks
 
     parser = argparse.ArgumentParser(prog="python -m harness.forwards", description=main.__doc__)
     parser.add_argument("--model_name", default=models.DEFAULT_PAIR, help="registered pair")
@@ -203,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=5, help="timed forwards per M (median reported)")
     parser.add_argument("--weights_dir", default=None, help="directory holding the weights (see README)")
     parser.add_argument(
+        "--json",
+        default=None,
+        help="also append each cost as a JSON row to this file (the results page reads "
+        "results/<machine>/forwards/*.jsonl)",
+    )
+    parser.add_argument(
         "--llama-bench",
         "--llama_bench",
         dest="llama_bench",
@@ -211,8 +230,30 @@ def main(argv: list[str] | None = None) -> int:
         f"(or set {llamacpp.ENV})",
     )
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    info = platforms.detect()
+    bandwidth = read_bandwidth_gbs()
+    context = {
+        "pair": args.model_name,
+        "platform": info.name,
+        "threads": torch.get_num_threads(),
+        "cache_tokens": args.cache_tokens,
+        "repetitions": args.repetitions,
+        "bandwidth_gbs": round(bandwidth, 2),
+        "versions": platforms.library_versions(),
+        "command": shlex.join(["python", "-m", "harness.forwards", *given]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
     try:
+        models.get_pair(args.model_name)
         bench_binary = llamacpp.find(args.llama_bench)
+        if args.json:
+            results.check_rows_path(Path(args.json))
+
+        def keep(cost: ForwardCost) -> None:
+            if args.json:
+                results.append_row(args.json, {**context, **asdict(cost)})
+
         rows = measure(
             args.model_name,
             args.role,
@@ -223,27 +264,35 @@ def main(argv: list[str] | None = None) -> int:
             weights_dir=args.weights_dir,
             cache_tokens=args.cache_tokens,
             repetitions=args.repetitions,
+            on_row=keep,
         )
     except HarnessError as exc:
         parser.exit(2, f"error: {exc}\n")
-    info = platforms.detect()
-    bandwidth = read_bandwidth_gbs()
     print(
         f"{args.model_name} {args.role}: one forward of M tokens onto a {args.cache_tokens}-token cache, "
         f"median of {args.repetitions} (ms; in brackets: relative to M=1); {info.name}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; read bandwidth {bandwidth:.1f} GB/s\n"
     )
     print(table(rows, bandwidth))
-    print(reference_line(args.model_name, args.role, bench_binary))
+    ref, line = reference(args.model_name, args.role, bench_binary)
+    print(line)
+    if args.json and ref is not None:
+        results.append_row(args.json, {**context, **asdict(reference_cost(args.role, ref))})
     return 0
 
 
-def reference_line(name: str, role: str, binary: Path | None) -> str:
-    """llama.cpp's plain decoding of the same model's GGUF, or why it is absent."""
+def reference(name: str, role: str, binary: Path | None) -> tuple[llamacpp.Reference | None, str]:
+    """llama.cpp's plain decoding of the same model's GGUF, and a line saying it or why it is absent."""
     pair = models.get_pair(name)
     spec = pair.target if role == "target" else pair.draft
     gguf = models.gguf_file(spec, None)
-    return llamacpp.reference(binary, gguf, spec.name, threads=torch.get_num_threads())[1]
+    return llamacpp.reference(binary, gguf, spec.name, threads=torch.get_num_threads())
+
+
+def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
+    """llama.cpp's time per token as a line of the table (M = 1; its cache grows from empty, and its
+    time includes sampling), so its plain decoding stands beside the harness's one-token forward."""
+    return ForwardCost(role, "llama.cpp", ref.build, 1, ref.ms_per_token, ref.ms_per_token, None)
 
 
 if __name__ == "__main__":

@@ -69,3 +69,43 @@ def test_bytes_read_and_the_bandwidth_bound():
     # 4 MB at 4 GB/s: a 1 ms bound, and M = 1 took 2 ms
     assert [c.strip() for c in line.strip("|").split("|")][-3:] == ["0.004", "1.0", "2.00"]
     assert forwards.read_bandwidth_gbs(size_mib=8, repetitions=1) > 0
+
+
+def test_json_rows_feed_the_results_page(tmp_path, capsys):
+    """``--json`` keeps every cost with its machine, bandwidth and command, and the results page
+    draws the same table from those rows."""
+    from harness import results
+    from harness.report import page
+
+    rows_file = tmp_path / "results" / "some-machine" / "forwards" / "tiny.jsonl"
+    argv = ["--model_name", "tiny-qwen2", "--precisions", "fp32", "--kernels", "stock"]
+    argv += ["--m", "1,3", "--repetitions", "1", "--json", str(rows_file)]
+    assert forwards.main(argv) == 0
+    printed = capsys.readouterr().out
+    records = results.read_records(rows_file)
+    assert [(r["role"], r["precision"], r["kernels"], r["m"]) for r in records] == [
+        ("target", "fp32", "stock", 1),
+        ("target", "fp32", "stock", 3),
+    ]
+    first = records[0]
+    assert first["bandwidth_gbs"] > 0 and first["versions"]["torch"] and first["bytes_read"] > 0
+    assert first["command"].startswith("python -m harness.forwards --model_name tiny-qwen2")
+    costs = [forwards.ForwardCost.from_record(r) for r in records]
+    drawn = page.results_page(tmp_path / "results")
+    assert "#### Forward costs: tiny-qwen2 target" in drawn and first["command"] in drawn
+    assert forwards.table(costs, first["bandwidth_gbs"]) in drawn
+    # The printed table and the page's agree on every measured cell (the page's bandwidth is the
+    # recorded one, rounded, so only the bound's columns may differ in the last digit).
+    measured = forwards.table(costs).splitlines()[2]
+    assert measured.rstrip("|") in printed
+
+
+def test_the_llama_cpp_reference_is_a_line_of_the_table():
+    from harness import llamacpp
+
+    ref = llamacpp.Reference(
+        tokens_per_s=40.0, tokens_per_s_std=1.0, threads=2, new_tokens=64, build="b1 (x)"
+    )
+    cost = forwards.reference_cost("target", ref)
+    assert (cost.m, cost.ms, cost.bytes_read) == (1, 25.0, None)
+    assert "| llama.cpp" in forwards.table([cost], 30.0)

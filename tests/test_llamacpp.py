@@ -48,7 +48,7 @@ def test_parse_refuses_output_without_a_decode_row(text):
 def test_no_binary_means_no_reference(monkeypatch):
     monkeypatch.delenv(llamacpp.ENV, raising=False)
     assert llamacpp.find(None) is None
-    assert llamacpp.ENV in forwards.reference_line("tiny-qwen2", "target", None)
+    assert llamacpp.ENV in forwards.reference("tiny-qwen2", "target", None)[1]
 
 
 def test_a_wrong_binary_is_an_error(tmp_path, monkeypatch):

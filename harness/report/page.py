@@ -1,10 +1,10 @@
 """The results page: every committed result as a table, written from the committed rows alone.
 
 ``--regen-tables`` writes it (``results/README.md``): per platform, the benchmark cases, the
-sweeps, the divergence tiers and the HumanEval runs, each table headed by the machine it ran on,
-the versions its rows record and the command that reproduces it. Nothing on it is typed by hand,
-so regenerating from the same rows gives the same bytes; what the numbers mean is discussed in
-``docs/FINDINGS.md``.
+sweeps, the divergence tiers, the forward costs and the HumanEval runs, each table headed by the
+machine it ran on, the versions its rows record and the command that reproduces it. Nothing on it
+is typed by hand, so regenerating from the same rows gives the same bytes; what the numbers mean is
+discussed in ``docs/FINDINGS.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from harness import backends, configs, files, results, setup, sweep
+from harness import backends, configs, files, forwards, results, setup, sweep
 from harness.report import chosen_run, compare_rows, overall_speedup
 from harness.results import Row
 
@@ -281,6 +281,29 @@ def humaneval_section(platform: str, records: list[dict[str, Any]], source: str)
     return lines
 
 
+def forwards_section(platform: str, records: list[dict[str, Any]], source: str) -> list[str]:
+    """One table per ``python -m harness.forwards --json`` run in the file: each forward's median
+    ms by M beside the bytes it reads over the run's measured read bandwidth."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        runs[(record.get("command", ""), record.get("timestamp", ""))].append(record)
+    lines: list[str] = []
+    for (command, _), mine in runs.items():
+        first = mine[0]
+        costs = [forwards.ForwardCost.from_record(r) for r in mine]
+        lines += [f"#### Forward costs: {first.get('pair')} {costs[0].role}", ""]
+        lines += _header(platform, command, _record_versions(mine), source)
+        lines += [
+            f"- one forward of M tokens onto a {first.get('cache_tokens')}-token cache, median of "
+            f"{first.get('repetitions')} (ms; in brackets relative to M=1), {first.get('threads')} "
+            f"threads; read bandwidth {first.get('bandwidth_gbs')} GB/s",
+            "",
+            forwards.table(costs, first.get("bandwidth_gbs")),
+            "",
+        ]
+    return lines
+
+
 # --------------------------------------------------------------------------- the page
 
 
@@ -314,6 +337,12 @@ def results_page(results_dir: Path) -> str:
         if any(tiers.values()):
             sections[folder.parent.name] += divergence_section(
                 folder.parent.name, {k: v for k, v in tiers.items() if v}
+            )
+    for path in sorted(results_dir.glob("*/forwards/*.jsonl")):
+        records = results.read_records(path)
+        if records:
+            sections[path.parent.parent.name] += forwards_section(
+                path.parent.parent.name, records, _rel(path, root)
             )
     for path in sorted(results_dir.glob("*/humaneval/*.jsonl")):
         records = results.read_records(path)
