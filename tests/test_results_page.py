@@ -38,6 +38,31 @@ def test_the_page_shows_each_kind_of_result():
     assert "| gguf / invariant" in text and "#### HumanEval: qwen2.5-coder-1.5b-gguf-q4k" in text
     # The engine's draft-model configuration keeps the label the sweep gave it.
     assert "t_int4-d_int4-K3-constant-onnxruntime-genai" in text
+    assert "#### Forward costs: qwen2.5-coder-1.5b target" in text and "| target  | llama.cpp" in text
+    assert "#### Speed gate baselines" in text
+
+
+def test_the_gate_baselines_are_the_measured_files(tmp_path):
+    """Each measured baseline is a line with the file's own numbers; the seeds' imported tables
+    (source "seed:...") are not measurements of this suite and stay off the page."""
+    from harness import baselines
+
+    registered = next((ROOT / "baselines" / "amd-epyc-2c-avx512").rglob("*t_gguf-d_q4k*.json"))
+    seed = next((ROOT / "baselines" / "phx").rglob("*.json"))
+    for platform, path in (("amd-epyc-2c-avx512", registered), ("amd-epyc-2c-avx512", seed)):
+        (tmp_path / "baselines" / platform / "pair").mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, tmp_path / "baselines" / platform / "pair" / path.name)
+    (tmp_path / "results").mkdir()
+    text = page.results_page(tmp_path / "results")
+    record = baselines.read_baseline_file(registered)
+    line = next(row for row in text.splitlines() if "q4k (invariant), vocab 16384, K=3 dynamic" in row)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:6] == [
+        f"{record.tokens_per_s['plain']['mean']:.2f}",
+        f"{record.tokens_per_s['assisted']['mean']:.2f}",
+        f"{record.speedup['value']:.2f}x [{record.speedup['low']:.2f}-{record.speedup['high']:.2f}]",
+    ]
+    assert text.count("| qwen2.5-coder-1.5b ") == 1 and "seed" not in text
 
 
 def test_regen_tables_writes_the_page_into_the_results_folder(tmp_path, capsys):

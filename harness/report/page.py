@@ -17,7 +17,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from harness import backends, configs, files, forwards, results, setup, sweep
+from harness import backends, baselines, configs, files, forwards, results, setup, sweep
 from harness.report import chosen_run, compare_rows, overall_speedup
 from harness.results import Row
 
@@ -304,6 +304,61 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
     return lines
 
 
+def _case_label(case: baselines.CaseKey) -> str:
+    target = case.target_precision + ("" if case.kernels == "stock" else f" ({case.kernels})")
+    if case.engine != "transformers":
+        return f"{case.engine}: {target}, its draft, K={case.num_assistant_tokens}"
+    draft = case.draft_precision + ("" if case.draft_kernels == "stock" else f" ({case.draft_kernels})")
+    if case.draft_vocab is not None:
+        draft += f", vocab {case.draft_vocab}"
+    return f"{target} / {draft}, K={case.num_assistant_tokens} {case.schedule}"
+
+
+def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord], source: str) -> list[str]:
+    """The measured baselines the speed gate holds this platform's benchmark cases against."""
+    body = []
+    for record in sorted(records, key=lambda r: r.case.case_id):
+        speed, tps = record.speedup or {}, record.tokens_per_s
+        mean = {mode: (tps.get(mode) or {}).get("mean") for mode in ("plain", "assisted")}
+        ci = f"[{_f(speed.get('low'), '.2f')}-{_f(speed.get('high'), '.2f')}]"
+        body.append(
+            [
+                record.case.model,
+                _case_label(record.case),
+                f"{record.case.prompt_tokens} x {record.case.new_tokens}",
+                _f(mean["plain"], ".2f"),
+                _f(mean["assisted"], ".2f"),
+                f"{_f(speed.get('value'), '.2f', 'x')} {ci}",
+                _f(record.acceptance, ".2f"),
+                _f(record.extra.get("c"), ".2f"),
+                record.date or "-",
+            ]
+        )
+    table = tabulate(
+        body,
+        headers=[
+            "pair",
+            "target / draft",
+            "prompt x new",
+            "plain tok/s",
+            "assisted tok/s",
+            "speedup [CI]",
+            "acceptance",
+            "c",
+            "measured",
+        ],  # fmt: skip
+        tablefmt="github",
+        disable_numparse=True,
+    )
+    versions = _record_versions({"versions": r.versions} for r in records)
+    cpus = sorted({str(r.machine.get("cpu_id") or r.machine.get("cpu") or "?") for r in records})
+    command = "pytest perf/test_benchmark.py -k test_benchmark_real --update-baselines"
+    lines = ["#### Speed gate baselines", ""]
+    lines += _header(platform, command, versions, source)
+    lines += [f"- CPU: {', '.join(cpus)}", "", table, ""]
+    return lines
+
+
 # --------------------------------------------------------------------------- the page
 
 
@@ -314,10 +369,12 @@ def _rel(path: Path, root: Path) -> str:
         return path.as_posix()
 
 
-def results_page(results_dir: Path) -> str:
-    """The page for every row file under ``results_dir`` (paths shown relative to its parent)."""
+def results_page(results_dir: Path, baselines_dir: Path | None = None) -> str:
+    """The page for every row file under ``results_dir`` and every measured baseline under
+    ``baselines_dir`` (default: ``baselines/`` beside it); paths shown relative to their parent."""
     results_dir = Path(results_dir)
     root = results_dir.parent
+    baselines_dir = root / "baselines" if baselines_dir is None else Path(baselines_dir)
     sections: dict[str, list[str]] = defaultdict(list)
     newest: dict[str, str] = defaultdict(str)
 
@@ -327,6 +384,14 @@ def results_page(results_dir: Path) -> str:
             mine = [r for r in rows if (r.platform or "unknown") == platform]
             newest[platform] = max([newest[platform], *(r.timestamp or "" for r in mine)])
             sections[platform] += benchmark_section(platform, mine, _rel(path, root))
+    for folder in sorted(p for p in baselines_dir.glob("*") if p.is_dir()):
+        measured = [
+            baselines.read_baseline_file(p) for p in baselines.list_baselines(baselines_dir, folder.name)
+        ]
+        measured = [r for r in measured if r.source == "measured"]
+        if measured:
+            newest[folder.name] = max([newest[folder.name], *(r.date or "" for r in measured)])
+            sections[folder.name] += baselines_section(folder.name, measured, _rel(folder, root) + "/")
     for path in sorted(results_dir.glob("**/rows/sweep/*.jsonl")):
         rows = results.read_rows(path)
         platform = rows[0].platform if rows else "unknown"
@@ -366,7 +431,7 @@ def results_page(results_dir: Path) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_results_page(results_dir: Path) -> Path:
+def write_results_page(results_dir: Path, baselines_dir: Path | None = None) -> Path:
     path = Path(results_dir) / PAGE_NAME
-    files.atomic_write(path, results_page(Path(results_dir)).encode("utf-8"))
+    files.atomic_write(path, results_page(Path(results_dir), baselines_dir).encode("utf-8"))
     return path
