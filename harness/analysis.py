@@ -132,10 +132,11 @@ def decode_totals(m: Measurement, role: str) -> tuple[float, int]:
 
 
 def decode_ms(runs: Sequence[Measurement], role: str) -> float:
-    """Mean decode-step forward of ``role`` ("target" or "draft") over runs; NaN when there is none."""
-    totals = [decode_totals(m, role) for m in runs]
-    count = sum(n for _, n in totals)
-    return sum(ms for ms, _ in totals) / count if count else math.nan
+    """A decode-step forward of ``role`` ("target" or "draft"): each run's mean step, the median
+    over runs; NaN when there is none. The median, because one run on a stalled host (steps 2.5x
+    slower) would move a pooled mean, and with it c, v and the gate's host adjustment."""
+    per_run = [ms / n for ms, n in (decode_totals(m, role) for m in runs) if n]
+    return statistics.median(per_run) if per_run else math.nan
 
 
 def predict_speedup(alpha: float | None, k: int, c: float, v: float = 1.0) -> float | None:

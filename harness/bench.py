@@ -227,17 +227,17 @@ class CaseMeasurement:
 
     @property
     def target_forward_ms(self) -> float:
-        """Mean one-token target forward (plain decode steps): the unit of the theory's costs."""
+        """One-token target forward (plain decode steps; ``analysis.decode_ms``): the theory's unit."""
         return analysis.decode_ms(self.plain, "target")
 
     @property
     def verify_forward_ms(self) -> float:
-        """Mean target verify forward of the assisted runs (K+1 tokens), first (prefill) one excluded."""
+        """Target verify forward of the assisted runs (K+1 tokens), first (prefill) one excluded."""
         return analysis.decode_ms(self.assisted, "target")
 
     @property
     def draft_forward_ms(self) -> float:
-        """Mean draft forward per draft forward, the draft's prompt prefill excluded."""
+        """Draft forward of the assisted runs, the draft's prompt prefill excluded."""
         return analysis.decode_ms(self.assisted, "draft")
 
     @property

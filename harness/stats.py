@@ -1,9 +1,13 @@
 """Statistics for speed results: confidence intervals, the regression gate, and speculative-decoding theory.
 
-The gate follows asv's rule (``asv compare``): a change counts only when it is both *large* (the ratio of
-means is beyond a relative margin) and *real* (a one-sided test says the two sets of repetitions differ).
+The gate follows asv's rule (``asv compare``): a change counts only when it is both *large* (the ratio is
+beyond a relative margin) and *real* (a one-sided test says the two sets of repetitions differ).
 pytest-benchmark's ``--benchmark-compare-fail`` checks the threshold alone, which on a noisy 2-core machine
 fails CI on noise; asv adds the Mann-Whitney U test, which we use whenever the baseline kept its samples.
+With samples on both sides the ratio is the Hodges-Lehmann estimate that goes with that test (the median
+of all current/baseline ratios) and its interval the test's own, inverted: one stalled round (a host
+hiccup) moves neither, where it moved a ratio of means and its bootstrap interval enough to leave an
+unchanged build "inconclusive".
 
 Noise model used for calibration (``simulate_gate``): tokens/s per repetition is log-normal around the true
 rate with a given coefficient of variation. Defaults were picked from that simulation; see ``simulate_gate``.
@@ -25,11 +29,11 @@ from harness.errors import HarnessError
 
 # Chosen with simulate_gate (log-normal noise, n=5 repetitions, 20000 trials, seed 7):
 #   CV 5%: unchanged build flagged 0.19% (baseline with samples, Mann-Whitney) / 0.29% (baseline stored as one
-#          number, t-test on logs); a 15% slowdown caught 93.1% / 97.0%; a 10% slowdown 54% / 65%.
-#   CV 8%: false alarms 0.65% / 1.8%, a 15% slowdown caught only 54% / 71% - at that noise use 10 repetitions
-#          (then 95% / 99% caught, false alarms 0.43% / 0.89%).
-# Trade-off: margin 0.10 cuts false alarms to 0.02% / 0.04% but catches 15% drops 92% / 95% and 10% drops only
-# 41% / 47%; margin 0.05 raises false alarms to 0.65% / 1.8% at CV 5%. alpha 0.01 is near the smallest level
+#          number, t-test on logs); a 15% slowdown caught 92.9% / 97.0%; a 10% slowdown 53% / 65%.
+#   CV 8%: false alarms 0.60% / 1.8%, a 15% slowdown caught only 54% / 71% - at that noise use 10 repetitions
+#          (then 94% / 99% caught, false alarms 0.40% / 0.90%).
+# Trade-off: margin 0.10 cuts false alarms to 0.02% / 0.04% but catches 15% drops 91% / 95% and 10% drops only
+# 40% / 47%; margin 0.05 raises false alarms to 0.60% / 1.8% at CV 5%. alpha 0.01 is near the smallest level
 # a 5-vs-5 Mann-Whitney test can reach (its smallest one-sided p-value is 1/252 = 0.004), so a stricter
 # alpha would need more repetitions.
 DEFAULT_MARGIN = 0.08
@@ -59,7 +63,7 @@ class Estimate:
 @dataclass(frozen=True)
 class GateResult:
     status: Status
-    ratio: float  # mean(current) / baseline mean, in the metric's own units
+    ratio: float  # current over baseline: Hodges-Lehmann with baseline samples, else mean / the number
     p_value: float  # one-sided, in the direction the ratio points
     ci: tuple[float, float]  # confidence interval of the ratio
     message: str
@@ -242,8 +246,11 @@ _STATUS_NAMES: dict[int, Status] = {_REGRESSION: "regression", _PASS: "pass", _I
 def _decide(
     current: np.ndarray, baseline: np.ndarray, margin: float, alpha: float, higher_is_better: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
-    """The gate's rule, row-wise, without the (slow) bootstrap CI: (status code, ratio, p_value, test)."""
-    ratio = current.mean(axis=1) / baseline.mean(axis=1)
+    """The gate's rule, row-wise, without its interval: (status code, ratio, p_value, test)."""
+    if baseline.shape[1] >= 2:
+        ratio = _hodges_lehmann_ratio(current, baseline)
+    else:
+        ratio = current.mean(axis=1) / baseline.mean(axis=1)
     goodness = ratio if higher_is_better else 1.0 / ratio
     p_worse, p_better, test = _one_sided_pvalues(current, baseline, alpha, higher_is_better)
     status = np.where(
@@ -253,6 +260,26 @@ def _decide(
     )
     p_value = np.where(goodness < 1.0, p_worse, p_better)
     return status, ratio, p_value, test
+
+
+def _hodges_lehmann_ratio(current: np.ndarray, baseline: np.ndarray) -> np.ndarray:
+    """Row-wise median of every current/baseline ratio (on logs: the Hodges-Lehmann shift)."""
+    diffs = np.log(current)[:, :, None] - np.log(baseline)[:, None, :]
+    return np.exp(np.median(diffs.reshape(diffs.shape[0], -1), axis=1))
+
+
+def _hodges_lehmann_interval(
+    current: np.ndarray, baseline: np.ndarray, confidence: float
+) -> tuple[float, float]:
+    """The interval of the Hodges-Lehmann ratio that inverts the Mann-Whitney test: the k-th smallest
+    and largest of the n*m pairwise log differences, k from the test's normal approximation
+    (Hollander & Wolfe). No library offers this interval; scipy has the test, not its inversion."""
+    diffs = np.sort(np.subtract.outer(np.log(current), np.log(baseline)).ravel())
+    n, m = current.size, baseline.size
+    z = stats.norm.ppf(0.5 + confidence / 2.0)
+    k = int(math.floor(n * m / 2.0 - z * math.sqrt(n * m * (n + m + 1) / 12.0)))
+    k = min(max(k, 0), diffs.size - 1)
+    return float(np.exp(diffs[k])), float(np.exp(diffs[diffs.size - 1 - k]))
 
 
 def _check_gate_params(margin: float, alpha: float) -> None:
@@ -274,7 +301,9 @@ def gate(
 ) -> GateResult:
     """Compare repeated measurements with a baseline; "regression" only if large AND significant.
 
-    Large: the ratio of means is worse than ``1 - margin`` (better than ``1 + margin`` for improvement).
+    Large: the ratio is worse than ``1 - margin`` (better than ``1 + margin`` for improvement); with
+    baseline samples it is the median of all current/baseline ratios, with one stored number the
+    ratio of the current mean to it.
     Significant: a one-sided test at level ``alpha`` - Mann-Whitney U against the baseline's samples when
     it kept enough of them (as asv does), a Welch t-test on logs for too few, and a one-sample t-test on
     log values when the baseline is a single stored number.
@@ -284,10 +313,11 @@ def gate(
     base = _as_positive_array(baseline, f"baseline {metric}")
     codes, ratios, p_values, test = _decide(cur[None, :], base[None, :], margin, alpha, higher_is_better)
     status, ratio, p_value = _STATUS_NAMES[int(codes[0])], float(ratios[0]), float(p_values[0])
-    if cur.size >= 2:
-        ci = _bootstrap_ratio(cur, base if base.size >= 2 else None, confidence, paired=False)
-        if base.size < 2:
-            ci = (ci[0] / float(base[0]), ci[1] / float(base[0]))
+    if base.size >= 2:
+        ci = _hodges_lehmann_interval(cur, base, confidence)
+    elif cur.size >= 2:
+        ci = _bootstrap_ratio(cur, None, confidence, paired=False)
+        ci = (ci[0] / float(base[0]), ci[1] / float(base[0]))
     else:
         ci = (math.nan, math.nan)
     base_mean = float(base.mean())
@@ -304,10 +334,11 @@ def gate(
         "significant drop, so this run's spread cannot tell an unchanged build from a regression; rerun on "
         "an idle machine or with more repetitions (--perf-repetitions)",
     }[status]
+    how = " (median of current/baseline pairs)" if base.size >= 2 else ""
     message = (
-        f"{metric}: current {float(cur.mean()):.4g} (n={cur.size}) vs baseline {base_mean:.4g} "
-        f"(n={base.size}); ratio {ratio:.3f}x, {confidence:.0%} CI {ci[0]:.3f}-{ci[1]:.3f}; "
-        f"p={p_value:.3g} ({test}); {what}."
+        f"{metric}: current {float(cur.mean()):.4g} (n={cur.size}, median {float(np.median(cur)):.4g}) vs "
+        f"baseline {base_mean:.4g} (n={base.size}); ratio {ratio:.3f}x{how}, {confidence:.0%} CI "
+        f"{ci[0]:.3f}-{ci[1]:.3f}; p={p_value:.3g} ({test}); {what}."
     )
     if status == "regression":
         message += (

@@ -305,3 +305,21 @@ def test_an_inconclusive_gate_measures_more_rounds_until_it_can_answer(tiny):
     # Still inconclusive after the allowed batches: that answer stands.
     m, gates = bench.gate_with_more_rounds(first, lambda x: answer("inconclusive"), more, batches=1)
     assert (m.repetitions, gates["speedup"].status) == (4, "inconclusive")
+
+
+def test_a_stalled_round_does_not_move_the_forward_costs():
+    """c and v (and so the gate's host adjustment) read each round's mean step and take the median
+    over rounds: one round on a stalled host, its steps 2.6x slower, leaves them where they were."""
+    from harness.timing import Measurement
+
+    def run(step_ms: float) -> Measurement:
+        return Measurement(
+            1, [], 1.0, 0.0, 0.0, 0.0, 0.0, 32, 0, 31 * step_ms, 0.0, 0.0, 0, 0,
+            step_costs={"target": (31 * step_ms, 31)},
+        )  # fmt: skip
+
+    steady = [run(20.0), run(20.2), run(19.8), run(20.1)]
+    assert analysis.decode_ms(steady, "target") == pytest.approx(20.05)
+    # A pooled mean would read 26.4 ms here.
+    assert analysis.decode_ms([run(52.0), *steady], "target") == pytest.approx(20.1)
+    assert math.isnan(analysis.decode_ms([], "draft"))

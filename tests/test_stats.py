@@ -1,4 +1,5 @@
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -150,13 +151,32 @@ def test_gate_pass_for_same_distribution():
 
 
 def test_gate_flags_regression_with_advice():
-    res = gate([8.5, 8.6, 8.4, 8.7, 8.5], [10.1, 10.0, 10.2, 9.8, 10.0], metric="assisted tokens/s")
+    current, baseline = [8.5, 8.6, 8.4, 8.7, 8.5], [10.1, 10.0, 10.2, 9.8, 10.0]
+    res = gate(current, baseline, metric="assisted tokens/s")
     assert res.status == "regression" and res.failed
-    assert res.ratio == pytest.approx(8.54 / 10.02)
+    # The Hodges-Lehmann ratio: the median of all 25 current/baseline ratios.
+    assert res.ratio == pytest.approx(statistics.median(c / b for c in current for b in baseline))
+    assert res.ci[0] <= res.ratio <= res.ci[1] < 1.0 - DEFAULT_MARGIN
     assert res.p_value < DEFAULT_ALPHA
     assert res.test == "Mann-Whitney U"
     assert "--update-baselines" in res.message and "assisted tokens/s" in res.message
     assert "8.54" in res.message and "10.02" in res.message
+
+
+def test_one_stalled_round_does_not_make_an_unchanged_build_inconclusive():
+    """A host hiccup in one plain round (its tokens/s halved, so that round's speedup ~2.6x) moved a
+    ratio of means and its bootstrap interval enough to leave an unchanged build inconclusive; the
+    median of pairwise ratios and the Mann-Whitney interval do not move."""
+    baseline = [1.37, 1.35, 1.40, 1.36, 1.42]
+    steady = [1.36, 1.34, 1.38, 1.33, 1.35, 1.37, 1.36, 1.34, 1.39, 1.35]
+    stalled = [2.6, *steady[1:]]
+    assert gate(steady, baseline).status == "pass"
+    res = gate(stalled, baseline)
+    assert res.status == "pass", res.message
+    assert res.ratio == pytest.approx(gate(steady, baseline).ratio, rel=0.01)
+    # A real drop is still caught, hiccup or not.
+    slower = [x * 0.85 for x in steady]
+    assert gate([2.6, *slower[1:]], baseline).status == "regression"
 
 
 def test_gate_against_a_single_stored_number():
