@@ -34,7 +34,7 @@ def test_the_page_shows_each_kind_of_result():
     text = page.results_page(RESULTS)
     # A sweep (speedup with its interval), the benchmark cases, divergence counts and HumanEval.
     assert re.search(r"\| t_gguf-d_q4k-K3-dynamic-invariant-dv16384-dk_invariant +\| +20 \|", text)
-    assert "#### qwen2.5-coder-1.5b, benchmark: assisted" in text
+    assert "#### qwen2.5-coder-1.5b, benchmark: gguf target, q4k draft" in text
     assert "| gguf / invariant" in text and "#### HumanEval: qwen2.5-coder-1.5b-gguf-q4k" in text
     # The engine's draft-model configuration keeps the label the sweep gave it.
     assert "t_int4-d_int4-K3-constant-onnxruntime-genai" in text

@@ -93,10 +93,13 @@ def benchmark_section(platform: str, rows: Sequence[Row], source: str) -> list[s
             floatfmt=".2f",
         )
         first = next(r for r in run if r.mode != "plain")
-        lines += [
-            f"#### {first.model}, {first.task}: {pairs[0]['mode']}, {first.target_precision} target",
-            "",
-        ]
+        if first.mode != "assisted":
+            proposals = first.mode.replace("_", " ")
+        elif first.engine not in (None, "transformers"):
+            proposals = f"{first.engine}'s own draft"
+        else:
+            proposals = f"{first.draft_precision} draft"
+        lines += [f"#### {first.model}, {first.task}: {first.target_precision} target, {proposals}", ""]
         lines += _header(platform, command, _versions(run), source) + ["", table, ""]
     return lines
 
