@@ -30,7 +30,15 @@ from harness.stats import (
     speedup_ci,
 )
 
-SCHEMA = 1
+SCHEMA = 2
+# Schema 1 spelled five case fields its own way; they are now the run settings' column names.
+_SCHEMA_1_NAMES = {
+    "new_tokens": "max_new_tokens",
+    "schedule": "assistant_schedule",
+    "backend": "target_backend",
+    "kernels": "target_kernels",
+    "provider": "execution_provider",
+}
 _REGENERATE = (
     "rerun the benchmark with --update-baselines to regenerate it (or restore the committed copy with "
     "`git checkout -- {path}`)"
@@ -62,29 +70,31 @@ def _num(x: float) -> str:
 class CaseKey:
     """Every setting that changes speed; two runs with equal keys are comparable.
 
-    ``prompt_tokens``/``new_tokens`` are None for a case that covers a task's whole prompt set (the seeds'
-    decode tables mix prompt lengths). ``draft`` names the draft model or method when the pair name does
-    not fix it (a seed table's named draft, or e.g. "prompt-lookup").
+    Its fields are the run settings' identity columns (``setup.FIELDS``) that change speed, under
+    the same names, plus where the case runs: the task and prompt length. ``prompt_tokens`` and
+    ``max_new_tokens`` are None for a case that covers a task's whole prompt set (the seeds' decode
+    tables mix prompt lengths). ``draft`` names the draft model or method when the pair name does not
+    fix it (a seed table's named draft, or e.g. "prompt-lookup").
     """
 
     model: str
     task: str
     prompt_tokens: int | None
-    new_tokens: int | None
+    max_new_tokens: int | None
     target_precision: str
     draft_precision: str
     num_assistant_tokens: int | None
-    schedule: str | None
+    assistant_schedule: str | None
     do_sample: bool = False
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    backend: str = "torch"
+    target_backend: str = "torch"
     draft: str | None = None
-    kernels: str = "stock"  # target kernels: "stock" or "invariant" (harness.invariant)
+    target_kernels: str = "stock"  # "stock" or "invariant" (harness.invariant)
     draft_vocab: int | None = None  # the draft scored only this many leading token ids
     draft_kernels: str = "stock"  # the draft's kernels ("invariant": the harness's, for speed)
-    provider: str | None = None  # the execution provider of an ONNX Runtime target
+    execution_provider: str | None = None  # the execution provider of an ONNX Runtime target
     engine: str = "transformers"  # what runs the decoding loop (harness.setup.ENGINES)
 
     @property
@@ -106,22 +116,22 @@ class CaseKey:
         parts = [_part(self.task)]
         if self.prompt_tokens is not None:
             parts.append(f"p{self.prompt_tokens}")
-        if self.new_tokens is not None:
-            parts.append(f"n{self.new_tokens}")
+        if self.max_new_tokens is not None:
+            parts.append(f"n{self.max_new_tokens}")
         parts.append(f"t_{_part(self.target_precision)}")
         parts.append(f"d_{_part(self.draft_precision)}")
         parts.append(f"k{self.num_assistant_tokens}" if self.num_assistant_tokens is not None else "kdefault")
-        if self.schedule is not None:
-            parts.append(_part(self.schedule))
+        if self.assistant_schedule is not None:
+            parts.append(_part(self.assistant_schedule))
         parts.append(self.sampling)
-        if self.backend != "torch":
-            parts.append(_part(self.backend))
-        if self.provider is not None:
-            parts.append(_part(self.provider))
+        if self.target_backend != "torch":
+            parts.append(_part(self.target_backend))
+        if self.execution_provider is not None:
+            parts.append(_part(self.execution_provider))
         if self.engine != "transformers":
             parts.append(_part(self.engine))
-        if self.kernels != "stock":
-            parts.append(_part(self.kernels))
+        if self.target_kernels != "stock":
+            parts.append(_part(self.target_kernels))
         if self.draft_vocab is not None:
             parts.append(f"dv{self.draft_vocab}")
         if self.draft_kernels != "stock":
@@ -135,6 +145,7 @@ class CaseKey:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseKey:
+        data = {_SCHEMA_1_NAMES.get(k, k): v for k, v in data.items()}
         names = {f.name for f in fields(cls)}
         unknown = set(data) - names
         if unknown:
@@ -142,28 +153,17 @@ class CaseKey:
         return cls(**data)
 
 
+# The key's fields that are run-setting columns (all but where the case runs and a seed's named draft).
+CASE_COLUMNS = tuple(f.name for f in fields(CaseKey) if f.name not in ("task", "prompt_tokens", "draft"))
+
+
 def case_key(columns: dict[str, Any], task: str, prompt_tokens: int | None) -> CaseKey:
     """A setup's identity columns (``setup.RunSetup.columns``) as the key baseline files carry."""
-    return CaseKey(
-        model=columns["model"],
-        task=task,
-        prompt_tokens=prompt_tokens,
-        new_tokens=columns["max_new_tokens"],
-        target_precision=columns["target_precision"],
-        draft_precision=columns["draft_precision"],
-        num_assistant_tokens=columns["num_assistant_tokens"],
-        schedule=columns["assistant_schedule"],
-        do_sample=columns["do_sample"],
-        temperature=columns["temperature"],
-        top_p=columns["top_p"],
-        top_k=columns["top_k"],
-        kernels=columns["target_kernels"],
-        draft_vocab=columns["draft_vocab"],
-        draft_kernels=columns["draft_kernels"],
-        backend=columns["target_backend"],
-        provider=columns["execution_provider"],
-        engine=columns.get("engine") or "transformers",
-    )
+    given = {c: columns.get(c) for c in CASE_COLUMNS}
+    # Columns an older row lacks, or that a plain or torch setup leaves None, read as the defaults.
+    given.update({c: getattr(CaseKey, c) for c in ("target_backend", "target_kernels", "draft_kernels",
+                                                   "engine") if given[c] is None})  # fmt: skip
+    return CaseKey(task=task, prompt_tokens=prompt_tokens, **given)
 
 
 @dataclass
@@ -193,8 +193,8 @@ class BaselineRecord:
     def from_dict(cls, data: dict[str, Any]) -> BaselineRecord:
         if not isinstance(data, dict):
             raise ValueError("top level is not a JSON object")
-        if data.get("schema") != SCHEMA:
-            raise ValueError(f"schema {data.get('schema')!r}, this harness reads schema {SCHEMA}")
+        if data.get("schema") not in (1, SCHEMA):
+            raise ValueError(f"schema {data.get('schema')!r}, this harness reads schemas 1 and {SCHEMA}")
         required = [f.name for f in fields(cls) if f.name != "extra"]
         missing = [name for name in required if name not in data]
         if missing:
@@ -324,6 +324,23 @@ def list_baselines(root: str | os.PathLike[str], platform: str | None = None) ->
     if not base.is_dir():
         return []
     return sorted(p for p in base.rglob("*.json") if not p.name.startswith("."))
+
+
+def migrate(root: str | os.PathLike[str]) -> list[Path]:
+    """Rewrite every measured baseline file under ``root`` written by an older schema in this one
+    (same case, same case id, same numbers; only the field names and schema change). Returns the
+    files rewritten. The seeds' imported tables are rewritten by ``python -m harness.seeds``."""
+    rewritten = []
+    for path in list_baselines(root):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("schema") == SCHEMA or not str(data.get("source", "")).startswith("measured"):
+            continue
+        record = read_baseline_file(path)
+        if baseline_path(root, path.relative_to(root).parts[0], record.case) != path:
+            raise HarnessError(f"{path}: its case id is {record.case.case_id}; not migrated")
+        save_baseline(root, path.relative_to(root).parts[0], record.case, record)
+        rewritten.append(path)
+    return rewritten
 
 
 def _baseline_samples(entry: dict[str, Any] | None, key: str) -> list[float] | float | None:

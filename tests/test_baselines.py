@@ -25,11 +25,11 @@ CASE = CaseKey(
     model="qwen2.5-coder-1.5b",
     task="benchmark",
     prompt_tokens=256,
-    new_tokens=64,
+    max_new_tokens=64,
     target_precision="fp32",
     draft_precision="fp32",
     num_assistant_tokens=5,
-    schedule="constant",
+    assistant_schedule="constant",
 )
 MACHINE = {"name": "test-box-2c", "cpu": "test cpu", "cores": 2, "accelerator": "none", "system": "Linux"}
 VERSIONS = {"python": "3.11", "torch": "x"}
@@ -62,8 +62,10 @@ def test_case_id_is_readable_and_stable():
     assert CASE.case_id == "benchmark-p256-n64-t_fp32-d_fp32-k5-constant-greedy"
     sampled = replace(CASE, do_sample=True, temperature=0.7, top_p=0.9, top_k=50)
     assert sampled.case_id == "benchmark-p256-n64-t_fp32-d_fp32-k5-constant-sample-t0.7-topp0.9-topk50"
-    assert replace(CASE, backend="llama.cpp").case_id.endswith("-greedy-llama.cpp")
-    whole_task = replace(CASE, prompt_tokens=None, new_tokens=None, num_assistant_tokens=None, schedule=None)
+    assert replace(CASE, target_backend="llama.cpp").case_id.endswith("-greedy-llama.cpp")
+    whole_task = replace(
+        CASE, prompt_tokens=None, max_new_tokens=None, num_assistant_tokens=None, assistant_schedule=None
+    )
     assert whole_task.case_id == "benchmark-t_fp32-d_fp32-kdefault-greedy"
 
 
@@ -72,13 +74,18 @@ def test_case_id_is_readable_and_stable():
     [
         {"task": "decode"},
         {"prompt_tokens": 512},
-        {"new_tokens": 128},
+        {"max_new_tokens": 128},
         {"target_precision": "bf16"},
         {"draft_precision": "int8"},
         {"num_assistant_tokens": 6},
-        {"schedule": "heuristic"},
+        {"assistant_schedule": "heuristic"},
         {"do_sample": True},
-        {"backend": "gguf"},
+        {"target_backend": "gguf"},
+        {"target_kernels": "invariant"},
+        {"draft_vocab": 16384},
+        {"draft_kernels": "invariant"},
+        {"execution_provider": "CPUExecutionProvider"},
+        {"engine": "onnxruntime-genai"},
         {"draft": "prompt-lookup"},
     ],
 )
@@ -271,3 +278,30 @@ def test_compare_without_baseline_says_how_to_create_one(tmp_path):
 def test_bad_platform_name(tmp_path):
     with pytest.raises(HarnessError, match="platform"):
         baseline_path(tmp_path, "../x", CASE)
+
+
+def test_a_schema_1_baseline_loads_and_is_migrated_once(tmp_path):
+    """Baselines written before the case fields took the run settings' column names load unchanged
+    (same case id, same numbers) and ``migrate`` rewrites them in the current schema."""
+    from harness import baselines
+
+    record = record_for(CASE, [10.0, 10.2, 9.9], [14.0, 14.3, 13.8])
+    path = save_baseline(tmp_path, "box", CASE, record)
+    data = json.loads(path.read_text())
+    renamed = {"max_new_tokens": "new_tokens", "assistant_schedule": "schedule", "target_backend": "backend",
+               "target_kernels": "kernels", "execution_provider": "provider"}  # fmt: skip
+    data["case"] = {renamed.get(k, k): v for k, v in data["case"].items()}
+    data["schema"] = 1
+    path.write_text(json.dumps(data))
+    old = load_baseline(tmp_path, "box", CASE)
+    assert old is not None and old.case == CASE and old.speedup == record.speedup
+    assert baselines.migrate(tmp_path) == [path]
+    migrated = json.loads(path.read_text())
+    assert migrated["schema"] == baselines.SCHEMA and migrated["case"]["max_new_tokens"] == 64
+    assert baselines.migrate(tmp_path) == []  # once
+
+
+def test_the_case_fields_are_run_setting_columns():
+    from harness import baselines, setup
+
+    assert set(baselines.CASE_COLUMNS) <= set(setup.COLUMNS)

@@ -308,13 +308,13 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
 
 
 def _case_label(case: baselines.CaseKey) -> str:
-    target = case.target_precision + ("" if case.kernels == "stock" else f" ({case.kernels})")
+    target = case.target_precision + ("" if case.target_kernels == "stock" else f" ({case.target_kernels})")
     if case.engine != "transformers":
         return f"{case.engine}: {target}, its draft, K={case.num_assistant_tokens}"
     draft = case.draft_precision + ("" if case.draft_kernels == "stock" else f" ({case.draft_kernels})")
     if case.draft_vocab is not None:
         draft += f", vocab {case.draft_vocab}"
-    return f"{target} / {draft}, K={case.num_assistant_tokens} {case.schedule}"
+    return f"{target} / {draft}, K={case.num_assistant_tokens} {case.assistant_schedule}"
 
 
 def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord], source: str) -> list[str]:
@@ -328,7 +328,7 @@ def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord]
             [
                 record.case.model,
                 _case_label(record.case),
-                f"{record.case.prompt_tokens} x {record.case.new_tokens}",
+                f"{record.case.prompt_tokens} x {record.case.max_new_tokens}",
                 _f(mean["plain"], ".2f"),
                 _f(mean["assisted"], ".2f"),
                 f"{_f(speed.get('value'), '.2f', 'x')} {ci}",
