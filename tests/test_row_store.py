@@ -57,3 +57,13 @@ def test_a_row_killed_between_its_text_and_newline_is_kept(tmp_path):
     path.write_text(json.dumps({"a": 1}) + "\n" + json.dumps({"a": 2}))
     results.append_row(path, {"a": 3})
     assert [r["a"] for r in results.read_records(path)] == [1, 2, 3]
+
+
+def test_a_row_carries_every_identity_column():
+    """Rows are the store's schema: every column of ``setup.FIELDS`` is a field of ``Row``, so a
+    setting added there without a column here fails now rather than vanishing from the rows."""
+    import dataclasses
+
+    from harness import setup
+
+    assert set(setup.COLUMNS) <= {f.name for f in dataclasses.fields(results.Row)}
