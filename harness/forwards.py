@@ -83,8 +83,11 @@ def time_forwards(
 ) -> dict[int, tuple[float, float]]:
     """Median and best ms of one forward of M new tokens onto a ``cache_tokens`` KV cache, per M.
 
-    Every repetition rebuilds the cache (a prefill, not timed) so each timed forward sees the
-    same cache length; the first repetition warms up and is dropped."""
+    Every repetition rebuilds the cache (a prefill, not timed) so each timed forward sees the same
+    cache length. The Ms are interleaved within each repetition, as the benchmark's arms are: timed
+    one M after another, the first M measured a model still warming up (its one-token forward read
+    1.3x the two-token one) and every M a different phase of a host whose speed drifts. The first
+    repetition warms up and is dropped."""
     from transformers import DynamicCache
 
     if cache_tokens < 1 or repetitions < 1 or any(m < 1 for m in ms):
@@ -92,19 +95,17 @@ def time_forwards(
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g)
-    out: dict[int, tuple[float, float]] = {}
+    times: dict[int, list[float]] = {m: [] for m in ms}
     with torch.inference_mode():
-        for m in ms:
-            times = []
-            for _ in range(repetitions + 1):
+        for _ in range(repetitions + 1):
+            for m in ms:
                 cache = DynamicCache()
                 model(prefix, past_key_values=cache, use_cache=True)
                 new = torch.randint(100, min(vocab, 20000), (1, m), generator=g)
                 start = time.perf_counter()
                 model(new, past_key_values=cache, use_cache=True)
-                times.append((time.perf_counter() - start) * 1000)
-            out[m] = (statistics.median(times[1:]), min(times[1:]))
-    return out
+                times[m].append((time.perf_counter() - start) * 1000)
+    return {m: (statistics.median(t[1:]), min(t[1:])) for m, t in times.items()}
 
 
 def measure(
@@ -254,18 +255,22 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 results.append_row(args.json, {**context, **asdict(cost)})
 
-        rows = measure(
-            args.model_name,
-            args.role,
-            [p.strip() for p in args.precisions.split(",") if p.strip()],
-            [k.strip() for k in args.kernels.split(",") if k.strip()],
-            args.m,
-            draft_vocab=args.draft_vocab,
-            weights_dir=args.weights_dir,
-            cache_tokens=args.cache_tokens,
-            repetitions=args.repetitions,
-            on_row=keep,
-        )
+        def run() -> list[ForwardCost]:
+            return measure(
+                args.model_name,
+                args.role,
+                [p.strip() for p in args.precisions.split(",") if p.strip()],
+                [k.strip() for k in args.kernels.split(",") if k.strip()],
+                args.m,
+                draft_vocab=args.draft_vocab,
+                weights_dir=args.weights_dir,
+                cache_tokens=args.cache_tokens,
+                repetitions=args.repetitions,
+                on_row=keep,
+            )
+
+        model, gguf = gguf_of(args.model_name, args.role)
+        rows, ref, line = llamacpp.around(bench_binary, gguf, model, run, threads=torch.get_num_threads())
     except HarnessError as exc:
         parser.exit(2, f"error: {exc}\n")
     print(
@@ -273,25 +278,26 @@ def main(argv: list[str] | None = None) -> int:
         f"median of {args.repetitions} (ms; in brackets: relative to M=1); {info.name}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; read bandwidth {bandwidth:.1f} GB/s\n"
     )
-    print(table(rows, bandwidth))
-    ref, line = reference(args.model_name, args.role, bench_binary)
+    print(table([*rows, *([reference_cost(args.role, ref)] if ref else [])], bandwidth))
     print(line)
     if args.json and ref is not None:
-        results.append_row(args.json, {**context, **asdict(reference_cost(args.role, ref))})
+        results.append_row(
+            args.json, {**context, **asdict(reference_cost(args.role, ref)), "llama_cpp": line}
+        )
     return 0
 
 
-def reference(name: str, role: str, binary: Path | None) -> tuple[llamacpp.Reference | None, str]:
-    """llama.cpp's plain decoding of the same model's GGUF, and a line saying it or why it is absent."""
+def gguf_of(name: str, role: str) -> tuple[str, Path | None]:
+    """The pair's ``role`` model and its GGUF file (None: it has none here), for llama.cpp."""
     pair = models.get_pair(name)
     spec = pair.target if role == "target" else pair.draft
-    gguf = models.gguf_file(spec, None)
-    return llamacpp.reference(binary, gguf, spec.name, threads=torch.get_num_threads())
+    return spec.name, models.gguf_file(spec, None)
 
 
 def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
     """llama.cpp's time per token as a line of the table (M = 1; its cache grows from empty, and its
-    time includes sampling), so its plain decoding stands beside the harness's one-token forward."""
+    time includes sampling), so its plain decoding stands beside the harness's one-token forward; the
+    mean of its runs just before and just after the harness's (``llamacpp.around``)."""
     return ForwardCost(role, "llama.cpp", ref.build, 1, ref.ms_per_token, ref.ms_per_token, None)
 
 

@@ -7,16 +7,22 @@ says how to build it from the llama-cpp-python sdist's vendored source.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from harness.errors import HarnessError
 
 ENV = "ASSISTED_GENERATION_LLAMA_BENCH"
+# Before and after a run differing by more than this, the line says the host's speed moved.
+DRIFT_NOTE = 0.10
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,44 @@ def reference(
         f"plain decoding {ref.tokens_per_s:.2f} tok/s (+-{ref.tokens_per_s_std:.2f}) "
         f"= {ref.ms_per_token:.1f} ms/token"
     )
+
+
+def around(
+    binary: Path | None,
+    gguf: Path | None,
+    model: str,
+    work: Callable[[], T],
+    *,
+    threads: int,
+    new_tokens: int = 64,
+) -> tuple[T, Reference | None, str]:
+    """``work()`` with llama.cpp's plain decoding measured just before and just after it.
+
+    Why both: a run of minutes on a shared 2-core VM sees the host's speed move by up to 25%, and
+    llama-bench cannot be interleaved with the harness's own rounds; the reference is the mean of
+    the two, and the line gives both (and says so when they differ by more than 10%), so a ratio to
+    it is read with the drift it carries. Without a binary or a GGUF file: ``work()`` and the note."""
+    before, line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens)
+    result = work()
+    if before is None:
+        return result, None, line
+    after, after_line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens)
+    if after is None:
+        return result, before, f"{line} (before this run; after it: {after_line})"
+    mean = dataclasses.replace(
+        before,
+        tokens_per_s=(before.tokens_per_s + after.tokens_per_s) / 2,
+        tokens_per_s_std=max(before.tokens_per_s_std, after.tokens_per_s_std),
+    )
+    line = (
+        f"llama.cpp reference ({mean.build}, {gguf.name}, {mean.threads} threads, {mean.new_tokens} tokens): "
+        f"plain decoding {before.tokens_per_s:.2f} tok/s before this run and {after.tokens_per_s:.2f} after, "
+        f"mean {mean.tokens_per_s:.2f} = {mean.ms_per_token:.1f} ms/token"
+    )
+    drift = abs(after.tokens_per_s - before.tokens_per_s) / mean.tokens_per_s
+    if drift > DRIFT_NOTE:
+        line += f"; the host's speed moved by {drift:.0%} during the run, and ratios to it carry that"
+    return result, mean, line
 
 
 def measure(

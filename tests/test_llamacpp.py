@@ -48,7 +48,10 @@ def test_parse_refuses_output_without_a_decode_row(text):
 def test_no_binary_means_no_reference(monkeypatch):
     monkeypatch.delenv(llamacpp.ENV, raising=False)
     assert llamacpp.find(None) is None
-    assert llamacpp.ENV in forwards.reference("tiny-qwen2", "target", None)[1]
+    model, gguf = forwards.gguf_of("tiny-qwen2", "target")
+    assert (model, gguf) == ("tiny-qwen2", None)
+    done, ref, line = llamacpp.around(None, gguf, model, lambda: "work", threads=2)
+    assert (done, ref) == ("work", None) and llamacpp.ENV in line
 
 
 def test_a_wrong_binary_is_an_error(tmp_path, monkeypatch):
@@ -73,3 +76,28 @@ def test_measure_runs_the_binary_and_reads_its_json(tmp_path):
     assert ref.tokens_per_s == 34.1
     with pytest.raises(HarnessError, match="exit 3"):
         llamacpp.measure(script, tmp_path / "m.gguf", threads=1, new_tokens=16, repetitions=2)
+
+
+def test_the_reference_is_measured_before_and_after_the_run(tmp_path):
+    """llama-bench runs just before and just after the harness's own measurement; the reference is
+    their mean, the line names both, and says so when the host's speed moved by more than 10%."""
+    counter = tmp_path / "calls"
+    rows = json.dumps(ROWS).replace('"avg_ts": 34.1', '"avg_ts": SPEED')
+    fake = tmp_path / "llama-bench"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}\n"
+        f'if [ "$n" = 0 ]; then s=40.0; else s=30.0; fi\n'
+        f"echo '{rows}' | sed \"s/SPEED/$s/\"\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    order = []
+    done, ref, line = llamacpp.around(
+        fake, gguf, "model", lambda: order.append(counter.read_text().strip()) or "work", threads=2
+    )
+    assert done == "work" and order == ["1"]  # the work ran between the two measurements
+    assert ref.tokens_per_s == pytest.approx(35.0)
+    assert "40.00 tok/s before this run and 30.00 after, mean 35.00" in line
+    assert "the host's speed moved by 29%" in line

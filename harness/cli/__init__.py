@@ -370,8 +370,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         target_device=args.target_device,
         draft_device=args.draft_device,
     )
-    try:
-        result = sweep.run_sweep(
+
+    def measure() -> sweep.SweepResult:
+        return sweep.run_sweep(
             spec,
             configs,
             prompts,
@@ -382,13 +383,23 @@ def run_sweep(args: argparse.Namespace) -> int:
             platform=platform,
             command=shlex.join(command),
         )
+
+    try:
+        result, ref, line = llamacpp.around(
+            bench_binary,
+            models.gguf_file(spec.target, None),
+            spec.target.name,
+            measure,
+            threads=torch_threads(),
+            new_tokens=new_tokens,
+        )
     except KeyboardInterrupt:
         print(
             f"interrupted; finished runs are in {rows_path}; rerun the same command to resume",
             file=sys.stderr,
         )
         return 130
-    reference = llama_reference(bench_binary, spec, new_tokens, result)
+    reference = llama_reference(ref, line, result)
     md_path, png_path = sweep_report.write_sweep(result, args.results_dir, reference)
     print(sweep_report.sweep_table(result, wide=args.wide))
     print(f"\n{reference}")
@@ -396,13 +407,15 @@ def run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def llama_reference(binary: Path | None, spec: models.PairSpec, new_tokens: int, result) -> str:
-    """llama.cpp's plain decoding of the target's GGUF, measured now, and this sweep's fastest plain
-    and fastest exact assisted decoding as multiples of it (or why there is no reference)."""
-    gguf = models.gguf_file(spec.target, None)
-    ref, line = llamacpp.reference(
-        binary, gguf, spec.target.name, threads=result.threads, new_tokens=new_tokens
-    )
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def llama_reference(ref: llamacpp.Reference | None, line: str, result: sweep.SweepResult) -> str:
+    """The llama.cpp line (measured around the sweep, or why there is none) with this sweep's fastest
+    plain and fastest exact assisted decoding as multiples of it."""
     if ref is None:
         return line
     if result.best_plain:
