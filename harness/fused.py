@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,15 +33,61 @@ FUSABLE = ("LlamaDecoderLayer", "Qwen2DecoderLayer")
 
 def project(x: torch.Tensor, linears: Sequence[nn.Module]) -> list[torch.Tensor]:
     """Each linear applied to ``x`` [M, K]; k-quant weights share one quantization of ``x``."""
+    return _projection(linears)(x)
+
+
+def _projection(linears: Sequence[nn.Module]) -> Any:
+    """``x -> [linear(x) for linear in linears]``, with the k-quant call's arguments gathered once."""
     if all(type(lin) is kquants.KQuantLinear for lin in linears):
-        return kquants.extension().linears(
-            x,
+        linear = kquants.extension().linears
+        args = (
             [lin.blocks for lin in linears],
             [lin.kind for lin in linears],
             [lin.out_features for lin in linears],
             [lin.bias for lin in linears],
         )
-    return [lin.forward(x) for lin in linears]
+        return lambda x: linear(x, *args)
+    return lambda x: [lin.forward(x) for lin in linears]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a fused layer's forward reads of its modules, gathered at its first call. Why: read
+    through ``nn.Module.__getattr__`` on every call it was ~30 attribute lookups and four argument
+    lists per layer and step, most of a 24-layer draft's Python time around its kernels. It holds
+    the layer's tensors by reference: ``fuse`` drops it (a layer whose weights are replaced is fused
+    again), and a deep copy of the layer, which carries its plan along, gathers its own."""
+
+    owner: int  # id() of the layer it was gathered from
+    heads: int
+    kv_heads: int
+    dim: int
+    scaling: float
+    layer_idx: int
+    in_norm: tuple[torch.Tensor, float]
+    post_norm: tuple[torch.Tensor, float]
+    qkv: Any
+    o: Any
+    gate_up: Any
+    down: Any
+
+    @classmethod
+    def of(cls, layer: nn.Module) -> _Plan:
+        attn, mlp = layer.self_attn, layer.mlp
+        return cls(
+            id(layer),
+            attn.config.num_attention_heads,
+            attn.config.num_key_value_heads,
+            attn.head_dim,
+            attn.scaling,
+            attn.layer_idx,
+            (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+            (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+            _projection((attn.q_proj, attn.k_proj, attn.v_proj)),
+            _projection((attn.o_proj,)),
+            _projection((mlp.gate_proj, mlp.up_proj)),
+            _projection((mlp.down_proj,)),
+        )
 
 
 # Room a layer's cache buffer is given beyond what it holds when it is (re)allocated.
@@ -134,29 +181,26 @@ class FusedLayer:
             )
         cache = cache if cache is not None else past_key_values
         ext = invariant.extension()
-        attn, mlp = self.self_attn, self.mlp
+        plan = self.__dict__.get("_plan")
+        if plan is None or plan.owner != id(self):
+            plan = self.__dict__["_plan"] = _Plan.of(self)
         m, width = hidden_states.shape[1], hidden_states.shape[2]
-        heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
-        dim = attn.head_dim
         x = hidden_states.reshape(m, width).contiguous()
 
-        h = ext.rms_norm(x, self.input_layernorm.weight, self.input_layernorm.variance_epsilon)
-        q, k, v = project(h, (attn.q_proj, attn.k_proj, attn.v_proj))
+        h = ext.rms_norm(x, *plan.in_norm)
+        q, k, v = plan.qkv(h)
         cos, sin = (t[0].float().contiguous() for t in position_embeddings)
-        ext.rope_(q, cos, sin, heads)
-        ext.rope_(k, cos, sin, kv_heads)
-        keys = k.view(1, m, kv_heads, dim).transpose(1, 2)
-        values = v.view(1, m, kv_heads, dim).transpose(1, 2)
+        ext.rope_(q, cos, sin, plan.heads)
+        ext.rope_(k, cos, sin, plan.kv_heads)
+        keys = k.view(1, m, plan.kv_heads, plan.dim).transpose(1, 2)
+        values = v.view(1, m, plan.kv_heads, plan.dim).transpose(1, 2)
         if cache is not None:
-            keys, values = append_kv(cache, attn.layer_idx, keys, values)
-        a = ext.attention_md(q, keys[0], values[0], heads, attn.scaling)
-        (o,) = project(a, (attn.o_proj,))
+            keys, values = append_kv(cache, plan.layer_idx, keys, values)
+        (o,) = plan.o(ext.attention_md(q, keys[0], values[0], plan.heads, plan.scaling))
 
-        x, h = ext.add_rms_norm(
-            x, o, self.post_attention_layernorm.weight, self.post_attention_layernorm.variance_epsilon
-        )
-        gate, up = project(h, (mlp.gate_proj, mlp.up_proj))
-        (down,) = project(ext.silu_mul(gate, up), (mlp.down_proj,))
+        x, h = ext.add_rms_norm(x, o, *plan.post_norm)
+        gate, up = plan.gate_up(h)
+        (down,) = plan.down(ext.silu_mul(gate, up))
         return x.add_(down).view(1, m, width)
 
 
@@ -185,6 +229,7 @@ def fuse(model: nn.Module) -> int:
     count = 0
     for module in model.modules():
         if isinstance(module, FusedLayer):
+            module.__dict__.pop("_plan", None)
             count += 1
         elif fusable(module):
             module.__class__ = _fused_class(type(module))

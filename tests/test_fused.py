@@ -286,3 +286,25 @@ def test_other_caches_keep_their_own_update():
     fused.append_kv(cache, 0, torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8))
     fused.append_kv(cache, 0, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))
     assert Recording.calls == 2 and cache.get_seq_length() == 4
+
+
+def test_a_copy_of_a_fused_model_runs_on_its_own_weights(ext):
+    """A fused layer gathers what it reads of its modules once; a deep copy made after it ran
+    carries that along, and must still run on its own weights (not the original's), as must a
+    layer fused again after its weights were replaced."""
+    model = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "w8af32")
+    fused.fuse(model)
+    ids = list(range(3, 30))
+    before = _logits(model, ids, [1])
+    twin = copy.deepcopy(model)
+    assert torch.equal(_logits(twin, ids, [1]), before)
+    with torch.no_grad():
+        twin.model.layers[0].input_layernorm.weight.mul_(2.0)
+    assert not torch.equal(_logits(twin, ids, [1]), before)
+    assert torch.equal(_logits(model, ids, [1]), before)
+    first = model.model.layers[0]
+    first.post_attention_layernorm = copy.deepcopy(first.post_attention_layernorm)
+    with torch.no_grad():
+        first.post_attention_layernorm.weight.mul_(0.5)
+    fused.fuse(model)
+    assert not torch.equal(_logits(model, ids, [1]), before)
