@@ -73,8 +73,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--allow-inconclusive",
         action="store_true",
-        help="let a benchmark case whose speedup gate is inconclusive (a noisy or busy run) pass with a "
-        "warning instead of failing",
+        help="let a benchmark case whose speedup gate stays inconclusive (a noisy or busy run) pass with a "
+        "warning, even when its estimate lies beyond the margin (by default the estimate then decides)",
     )
     group.addoption(
         "--perf-repetitions",

@@ -17,6 +17,7 @@ from harness.stats import (
     DEFAULT_MARGIN,
     gate,
     mean_ci,
+    settle,
     simulate_gate,
     speedup_ci,
 )
@@ -195,6 +196,36 @@ def test_gate_needs_both_size_and_significance():
     noisy = gate([5.0, 12.0, 7.0, 11.0, 7.5], [10.0, 6.0, 13.0, 9.0, 12.0])
     assert noisy.ratio < 1.0 - DEFAULT_MARGIN and noisy.status == "inconclusive"
     assert not noisy.conclusive and not noisy.failed and "--perf-repetitions" in noisy.message
+
+
+def test_settle_decides_an_inconclusive_gate_on_its_estimate():
+    """Out of rounds, the estimate decides: an unchanged build whose spread reaches past the margin
+    passes (with the verdict in the message); a large drop the test could not confirm fails; a
+    conclusive answer is left as it is."""
+    baseline = [1.37, 1.52, 1.33, 1.27, 1.55]
+    unchanged = [1.38, 1.46, 1.25, 1.49, 1.31, 1.36, 1.51, 1.27, 1.40, 1.39, 1.24, 1.47, 1.33, 1.37, 1.44]
+    wide = gate(unchanged, baseline)
+    assert wide.status == "inconclusive" and 1.0 - DEFAULT_MARGIN < wide.ratio, wide.message
+    passed = settle(wide)
+    assert passed.status == "pass" and "SETTLED AS A PASS" in passed.message
+    assert (passed.ratio, passed.ci, passed.p_value) == (wide.ratio, wide.ci, wide.p_value)
+    noisy = gate([5.0, 12.0, 7.0, 11.0, 7.5], [10.0, 6.0, 13.0, 9.0, 12.0])
+    failed = settle(noisy)
+    assert failed.failed and "SETTLED AS A REGRESSION" in failed.message
+    clear = gate([1.36, 1.34, 1.38, 1.33, 1.35], [1.37, 1.35, 1.40, 1.36, 1.42])
+    assert settle(clear) == clear
+    slower = gate([8.5, 8.6, 8.4, 8.7, 8.5], [10.0, 10.1, 9.9, 10.0, 10.0])
+    assert settle(slower) == slower and slower.failed
+
+
+def test_settled_gate_keeps_false_alarms_rare_and_catches_more():
+    """The figures quoted in settle's docstring: 15 current rounds against a 5-round baseline."""
+    kw = dict(n=5, n_current=15, trials=4000, seed=7, settled=True)
+    assert simulate_gate(0.05, slowdown=0.0, **kw) < 0.005
+    assert simulate_gate(0.05, slowdown=0.15, **kw) > 0.99
+    assert simulate_gate(0.08, slowdown=0.0, **kw) < 0.04
+    test_only = simulate_gate(0.08, 5, 0.10, 4000, 7, n_current=15)
+    assert simulate_gate(0.08, slowdown=0.10, **kw) > test_only + 0.15
 
 
 def test_gate_lower_is_better():
