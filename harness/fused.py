@@ -9,6 +9,10 @@ activation, the down projection, residual. Every step is row-wise in one fixed o
 (``harness/kernels/invariant.cpp``), so a K+1-token verification still computes each row exactly as
 a one-token step does.
 
+When every projection of a layer is on k-quant blocks, the steps run as two C++ calls around the
+cache update (``kernels/layer.cpp``: the same functions, compiled into one module), not one call a
+step: ten calls a layer from Python cost ~3% of a one-token step, draft and target alike.
+
 The layers keep their modules and names (the layer's class is swapped for a subclass whose forward
 is the fused one), so hooks, deep copies and ``named_modules`` see the model they saw before.
 """
@@ -18,17 +22,28 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from harness import invariant, kquants
+from harness import cppext, invariant, kquants
 
 # Decoder layers whose forward this module reproduces: pre-norm RMSNorm, rotate-half rotary
 # embedding, grouped-query attention, SiLU-gated MLP.
 FUSABLE = ("LlamaDecoderLayer", "Qwen2DecoderLayer")
+
+
+_SOURCE = Path(__file__).with_name("kernels") / "layer.cpp"
+
+
+@functools.cache
+def extension():
+    """A decoder layer on k-quant blocks in two C++ calls (``kernels/layer.cpp``, which compiles the
+    row-wise steps and the k-quant kernels in; built once, ~2 min)."""
+    return cppext.build("assisted_generation_layer", _SOURCE, (invariant._SOURCE, kquants._SOURCE))
 
 
 def project(x: torch.Tensor, linears: Sequence[nn.Module]) -> list[torch.Tensor]:
@@ -56,7 +71,7 @@ class _Plan:
     through ``nn.Module.__getattr__`` on every call it was ~30 attribute lookups and four argument
     lists per layer and step, most of a 24-layer draft's Python time around its kernels. It holds
     the layer's tensors by reference: ``fuse`` drops it (a layer whose weights are replaced is fused
-    again), and a deep copy of the layer, which carries its plan along, gathers its own."""
+    again), and a deep copy of the layer starts without one."""
 
     owner: int  # id() of the layer it was gathered from
     heads: int
@@ -70,23 +85,46 @@ class _Plan:
     o: Any
     gate_up: Any
     down: Any
+    native: Any  # the layer in two C++ calls (layer.cpp) when every projection is on k-quant blocks
+
+    def __deepcopy__(self, memo: dict) -> None:
+        # A copied layer gathers its own plan from its own modules (the C++ layer cannot be copied,
+        # and would hold the original's weights).
+        return None
 
     @classmethod
     def of(cls, layer: nn.Module) -> _Plan:
         attn, mlp = layer.self_attn, layer.mlp
+        groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,), (mlp.gate_proj, mlp.up_proj))
+        groups += ((mlp.down_proj,),)
+        in_norm = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
+        native = None
+        if all(type(lin) is kquants.KQuantLinear for group in groups for lin in group):
+            ext = extension()
+            projections = [
+                ext.Projection(
+                    [lin.blocks for lin in group],
+                    [lin.kind for lin in group],
+                    [lin.out_features for lin in group],
+                    [lin.bias for lin in group],
+                )
+                for group in groups
+            ]
+            sizes = (heads, kv_heads, attn.head_dim, attn.scaling)
+            native = ext.Layer(*sizes, *in_norm, *post_norm, *projections)
         return cls(
             id(layer),
-            attn.config.num_attention_heads,
-            attn.config.num_key_value_heads,
+            heads,
+            kv_heads,
             attn.head_dim,
             attn.scaling,
             attn.layer_idx,
-            (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-            (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-            _projection((attn.q_proj, attn.k_proj, attn.v_proj)),
-            _projection((attn.o_proj,)),
-            _projection((mlp.gate_proj, mlp.up_proj)),
-            _projection((mlp.down_proj,)),
+            in_norm,
+            post_norm,
+            *(_projection(group) for group in groups),
+            native,
         )
 
 
@@ -180,28 +218,41 @@ class FusedLayer:
                 **kwargs,
             )
         cache = cache if cache is not None else past_key_values
-        ext = invariant.extension()
         plan = self.__dict__.get("_plan")
         if plan is None or plan.owner != id(self):
             plan = self.__dict__["_plan"] = _Plan.of(self)
         m, width = hidden_states.shape[1], hidden_states.shape[2]
         x = hidden_states.reshape(m, width).contiguous()
+        run = layer_calls if plan.native is not None else step_calls
+        return run(plan, x, position_embeddings, cache).view(1, m, width)
 
-        h = ext.rms_norm(x, *plan.in_norm)
-        q, k, v = plan.qkv(h)
-        cos, sin = (t[0].float().contiguous() for t in position_embeddings)
-        ext.rope_(q, cos, sin, plan.heads)
-        ext.rope_(k, cos, sin, plan.kv_heads)
-        keys = k.view(1, m, plan.kv_heads, plan.dim).transpose(1, 2)
-        values = v.view(1, m, plan.kv_heads, plan.dim).transpose(1, 2)
-        if cache is not None:
-            keys, values = append_kv(cache, plan.layer_idx, keys, values)
-        (o,) = plan.o(ext.attention_md(q, keys[0], values[0], plan.heads, plan.scaling))
 
-        x, h = ext.add_rms_norm(x, o, *plan.post_norm)
-        gate, up = plan.gate_up(h)
-        (down,) = plan.down(ext.silu_mul(gate, up))
-        return x.add_(down).view(1, m, width)
+def layer_calls(plan: _Plan, x: torch.Tensor, position_embeddings: tuple, cache: Any) -> torch.Tensor:
+    """The layer in two C++ calls around the cache update: the steps of ``step_calls``, in its order."""
+    q, keys, values = plan.native.begin(x, *position_embeddings)
+    if cache is not None:
+        keys, values = append_kv(cache, plan.layer_idx, keys, values)
+    return plan.native.end(x, q, keys, values)
+
+
+def step_calls(plan: _Plan, x: torch.Tensor, position_embeddings: tuple, cache: Any) -> torch.Tensor:
+    """The layer one step a call: x [M, width] -> the layer's output [M, width]."""
+    ext = invariant.extension()
+    m = x.shape[0]
+    h = ext.rms_norm(x, *plan.in_norm)
+    q, k, v = plan.qkv(h)
+    cos, sin = (t[0].float().contiguous() for t in position_embeddings)
+    ext.rope_(q, cos, sin, plan.heads)
+    ext.rope_(k, cos, sin, plan.kv_heads)
+    keys = k.view(1, m, plan.kv_heads, plan.dim).transpose(1, 2)
+    values = v.view(1, m, plan.kv_heads, plan.dim).transpose(1, 2)
+    if cache is not None:
+        keys, values = append_kv(cache, plan.layer_idx, keys, values)
+    (o,) = plan.o(ext.attention_md(q, keys[0], values[0], plan.heads, plan.scaling))
+    x, h = ext.add_rms_norm(x, o, *plan.post_norm)
+    gate, up = plan.gate_up(h)
+    (down,) = plan.down(ext.silu_mul(gate, up))
+    return x.add_(down)
 
 
 def fusable(layer: nn.Module) -> bool:

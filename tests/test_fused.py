@@ -111,6 +111,86 @@ def test_the_loaded_pair_is_fused_on_the_invariant_kernels_only(ext):
     assert not any(isinstance(layer, fused.FusedLayer) for layer in pair.draft.model.layers)
 
 
+# --------------------------------------------------------------------------- the layer in two calls
+
+
+def _q4k(name: str) -> torch.nn.Module:
+    from harness import models
+
+    return models._apply_precision(tiny.build_target(name), "q4k", "invariant", None)
+
+
+def _run_layer(run, model, plan, x: torch.Tensor, start: int, cache) -> torch.Tensor:
+    """``run`` (one of the fused forwards) on rows ``x`` at positions ``start``, ``start + 1``, ..."""
+    positions = torch.arange(start, start + x.shape[0])[None]
+    with torch.inference_mode():
+        return run(plan, x.clone(), model.model.rotary_emb(x[None], positions), cache)
+
+
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+@settings(max_examples=8, deadline=None)
+@given(m=st.integers(1, 9), prefix=st.integers(1, 20), seed=st.integers(0, 99))
+def test_the_two_call_layer_is_the_step_by_step_layer_bit_for_bit(name, m, prefix, seed):
+    """On k-quant blocks a fused layer runs as two C++ calls around the cache update; the same steps
+    in the same order as one call a step, so the same bits: its output, and the cache it leaves."""
+    from transformers import DynamicCache
+
+    model = _q4k(name)
+    _logits(model, list(range(3, 10)), [1])  # each layer gathers its plan
+    layer = model.model.layers[-1]
+    plan = layer.__dict__["_plan"]
+    assert plan.native is not None
+    g = torch.Generator().manual_seed(seed)
+    width = model.config.hidden_size
+    past, x = torch.randn(prefix, width, generator=g), torch.randn(m, width, generator=g)
+    outs, caches = [], []
+    for run in (fused.layer_calls, fused.step_calls):
+        cache = DynamicCache()
+        _run_layer(run, model, plan, past, 0, cache)
+        outs.append(_run_layer(run, model, plan, x, prefix, cache))
+        caches.append(cache)
+    assert torch.equal(outs[0], outs[1])
+    first, second = (c.layers[layer.self_attn.layer_idx] for c in caches)
+    assert torch.equal(first.keys, second.keys) and torch.equal(first.values, second.values)
+
+
+def test_only_k_quant_layers_run_as_two_calls(ext):
+    """Every projection on k-quant blocks: two calls; any other linear: one call a step."""
+    ids = list(range(3, 12))
+    q4k = _q4k("tiny-qwen2")
+    w8 = invariant.apply_precision(tiny.build_target("tiny-qwen2"), "w8af32")
+    fused.fuse(w8)
+    for model in (q4k, w8):
+        _logits(model, ids, [1])
+    assert all(layer.__dict__["_plan"].native is not None for layer in q4k.model.layers)
+    assert all(layer.__dict__["_plan"].native is None for layer in w8.model.layers)
+
+
+def test_the_layer_module_is_rebuilt_when_a_kernel_file_it_includes_changes(tmp_path):
+    from harness import cppext
+
+    included = tmp_path / "kernels.cpp"
+    included.write_text("int f() { return 1; }")
+    before = cppext.compile_flags((included,))
+    assert before[: len(cppext.CFLAGS)] == cppext.CFLAGS and before == cppext.compile_flags((included,))
+    included.write_text("int f() { return 2; }")
+    assert cppext.compile_flags((included,)) != before
+    assert cppext.compile_flags() == cppext.CFLAGS
+
+
+def test_a_copy_of_a_two_call_model_runs_on_its_own_weights():
+    """The C++ layer holds its weights; a deep copy gathers its own from its own modules."""
+    model = _q4k("tiny-llama")
+    ids = list(range(3, 30))
+    before = _logits(model, ids, [2])
+    twin = copy.deepcopy(model)
+    assert torch.equal(_logits(twin, ids, [2]), before)
+    with torch.no_grad():
+        twin.model.layers[0].input_layernorm.weight.mul_(2.0)
+    assert not torch.equal(_logits(twin, ids, [2]), before)
+    assert torch.equal(_logits(model, ids, [2]), before)
+
+
 # --------------------------------------------------------------------------- the row-wise steps
 
 

@@ -775,6 +775,8 @@ torch::Tensor silu_mul(torch::Tensor g, torch::Tensor u) {
 
 }  // namespace
 
+// layer.cpp includes this file for its kernels and binds its own module.
+#ifndef HARNESS_KERNELS_ONLY
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_f32", &linear_f32, "batch-invariant x @ w.T, float32 weights", py::arg("x"), py::arg("w"),
         py::arg("force_avx2") = false);
@@ -801,3 +803,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("offset"), py::arg("group"),
         py::arg("force_avx2") = false);
 }
+#endif

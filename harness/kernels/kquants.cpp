@@ -485,6 +485,8 @@ std::vector<torch::Tensor> quantize_act(torch::Tensor x) {
 
 }  // namespace
 
+// layer.cpp includes this file for its kernels and binds its own module.
+#ifndef HARNESS_KERNELS_ONLY
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q4k", &linear_q4k, "batch-invariant x @ Q4_K(w).T, int8 activation blocks", py::arg("x"),
         py::arg("blocks"), py::arg("n"), py::arg("force_avx2") = false);
@@ -498,3 +500,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", []() { return std::string(has_vnni() ? "avx512vnni" : "avx2"); },
         "instruction set the k-quant kernels use on this CPU");
 }
+#endif
