@@ -155,11 +155,23 @@ def append_kv(
     ):
         return cache.update(keys, values, index)
     layer = layers[index]
+    old_k, old_v = layer.keys, layer.values
+    m = keys.shape[-2]
+    buf = layer.__dict__.get("_buffers_kv")
+    views = layer.__dict__.get("_views_kv")
+    if (
+        views is not None
+        and old_k is views[0]
+        and old_v is views[1]
+        and old_k.shape[-2] + m <= buf[0].shape[-2]
+    ):
+        # The layer still holds the views this function left (no crop or reset since): they are the
+        # buffers' first n rows, so the checks below would pass; ~40% of its time per call.
+        return _write(layer, buf, old_k.shape[-2], keys, values)
     if not layer.is_initialized:
         layer.lazy_initialization(keys, values)
-    old_k, old_v = layer.keys, layer.values
-    n, m = old_k.shape[-2] if old_k.dim() == 4 else 0, keys.shape[-2]
-    buf = getattr(layer, "_buffers_kv", None)
+        old_k, old_v = layer.keys, layer.values
+    n = old_k.shape[-2] if old_k.dim() == 4 else 0
     if (
         buf is None
         or not (_prefix_of(old_k, buf[0], n) and _prefix_of(old_v, buf[1], n))
@@ -172,10 +184,21 @@ def append_kv(
             buf[0][..., :n, :].copy_(old_k)
             buf[1][..., :n, :].copy_(old_v)
         layer._buffers_kv = buf
-    buf[0][..., n : n + m, :].copy_(keys)
-    buf[1][..., n : n + m, :].copy_(values)
-    layer.keys, layer.values = buf[0][..., : n + m, :], buf[1][..., : n + m, :]
-    return layer.keys, layer.values
+    return _write(layer, buf, n, keys, values)
+
+
+def _write(
+    layer: Any, buf: tuple[torch.Tensor, torch.Tensor], n: int, keys: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``keys``/``values`` written after the buffers' first ``n``; the layer then holds the
+    first ``n + m`` as views (remembered, to know them again on the next call)."""
+    m = keys.shape[-2]
+    buf[0].narrow(-2, n, m).copy_(keys)
+    buf[1].narrow(-2, n, m).copy_(values)
+    views = buf[0].narrow(-2, 0, n + m), buf[1].narrow(-2, 0, n + m)
+    layer.keys, layer.values = views
+    layer._views_kv = views
+    return views
 
 
 def _prefix_of(view: torch.Tensor, buffer: torch.Tensor, n: int) -> bool:
