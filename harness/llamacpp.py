@@ -34,6 +34,9 @@ class Reference:
     threads: int
     new_tokens: int
     build: str  # llama.cpp's build commit and number as llama-bench reports them
+    # Measured around a run (``around``): tokens/s just before and just after it; this is their mean.
+    before: float | None = None
+    after: float | None = None
 
     @property
     def ms_per_token(self) -> float:
@@ -104,6 +107,8 @@ def around(
         before,
         tokens_per_s=(before.tokens_per_s + after.tokens_per_s) / 2,
         tokens_per_s_std=max(before.tokens_per_s_std, after.tokens_per_s_std),
+        before=before.tokens_per_s,
+        after=after.tokens_per_s,
     )
     line = (
         f"llama.cpp reference ({mean.build}, {gguf.name}, {mean.threads} threads, {mean.new_tokens} tokens): "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -125,6 +126,11 @@ def runs_dir() -> Path:
     """Where ordinary runs write rows, tables and plots: ``$ASSISTED_GENERATION_RUNS``, else ``runs/``
     (git-ignored). The committed ``results/`` are inputs; only ``--regen-tables`` writes them."""
     return Path(os.environ.get(RUNS_ENV) or "runs")
+
+
+def utc_now() -> str:
+    """A row's timestamp: UTC, to the second, ISO 8601 (so that strings compare as times)."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def append_row(path: str | os.PathLike[str], row: Row | dict[str, Any]) -> None:

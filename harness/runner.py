@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -138,7 +137,7 @@ def make_row(
         prompt_label=label,
         versions=platforms.library_versions(),
         run_id=run_id,
-        timestamp=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        timestamp=results.utc_now(),
         # Every setting, including those without a column (ignore_eos, eos_token_id, n-gram size).
         extra={
             "weights": {role: packaged.portable(where) for role, where in pair.origins.items()},

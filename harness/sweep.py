@@ -45,6 +45,7 @@ from harness import (
     engines,
     experiment,
     files,
+    llamacpp,
     models,
     platforms,
     runner,
@@ -548,3 +549,50 @@ def default_rows_path(results_dir: str | Path, platform: str, pair: str) -> Path
     # In a folder of their own: --regen-tables reads results/rows/*.jsonl into the per-model tables,
     # where a sweep's many configurations would add sections whose printed commands do not reproduce them.
     return Path(results_dir) / "rows" / "sweep" / f"{files.file_name(pair)}-{files.file_name(platform)}.jsonl"
+
+
+# --------------------------------------------------------------------------- llama.cpp around a sweep
+
+
+def reference_path(rows_path: str | Path) -> Path:
+    """Where the llama.cpp references measured around the sweeps of ``rows_path`` are kept: a store
+    of their own beside it (the sweep's rows are all measured rows)."""
+    rows_path = Path(rows_path)
+    return rows_path.parent.parent / "llamacpp" / rows_path.name
+
+
+def write_reference(
+    rows_path: str | Path, ref: llamacpp.Reference, gguf: str, started: str, finished: str, platform: str
+) -> None:
+    """Append llama.cpp's plain decoding measured around a sweep (``llamacpp.around``'s reference),
+    with the sweep's time window: the results page shows it under the table whose rows lie in it."""
+    append_row(
+        reference_path(rows_path),
+        {
+            "platform": platform,
+            "gguf": gguf,
+            "build": ref.build,
+            "threads": ref.threads,
+            "new_tokens": ref.new_tokens,
+            "before": ref.before,
+            "after": ref.after,
+            "tokens_per_s": ref.tokens_per_s,
+            "started": started,
+            "finished": finished,
+        },
+    )
+
+
+def covering_reference(
+    references: Sequence[Mapping[str, Any]], rows: Sequence[Row]
+) -> Mapping[str, Any] | None:
+    """The newest reference whose time window holds every one of ``rows`` (measured around them),
+    or None: a reference measured around another sweep says nothing about these rows."""
+    stamps = [r.timestamp for r in rows if r.timestamp]
+    if not stamps or len(stamps) < len(rows):
+        return None
+    first, last = min(stamps), max(stamps)
+    around = [
+        ref for ref in references if ref.get("started", "") <= first and last <= ref.get("finished", "")
+    ]
+    return max(around, key=lambda ref: ref["finished"], default=None)

@@ -98,6 +98,6 @@ def test_the_reference_is_measured_before_and_after_the_run(tmp_path):
         fake, gguf, "model", lambda: order.append(counter.read_text().strip()) or "work", threads=2
     )
     assert done == "work" and order == ["1"]  # the work ran between the two measurements
-    assert ref.tokens_per_s == pytest.approx(35.0)
+    assert ref.tokens_per_s == pytest.approx(35.0) and (ref.before, ref.after) == (40.0, 30.0)
     assert "40.00 tok/s before this run and 30.00 after, mean 35.00" in line
     assert "the host's speed moved by 29%" in line

@@ -17,7 +17,7 @@ from harness import cli, humaneval, models, platforms, sweep
 from harness import configs as sweep_spec
 from harness.errors import HarnessError
 from harness.report import sweep as sweep_report
-from harness.results import read_rows
+from harness.results import read_records, read_rows
 
 PAIR = "tiny-qwen2"
 NEW_TOKENS = 8
@@ -466,6 +466,53 @@ def test_cli_sweep_llama_reference_is_absent_or_explained(tmp_path, capsys, monk
     assert "has no GGUF file here" in md
     code, _, err = _cli(capsys, *argv, "--llama-bench", str(tmp_path / "missing"))
     assert code == 2 and "not an executable file" in err
+
+
+def test_cli_sweep_keeps_the_llama_reference_for_the_results_page(tmp_path, capsys, monkeypatch):
+    """llama.cpp measured around a sweep is stored beside its rows with the sweep's time window; the
+    results page shows it, with the sweep's fastest plain and exact assisted decoding as multiples
+    of it, under the table whose rows lie in that window, and nowhere else."""
+    import json
+
+    from harness.report import page
+
+    decode = {"n_prompt": 0, "n_gen": NEW_TOKENS, "avg_ts": 20.0, "stddev_ts": 0.1, "n_threads": 1}
+    fake = tmp_path / "llama-bench"
+    fake.write_text(
+        f"#!/bin/sh\necho '{json.dumps([{**decode, 'build_commit': 'abc', 'build_number': 7}])}'\n"
+    )
+    fake.chmod(0o755)
+    gguf = tmp_path / "target.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "gguf_file", lambda *args: gguf)
+    argv = [
+        "--model_name", PAIR, "--task", "sweep", "--sweep", "t=fp32,d=fp32,k=3", "--limit", "2",
+        "--max_new_tokens", str(NEW_TOKENS), "--platform", "test-box-2c", "--no_progress",
+        "--results_dir", str(tmp_path), "--llama-bench", str(fake),
+    ]  # fmt: skip
+    code, out, err = _cli(capsys, *argv)
+    assert code == 0, err
+    rows_path = tmp_path / "rows" / "sweep" / "tiny-qwen2-test-box-2c.jsonl"
+    (ref,) = read_records(sweep.reference_path(rows_path))
+    assert (ref["before"], ref["after"], ref["tokens_per_s"], ref["gguf"]) == (
+        20.0,
+        20.0,
+        20.0,
+        "target.gguf",
+    )
+    rows = read_rows(rows_path)
+    assert all(ref["started"] <= r.timestamp <= ref["finished"] for r in rows)
+    plain = [r.tokens_per_s for r in rows if r.mode == "plain"]
+    text = page.results_page(tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("llama.cpp's plain decoding"))
+    assert "(target.gguf, build abc (7), 1 threads" in line and "20.00 and 20.00 tok/s, mean 20.00" in line
+    assert f"Fastest plain decoding here: {sum(plain) / len(plain) / 20.0:.2f}x of it" in line
+    assert sweep.covering_reference([ref], rows) == ref
+    # Measured around another sweep (before these rows, or after them): not theirs.
+    before = {**ref, "started": "2000-01-01T00:00:00+00:00", "finished": "2000-01-01T00:01:00+00:00"}
+    after = {**ref, "started": "2999-01-01T00:00:00+00:00", "finished": "2999-01-01T00:01:00+00:00"}
+    assert sweep.covering_reference([before, after], rows) is None
+    assert sweep.covering_reference([before, ref, after], rows) == ref
 
 
 def test_a_speedup_far_from_its_prediction_is_flagged(swept):

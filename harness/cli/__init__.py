@@ -384,14 +384,11 @@ def run_sweep(args: argparse.Namespace) -> int:
             command=shlex.join(command),
         )
 
+    gguf = models.gguf_file(spec.target, None)
+    started = results.utc_now()
     try:
         result, ref, line = llamacpp.around(
-            bench_binary,
-            models.gguf_file(spec.target, None),
-            spec.target.name,
-            measure,
-            threads=torch_threads(),
-            new_tokens=new_tokens,
+            bench_binary, gguf, spec.target.name, measure, threads=torch_threads(), new_tokens=new_tokens
         )
     except KeyboardInterrupt:
         print(
@@ -399,6 +396,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    if ref is not None and gguf is not None:
+        sweep.write_reference(rows_path, ref, gguf.name, started, results.utc_now(), platform)
     reference = llama_reference(ref, line, result)
     md_path, png_path = sweep_report.write_sweep(result, args.results_dir, reference)
     print(sweep_report.sweep_table(result, wide=args.wide))

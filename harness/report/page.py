@@ -149,9 +149,12 @@ def _sweep_spec(config: configs.SweepConfig) -> str:
     return ",".join(items)
 
 
-def sweep_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
+def sweep_section(
+    platform: str, rows: Sequence[Row], source: str, references: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
     """One table per sweep file: every configuration against its target's plain runs of the same
-    run (the run with the most prompts for each configuration), as the sweep printed it."""
+    run (the run with the most prompts for each configuration), as the sweep printed it; below it,
+    llama.cpp's plain decoding when a reference was measured around those rows."""
     by_arm: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         by_arm[_arm(row)].append(row)
@@ -194,6 +197,7 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
         for r in results_
     ]
     plain_lines = [f"{arm}: {rate:.2f} tok/s" for arm, rate in sorted(plain_rate.items())]
+    ref = sweep.covering_reference(references, [r for group in chosen.values() for r in group])
     table = tabulate(
         body,
         headers=[
@@ -213,6 +217,17 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
     lines = [f"#### Sweep: {first.model}, {len(results_)} configurations, {len(plain_rate)} targets", ""]
     lines += _header(platform, command, _versions(rows), source)
     lines += ["", table, "", "Plain decoding in the same run: " + "; ".join(plain_lines) + ".", ""]
+    if ref is not None:
+        exact = [r.assisted_tokens_per_s for r in results_ if r.identical]
+        rate = ref["tokens_per_s"]
+        lines += [
+            f"llama.cpp's plain decoding of the same GGUF ({ref['gguf']}, build {ref['build']}, "
+            f"{ref['threads']} threads, {ref['new_tokens']} tokens), measured just before and just after "
+            f"this sweep: {ref['before']:.2f} and {ref['after']:.2f} tok/s, mean {rate:.2f}. Fastest plain "
+            f"decoding here: {best / rate:.2f}x of it"
+            + (f"; fastest exact assisted decoding: {max(exact) / rate:.2f}x." if exact else "."),
+            "",
+        ]
     return lines
 
 
@@ -399,7 +414,8 @@ def results_page(results_dir: Path, baselines_dir: Path | None = None) -> str:
         rows = results.read_rows(path)
         platform = rows[0].platform if rows else "unknown"
         newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
-        sections[platform] += sweep_section(platform, rows, _rel(path, root))
+        references = results.read_records(sweep.reference_path(path))
+        sections[platform] += sweep_section(platform, rows, _rel(path, root), references)
     for folder in sorted(results_dir.glob("*/divergence")):
         tiers = {_rel(p, root): results.read_records(p) for p in sorted(folder.glob("*.jsonl"))}
         if any(tiers.values()):
