@@ -214,7 +214,9 @@ def sweep_section(
         tablefmt="github",
         floatfmt=".2f",
     )
-    lines = [f"#### Sweep: {first.model}, {len(results_)} configurations, {len(plain_rate)} targets", ""]
+    counts = f"{len(results_)} configuration{'s' * (len(results_) > 1)}"
+    counts += f", {len(plain_rate)} target{'s' * (len(plain_rate) > 1)}"
+    lines = [f"#### Sweep: {first.model}, {counts}", ""]
     lines += _header(platform, command, _versions(rows), source)
     lines += ["", table, "", "Plain decoding in the same run: " + "; ".join(plain_lines) + ".", ""]
     if ref is not None:
