@@ -14,6 +14,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -47,6 +48,21 @@ struct Projection {
   std::vector<Tensor> operator()(const Tensor& x) const { return kq::linears(x, blocks, kinds, ns, biases, false); }
 };
 
+// Each thread starts pulling into its own L2 the part of a projection's weights it will read: the
+// groups at::parallel_for hands it (one contiguous chunk per thread). Issued just before attention,
+// which computes on the cache alone, so the memory is not idle while it runs.
+void warm(const Projection& p) {
+  const Tensor& w = p.blocks[0];
+  const int64_t groups = w.size(0), row = w.size(1);
+  const char* base = reinterpret_cast<const char*>(w.data_ptr<uint8_t>());
+#pragma omp parallel
+  {
+    const int64_t n = omp_get_num_threads(), t = omp_get_thread_num(), chunk = (groups + n - 1) / n;
+    const int64_t g0 = std::min(groups, t * chunk), g1 = std::min(groups, g0 + chunk);
+    for (int64_t i = g0 * row; i < g1 * row; i += 64) _mm_prefetch(base + i, _MM_HINT_T1);
+  }
+}
+
 struct Layer {
   int64_t heads, kv_heads, dim;
   double scaling;
@@ -73,6 +89,7 @@ struct Layer {
   // The rest of the layer, onto keys and values [1, kv_heads, L, dim] (the cache, this step's rows
   // last): the layer's output [M, width].
   Tensor end(const Tensor& x, const Tensor& q, const Tensor& keys, const Tensor& values) const {
+    warm(o);
     auto attn = o(inv::attention_md(q, keys.select(0, 0), values.select(0, 0), heads, scaling));
     auto xh = inv::add_rms_norm(x, attn[0], post_w, post_eps);
     auto gu = gate_up(xh[1]);
