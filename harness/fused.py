@@ -51,16 +51,24 @@ def project(x: torch.Tensor, linears: Sequence[nn.Module]) -> list[torch.Tensor]
     return _projection(linears)(x)
 
 
+def _kquant_args(linears: Sequence[nn.Module]) -> tuple[list, list, list, list] | None:
+    """The k-quant kernels' arguments for ``linears`` applied to one input (blocks, block types,
+    output widths, biases), or None when any of them is not on k-quant blocks."""
+    if not all(type(lin) is kquants.KQuantLinear for lin in linears):
+        return None
+    return (
+        [lin.blocks for lin in linears],
+        [lin.kind for lin in linears],
+        [lin.out_features for lin in linears],
+        [lin.bias for lin in linears],
+    )
+
+
 def _projection(linears: Sequence[nn.Module]) -> Any:
     """``x -> [linear(x) for linear in linears]``, with the k-quant call's arguments gathered once."""
-    if all(type(lin) is kquants.KQuantLinear for lin in linears):
+    args = _kquant_args(linears)
+    if args is not None:
         linear = kquants.extension().linears
-        args = (
-            [lin.blocks for lin in linears],
-            [lin.kind for lin in linears],
-            [lin.out_features for lin in linears],
-            [lin.bias for lin in linears],
-        )
         return lambda x: linear(x, *args)
     return lambda x: [lin.forward(x) for lin in linears]
 
@@ -101,19 +109,11 @@ class _Plan:
         post_norm = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
         heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
         native = None
-        if all(type(lin) is kquants.KQuantLinear for group in groups for lin in group):
+        kquant = [_kquant_args(group) for group in groups]
+        if all(args is not None for args in kquant):
             ext = extension()
-            projections = [
-                ext.Projection(
-                    [lin.blocks for lin in group],
-                    [lin.kind for lin in group],
-                    [lin.out_features for lin in group],
-                    [lin.bias for lin in group],
-                )
-                for group in groups
-            ]
             sizes = (heads, kv_heads, attn.head_dim, attn.scaling)
-            native = ext.Layer(*sizes, *in_norm, *post_norm, *projections)
+            native = ext.Layer(*sizes, *in_norm, *post_norm, *(ext.Projection(*args) for args in kquant))
         return cls(
             id(layer),
             heads,
