@@ -34,6 +34,8 @@ QK = 256
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 # Bytes of one block in the kernels' layout (what a forward reads per block).
 PACKED_BYTES = {"Q4_K": 152, "Q6_K": 212}
+# The kernels' record of a block, per column: (values per sub-block, bytes per sub-block, fixed bytes).
+_RECORD = {"Q4_K": (32, 18, 8), "Q6_K": (16, 13, 4)}
 _SOURCE = Path(__file__).with_name("kernels") / "kquants.cpp"
 log = logging.getLogger(__name__)
 
@@ -223,16 +225,40 @@ def _f32_bytes(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.astype(np.float32)).view(np.uint8)
 
 
-def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
-    """Blocks in the kernels' layout: [groups of 16 columns, blocks x record bytes] (see kquants.cpp).
+def record_subs(kind: str, values: int = QK) -> int:
+    """Sub-blocks the record of a block holding ``values`` real inputs keeps: all of them, except in
+    a row's last block, which stops after the pair of sub-blocks that holds its last input.
+
+    Why: a 0.5B draft's 896-wide rows fill 3.5 of their 4 blocks; the zero padding multiplies zero
+    activations (adds nothing to any integer sum), yet reading it was ~9% of the draft's bytes, and
+    a one-token step is paced by its bytes. Whole pairs, because scales and mins are stored by pair."""
+    width = _RECORD[kind][0]
+    return 2 * -(-values // (2 * width))
+
+
+def row_bytes(kind: str, in_features: int) -> int:
+    """Bytes of one group of 16 output columns in the kernels' layout: every block's record, the
+    last one short when ``in_features`` is not a multiple of 256."""
+    _, per_sub, fixed = _RECORD[kind]
+    nb = -(-in_features // QK)
+    last = in_features - (nb - 1) * QK
+    return COLUMNS * ((nb - 1) * PACKED_BYTES[kind] + per_sub * record_subs(kind, last) + fixed)
+
+
+def pack(codes: Q4KCodes | Q6KCodes, width: int | None = None) -> np.ndarray:
+    """Blocks in the kernels' layout: [groups of 16 columns, ``row_bytes``] (see kquants.cpp).
 
     Per group and block: the codes by steps of 4 inputs, 16 columns x 4 codes per step (Q4_K two steps
     per 64 bytes, in the low and high nibbles; Q6_K per 4 steps two such nibble vectors and one of
     their top two bits); the scales (and Q4_K's mins) as [pair][column][2]; d (and dmin) as 16
-    float32. Columns are padded to 16 with zeros.
+    float32. Columns are padded to 16 with zeros. ``width``: the real inputs of a row whose codes
+    were padded to whole blocks (the last record keeps only ``record_subs`` sub-blocks).
     """
     n, k = codes.codes.shape
     nb, groups = k // QK, -(-n // COLUMNS)
+    width = k if width is None else width
+    if not (nb - 1) * QK < width <= k:
+        raise HarnessError(f"a width of {width} does not end in the last of {nb} blocks")
     pad = groups * COLUMNS - n
 
     def grouped(a: np.ndarray) -> np.ndarray:  # [N, nb, ...] -> [G, nb, 16, ...]
@@ -250,11 +276,16 @@ def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
     def floats(a: np.ndarray) -> np.ndarray:
         return _f32_bytes(grouped(a.reshape(n, nb))).reshape(groups, nb, -1)
 
+    # Each part of a record, and whether it is laid out sub-block after sub-block (cut in a short
+    # record) or fixed.
     if isinstance(codes, Q4KCodes):
+        kind = "Q4_K"
         steps = c.reshape(groups, nb, QK // 8, 2, COLUMNS * 4)
         nibbles = (steps[:, :, :, 0] | (steps[:, :, :, 1] << 4)).reshape(groups, nb, -1)
-        parts = [nibbles, pairs(codes.scales, 8), pairs(codes.mins, 8), floats(codes.d), floats(codes.dmin)]
+        parts = [(nibbles, True), (pairs(codes.scales, 8), True), (pairs(codes.mins, 8), True)]
+        parts += [(floats(codes.d), False), (floats(codes.dmin), False)]
     else:
+        kind = "Q6_K"
         c = c.reshape(groups, nb, QK // 16, 4, COLUMNS * 4)  # [G, nb, sub-block, step, 64]
         lo, hi = c & 0x0F, c >> 4
         six = np.concatenate(
@@ -265,8 +296,13 @@ def pack(codes: Q4KCodes | Q6KCodes) -> np.ndarray:
             ],
             axis=3,
         )
-        parts = [six.reshape(groups, nb, -1), pairs(codes.scales, 16), floats(codes.d)]
-    return np.concatenate([p.astype(np.uint8, copy=False) for p in parts], axis=2).reshape(groups, -1)
+        parts = [(six.reshape(groups, nb, -1), True), (pairs(codes.scales, 16), True)]
+        parts += [(floats(codes.d), False)]
+    parts = [(p.astype(np.uint8, copy=False), cut) for p, cut in parts]
+    whole = np.concatenate([p[:, : nb - 1] for p, _ in parts], axis=2).reshape(groups, -1)
+    keep = record_subs(kind, width - (nb - 1) * QK) / (QK // _RECORD[kind][0])
+    last = [p[:, nb - 1, : int(p.shape[2] * keep)] if cut else p[:, nb - 1] for p, cut in parts]
+    return np.concatenate([whole, *last], axis=1)
 
 
 class KQuantLinear(nn.Module):
@@ -279,9 +315,10 @@ class KQuantLinear(nn.Module):
         super().__init__()
         if kind not in PACKED_BYTES:
             raise UnsupportedError(f"no k-quant kernel for GGUF block type {kind}; supported: Q4_K, Q6_K")
-        # An input width that is not a multiple of 256 (a 0.5B draft's 896) runs as if zero-padded.
-        groups, nb = -(-out_features // COLUMNS), -(-in_features // QK)
-        if tuple(blocks.shape) != (groups, nb * COLUMNS * PACKED_BYTES[kind]):
+        # An input width that is not a multiple of 256 (a 0.5B draft's 896) runs as if zero-padded,
+        # its last block's record short (``record_subs``).
+        groups = -(-out_features // COLUMNS)
+        if tuple(blocks.shape) != (groups, row_bytes(kind, in_features)):
             raise HarnessError(
                 f"{kind} blocks of shape {tuple(blocks.shape)} do not hold a "
                 f"{out_features} x {in_features} weight"
@@ -362,7 +399,7 @@ def read_linear_blocks(gguf_file: str | Path, module_names: list[str], n_layers:
 
 # Bumped whenever pack() or quantize_q4k() changes, so a cache of another layout is rebuilt rather
 # than misread.
-LAYOUT = 4
+LAYOUT = 5
 
 Packed = dict[str, tuple[str, torch.Tensor]]  # module name -> (block type, blocks in pack()'s layout)
 
@@ -453,7 +490,10 @@ def _gguf_blocks(model: nn.Module, linears: dict[str, nn.Linear], gguf_file: Pat
 
 
 def _q4k_blocks(linears: dict[str, nn.Linear]) -> Packed:
-    return {name: ("Q4_K", torch.from_numpy(pack(quantize_q4k(lin.weight)))) for name, lin in linears.items()}
+    return {
+        name: ("Q4_K", torch.from_numpy(pack(quantize_q4k(lin.weight), lin.in_features)))
+        for name, lin in linears.items()
+    }
 
 
 def _q4k_cache(linears: dict[str, nn.Linear], weights: Path | None) -> tuple[Path | None, Path | None]:

@@ -155,13 +155,34 @@ def test_a_width_short_of_the_blocks_runs_as_if_zero_padded(kind, m, width, seed
     with zeros, the same bits as an explicitly padded row, batch-invariant, on both ISAs."""
     nb = -(-width // kquants.QK)
     raw, full = layer(kind, 24, nb, seed)
-    short = kquants.KQuantLinear(kind, full.blocks, 24, width, None)
+    blocks = torch.from_numpy(kquants.pack(kquants.decode(kind, raw), width))
+    short = kquants.KQuantLinear(kind, blocks, 24, width, None)
     x = torch.randn(m, width, generator=torch.Generator().manual_seed(seed))
     padded = torch.nn.functional.pad(x, (0, nb * kquants.QK - width))
     y = short(x)
     assert torch.equal(y, full(padded))
     assert torch.equal(y, short(x, force_avx2=True))
     assert torch.equal(y, torch.cat([short(x[i : i + 1]) for i in range(m)]))
+    # The last record stops after the pair of sub-blocks holding the row's last input: per column
+    # and sub-block dropped, Q4_K 32 4-bit codes + a scale + a min, Q6_K 16 6-bit codes + a scale.
+    last = width - (nb - 1) * kquants.QK
+    sub, sub_bytes = (32, 16 + 2) if kind == "Q4_K" else (16, 12 + 1)
+    dropped = (kquants.QK - -(-last // (2 * sub)) * 2 * sub) // sub
+    assert full.bytes_read - short.bytes_read == 32 * sub_bytes * dropped
+
+
+def test_a_draft_row_of_896_reads_three_and_a_half_blocks():
+    """The 0.5B draft's rows: 896 inputs on Q4_K blocks read 3.5 records' bytes per column, not 4."""
+    w = torch.randn(48, 896, generator=torch.Generator().manual_seed(0)) * 0.02
+    blocks = torch.from_numpy(kquants.pack(kquants.quantize_q4k(w), 896))
+    assert blocks.shape == (3, kquants.row_bytes("Q4_K", 896))
+    assert kquants.row_bytes("Q4_K", 896) == 16 * (3 * 152 + 4 * 18 + 8)
+    lin = kquants.KQuantLinear("Q4_K", blocks, 48, 896, None)
+    x = torch.randn(3, 896, generator=torch.Generator().manual_seed(1))
+    expected = x @ torch.from_numpy(kquants.dequantize(kquants.quantize_q4k(w)))[:, :896].T
+    assert float((lin(x) - expected).abs().max()) <= 0.02 * float(expected.abs().max())
+    with pytest.raises(kquants.HarnessError, match="does not end in the last"):
+        kquants.pack(kquants.quantize_q4k(w), 700)
 
 
 # --------------------------------------------------------------------------- float weights as Q4_K

@@ -29,6 +29,8 @@ constexpr int64_t QK = 256;  // weights (and activation codes) per block
 
 #define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define AVX2 __attribute__((target("avx2,fma")))
+// A block of a kernel: inlined into its loop, so the accumulators stay in registers.
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 
 bool has_vnni() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -45,11 +47,22 @@ bool has_vnni() {
 //     whose bit pairs 0-1 .. 6-7 are the top two bits of steps 0 .. 3;
 //   scales (and Q4_K's mins) as [pair p][column][2]: lane c holds sub-blocks 2p and 2p+1 as two int16;
 //   d (and Q4_K's dmin) as 16 floats.
+// A row's last block keeps only the pairs of sub-blocks up to its last input (harness.kquants
+// .record_subs): the rest would multiply zero padding, adding nothing to any integer sum, so the
+// short record gives the same bits and a 896-wide row reads 3.5 blocks' bytes, not 4.
 constexpr int64_t G = 16;  // columns per group
 // Records ahead that the code loads prefetch: one core's demand reads alone reached ~10 GB/s here,
 // well under what the memory gives a core.
 constexpr int64_t PREFETCH = 4;
 constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 64 + 64, Q6K_REC = 3072 + 256 + 64;
+
+// A record of S sub-blocks: Q4_K 256 code bytes, 16 scale and 16 min bytes per sub-block, then d and
+// dmin; Q6_K 192 code bytes and 16 scale bytes per sub-block, then d.
+constexpr int64_t q4k_rec(int64_t subs) { return 288 * subs + 128; }
+constexpr int64_t q6k_rec(int64_t subs) { return 208 * subs + 64; }
+// Sub-blocks kept for a block holding `values` inputs: whole pairs (scales are stored by pair).
+constexpr int64_t q4k_subs(int64_t values) { return 2 * ((values + 63) / 64); }
+constexpr int64_t q6k_subs(int64_t values) { return 2 * ((values + 31) / 32); }
 
 // Per block and column, integer sums: isum = sum_j scale_j * (codes . activations over sub-block j),
 // imin = sum_j (Q4_K min | Q6_K scale)_j * (sum of the activations over j). Exact in any order, so
@@ -63,6 +76,7 @@ struct Act {
   std::vector<int16_t> s16;  // [M, K / 16] sums of 16 codes
   std::vector<int16_t> s32;  // [M, K / 32] sums of 32 codes
   int64_t K, nb;
+  int64_t last;  // inputs in the last block (1..256): the rest of it is padding
   const int8_t* row(int64_t m) const { return q.data() + m * K; }
   // two consecutive sums as one int32 (low half first), what vpdpwssd pairs with a lane's two int16
   int32_t pair16(int64_t m, int64_t b, int p) const { return pack(s16.data() + m * (K / 16) + b * 16 + 2 * p); }
@@ -112,7 +126,7 @@ void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s16, 
 Act quantize(const torch::Tensor& x) {
   const int64_t M = x.size(0), width = x.size(1), K = (width + QK - 1) / QK * QK;
   Act a{std::vector<int8_t>(M * K), std::vector<float>(M * (K / QK)), std::vector<int16_t>(M * (K / 16)),
-        std::vector<int16_t>(M * (K / 32)), K, K / QK};
+        std::vector<int16_t>(M * (K / 32)), K, K / QK, width - (K / QK - 1) * QK};
   const float* xp = x.data_ptr<float>();
   std::vector<float> padded(width == K ? 0 : K, 0.0f);
   for (int64_t m = 0; m < M; ++m) {
@@ -156,97 +170,124 @@ AVX512 inline void store_512(float* row, int64_t N, int64_t n0, __m512 v, __m512
   _mm512_mask_storeu_ps(row + n0, keep, _mm512_sub_ps(v, o));
 }
 
+// A row's last block, by the sub-blocks its record keeps: FN<R, S>(...) with S a compile-time count.
+#define Q4K_LAST(FN, R, subs, ...)               \
+  switch (subs) {                                \
+    case 2: FN<R, 2>(__VA_ARGS__); break;        \
+    case 4: FN<R, 4>(__VA_ARGS__); break;        \
+    case 6: FN<R, 6>(__VA_ARGS__); break;        \
+    default: FN<R, 8>(__VA_ARGS__); break;       \
+  }
+#define Q6K_LAST(FN, R, subs, ...)               \
+  switch (subs) {                                \
+    case 2: FN<R, 2>(__VA_ARGS__); break;        \
+    case 4: FN<R, 4>(__VA_ARGS__); break;        \
+    case 6: FN<R, 6>(__VA_ARGS__); break;        \
+    case 8: FN<R, 8>(__VA_ARGS__); break;        \
+    case 10: FN<R, 10>(__VA_ARGS__); break;      \
+    case 12: FN<R, 12>(__VA_ARGS__); break;      \
+    case 14: FN<R, 14>(__VA_ARGS__); break;      \
+    default: FN<R, 16>(__VA_ARGS__); break;      \
+  }
+
 // ---------------------------------------------------------------- AVX-512 VNNI: 16 columns per vector
+
+// One block's record (S sub-blocks) of a group, for R activation rows, added into v and o.
+template <int R, int S>
+AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, __m512 (&v)[R], __m512 (&o)[R]) {
+  const __m512i low = _mm512_set1_epi8(0x0F), half = _mm512_set1_epi32(0xFFFF);
+  __m512i tot[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_si512();
+  for (int j = 0; j < S; ++j) {
+    __m512i s[R], s2[R];  // two dependency chains per row
+    for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
+    for (int t = 0; t < 4; ++t) {
+      _mm_prefetch(reinterpret_cast<const char*>(rec + PREFETCH * Q4K_REC + 64 * (4 * j + t)), _MM_HINT_T0);
+      const __m512i w = _mm512_loadu_si512(rec + 64 * (4 * j + t));
+      const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+      const int64_t k = b * QK + 4 * (8 * j + 2 * t);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.row(m0 + r) + k;
+        s[r] = _mm512_dpbusd_epi32(s[r], lo, bcast512(q));
+        s2[r] = _mm512_dpbusd_epi32(s2[r], hi, bcast512(q + 4));
+      }
+    }
+    for (int r = 0; r < R; ++r) s[r] = _mm512_add_epi32(s[r], s2[r]);
+    const __m512i pr = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 256 * S + 32 * (j / 2))));
+    const __m512i sc = j % 2 == 0 ? _mm512_and_si512(pr, half) : _mm512_srli_epi32(pr, 16);
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
+  }
+  const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S));
+  const __m512 dmin = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S + 64));
+  for (int r = 0; r < R; ++r) {
+    __m512i mn = _mm512_setzero_si512();
+    for (int p = 0; p < S / 2; ++p) {
+      const __m512i pairs = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 272 * S + 32 * p)));
+      mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair32(m0 + r, b, p)));
+    }
+    add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
+  }
+}
 
 template <int R>
 AVX512 void q4k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  const __m512i low = _mm512_set1_epi8(0x0F), half = _mm512_set1_epi32(0xFFFF);
   __m512 v[R], o[R];
   for (int r = 0; r < R; ++r) v[r] = o[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* rec = grp + b * Q4K_REC;
-    __m512i tot[R];
-    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
-      __m512i s[R], s2[R];  // two dependency chains per row
-      for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
-      for (int t = 0; t < 4; ++t) {
-        _mm_prefetch(reinterpret_cast<const char*>(rec + PREFETCH * Q4K_REC + 64 * (4 * j + t)), _MM_HINT_T0);
-        const __m512i w = _mm512_loadu_si512(rec + 64 * (4 * j + t));
-        const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
-        const int64_t k = b * QK + 4 * (8 * j + 2 * t);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* q = a.row(m0 + r) + k;
-          s[r] = _mm512_dpbusd_epi32(s[r], lo, bcast512(q));
-          s2[r] = _mm512_dpbusd_epi32(s2[r], hi, bcast512(q + 4));
-        }
-      }
-      for (int r = 0; r < R; ++r) s[r] = _mm512_add_epi32(s[r], s2[r]);
-      const __m512i pr = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2048 + 32 * (j / 2))));
-      const __m512i sc = j % 2 == 0 ? _mm512_and_si512(pr, half) : _mm512_srli_epi32(pr, 16);
-      for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
-    }
-    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 2304));
-    const __m512 dmin = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 2368));
-    for (int r = 0; r < R; ++r) {
-      __m512i mn = _mm512_setzero_si512();
-      for (int p = 0; p < 4; ++p) {
-        const __m512i pairs = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2176 + 32 * p)));
-        mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair32(m0 + r, b, p)));
-      }
-      add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-    }
-  }
+  for (int64_t b = 0; b + 1 < a.nb; ++b) q4k_block_512<R, 8>(grp + b * Q4K_REC, a, m0, b, v, o);
+  Q4K_LAST(q4k_block_512, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, v, o)
   for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
+}
+
+template <int R, int S>
+AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, __m512 (&v)[R], __m512 (&o)[R]) {
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m512 k32 = _mm512_set1_ps(32.0f);
+  __m512i tot[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_si512();
+  for (int g = 0; g < S; ++g) {
+    __m512i s[R], s2[R];  // two dependency chains per row
+    for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
+    const uint8_t* sub = rec + 192 * g;
+    for (int l = 0; l < 3; ++l)
+      _mm_prefetch(reinterpret_cast<const char*>(sub + PREFETCH * Q6K_REC + 64 * l), _MM_HINT_T0);
+    const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
+    const __m512i hb = _mm512_loadu_si512(sub + 128);
+    const __m512i W[4] = {
+        _mm512_or_si512(_mm512_and_si512(n0, low), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), low), _mm512_and_si512(_mm512_slli_epi16(hb, 2), top)),
+        _mm512_or_si512(_mm512_and_si512(n1, low), _mm512_and_si512(hb, top)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), low), _mm512_and_si512(_mm512_srli_epi16(hb, 2), top))};
+    const int64_t k = b * QK + 16 * g;
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a.row(m0 + r) + k;
+      s[r] = _mm512_dpbusd_epi32(s[r], W[0], bcast512(q));
+      s2[r] = _mm512_dpbusd_epi32(s2[r], W[1], bcast512(q + 4));
+      s[r] = _mm512_dpbusd_epi32(s[r], W[2], bcast512(q + 8));
+      s2[r] = _mm512_dpbusd_epi32(s2[r], W[3], bcast512(q + 12));
+    }
+    for (int r = 0; r < R; ++r) s[r] = _mm512_add_epi32(s[r], s2[r]);
+    const __m512i pr = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 192 * S + 32 * (g / 2))));
+    const __m512i sc = g % 2 == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16) : _mm512_srai_epi32(pr, 16);
+    for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
+  }
+  const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 208 * S));
+  const __m512 dmin = _mm512_mul_ps(k32, d);
+  for (int r = 0; r < R; ++r) {
+    __m512i mn = _mm512_setzero_si512();
+    for (int p = 0; p < S / 2; ++p) {
+      const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 192 * S + 32 * p)));
+      mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair16(m0 + r, b, p)));
+    }
+    add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
+  }
 }
 
 template <int R>
 AVX512 void q6k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   __m512 v[R], o[R];
   for (int r = 0; r < R; ++r) v[r] = o[r] = _mm512_setzero_ps();
-  const __m512 k32 = _mm512_set1_ps(32.0f);
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* rec = grp + b * Q6K_REC;
-    __m512i tot[R];
-    for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_si512();
-    for (int g = 0; g < 16; ++g) {
-      __m512i s[R], s2[R];  // two dependency chains per row
-      for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
-      const uint8_t* sub = rec + 192 * g;
-      for (int l = 0; l < 3; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(sub + PREFETCH * Q6K_REC + 64 * l), _MM_HINT_T0);
-      const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
-      const __m512i hb = _mm512_loadu_si512(sub + 128);
-      const __m512i W[4] = {
-          _mm512_or_si512(_mm512_and_si512(n0, low), _mm512_and_si512(_mm512_slli_epi16(hb, 4), top)),
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), low), _mm512_and_si512(_mm512_slli_epi16(hb, 2), top)),
-          _mm512_or_si512(_mm512_and_si512(n1, low), _mm512_and_si512(hb, top)),
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), low), _mm512_and_si512(_mm512_srli_epi16(hb, 2), top))};
-      const int64_t k = b * QK + 16 * g;
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = a.row(m0 + r) + k;
-        s[r] = _mm512_dpbusd_epi32(s[r], W[0], bcast512(q));
-        s2[r] = _mm512_dpbusd_epi32(s2[r], W[1], bcast512(q + 4));
-        s[r] = _mm512_dpbusd_epi32(s[r], W[2], bcast512(q + 8));
-        s2[r] = _mm512_dpbusd_epi32(s2[r], W[3], bcast512(q + 12));
-      }
-      for (int r = 0; r < R; ++r) s[r] = _mm512_add_epi32(s[r], s2[r]);
-      const __m512i pr = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 3072 + 32 * (g / 2))));
-      const __m512i sc = g % 2 == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16) : _mm512_srai_epi32(pr, 16);
-      for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
-    }
-    const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 3328));
-    const __m512 dmin = _mm512_mul_ps(k32, d);
-    for (int r = 0; r < R; ++r) {
-      __m512i mn = _mm512_setzero_si512();
-      for (int p = 0; p < 8; ++p) {
-        const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 3072 + 32 * p)));
-        mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair16(m0 + r, b, p)));
-      }
-      add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-    }
-  }
+  for (int64_t b = 0; b + 1 < a.nb; ++b) q6k_block_512<R, 16>(grp + b * Q6K_REC, a, m0, b, v, o);
+  Q6K_LAST(q6k_block_512, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, v, o)
   for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
 }
 
@@ -271,88 +312,94 @@ AVX2 inline void add_block_256(__m256& v, __m256& o, __m256i isum, __m256i imin,
   o = _mm256_add_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(ad, dmin)));
 }
 
+template <int R, int S>
+AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h, __m256 (&v)[R], __m256 (&o)[R]) {
+  const __m256i low = _mm256_set1_epi8(0x0F), half = _mm256_set1_epi32(0xFFFF);
+  __m256i tot[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
+  for (int j = 0; j < S; ++j) {
+    __m256i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+    for (int t = 0; t < 4; ++t) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * (4 * j + t) + 32 * h));
+      const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+      const int64_t k = b * QK + 4 * (8 * j + 2 * t);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = a.row(m0 + r) + k;
+        s[r] = dot4(dot4(s[r], lo, load32(q)), hi, load32(q + 4));
+      }
+    }
+    const __m256i pr = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 256 * S + 32 * (j / 2) + 16 * h)));
+    const __m256i sc = j % 2 == 0 ? _mm256_and_si256(pr, half) : _mm256_srli_epi32(pr, 16);
+    for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
+  }
+  const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S) + 8 * h);
+  const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S + 64) + 8 * h);
+  for (int r = 0; r < R; ++r) {
+    __m256i mn = _mm256_setzero_si256();
+    for (int p = 0; p < S / 2; ++p) {
+      const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 272 * S + 32 * p + 16 * h)));
+      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
+    }
+    add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
+  }
+}
+
 template <int R>
 AVX2 void q4k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  const __m256i low = _mm256_set1_epi8(0x0F), half = _mm256_set1_epi32(0xFFFF);
   for (int h = 0; h < 2; ++h) {
     __m256 v[R], o[R];
     for (int r = 0; r < R; ++r) v[r] = o[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* rec = grp + b * Q4K_REC;
-      __m256i tot[R];
-      for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) {
-        __m256i s[R];
-        for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
-        for (int t = 0; t < 4; ++t) {
-          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * (4 * j + t) + 32 * h));
-          const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-          const int64_t k = b * QK + 4 * (8 * j + 2 * t);
-          for (int r = 0; r < R; ++r) {
-            const int8_t* q = a.row(m0 + r) + k;
-            s[r] = dot4(dot4(s[r], lo, load32(q)), hi, load32(q + 4));
-          }
-        }
-        const __m256i pr = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2048 + 32 * (j / 2) + 16 * h)));
-        const __m256i sc = j % 2 == 0 ? _mm256_and_si256(pr, half) : _mm256_srli_epi32(pr, 16);
-        for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
-      }
-      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 2304) + 8 * h);
-      const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 2368) + 8 * h);
-      for (int r = 0; r < R; ++r) {
-        __m256i mn = _mm256_setzero_si256();
-        for (int p = 0; p < 4; ++p) {
-          const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 2176 + 32 * p + 16 * h)));
-          mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
-        }
-        add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-      }
-    }
+    for (int64_t b = 0; b + 1 < a.nb; ++b) q4k_block_avx2<R, 8>(grp + b * Q4K_REC, a, m0, b, h, v, o);
+    Q4K_LAST(q4k_block_avx2, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, h, v, o)
     for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[r], o[r]));
+  }
+}
+
+template <int R, int S>
+AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h, __m256 (&v)[R], __m256 (&o)[R]) {
+  const __m256 k32 = _mm256_set1_ps(32.0f);
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  __m256i tot[R];
+  for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
+  for (int g = 0; g < S; ++g) {
+    __m256i s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+    const uint8_t* sub = rec + 192 * g + 32 * h;
+    const __m256i n0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub));
+    const __m256i n1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 64));
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 128));
+    const __m256i W[4] = {
+        _mm256_or_si256(_mm256_and_si256(n0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top)),
+        _mm256_or_si256(_mm256_and_si256(n1, low), _mm256_and_si256(hb, top)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), low), _mm256_and_si256(_mm256_srli_epi16(hb, 2), top))};
+    const int64_t k = b * QK + 16 * g;
+    for (int t = 0; t < 4; ++t)
+      for (int r = 0; r < R; ++r) s[r] = dot4(s[r], W[t], load32(a.row(m0 + r) + k + 4 * t));
+    const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 192 * S + 32 * (g / 2) + 16 * h)));
+    const __m256i sc = g % 2 == 0 ? _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16) : _mm256_srai_epi32(pr, 16);
+    for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
+  }
+  const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 208 * S) + 8 * h);
+  const __m256 dmin = _mm256_mul_ps(k32, d);
+  for (int r = 0; r < R; ++r) {
+    __m256i mn = _mm256_setzero_si256();
+    for (int p = 0; p < S / 2; ++p) {
+      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 192 * S + 32 * p + 16 * h)));
+      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
+    }
+    add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
   }
 }
 
 template <int R>
 AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  const __m256 k32 = _mm256_set1_ps(32.0f);
-  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   for (int h = 0; h < 2; ++h) {
     __m256 v[R], o[R];
     for (int r = 0; r < R; ++r) v[r] = o[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* rec = grp + b * Q6K_REC;
-      __m256i tot[R];
-      for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
-      for (int g = 0; g < 16; ++g) {
-        __m256i s[R];
-        for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
-        const uint8_t* sub = rec + 192 * g + 32 * h;
-        const __m256i n0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub));
-        const __m256i n1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 64));
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 128));
-        const __m256i W[4] = {
-            _mm256_or_si256(_mm256_and_si256(n0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top)),
-            _mm256_or_si256(_mm256_and_si256(n1, low), _mm256_and_si256(hb, top)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), low), _mm256_and_si256(_mm256_srli_epi16(hb, 2), top))};
-        const int64_t k = b * QK + 16 * g;
-        for (int t = 0; t < 4; ++t)
-          for (int r = 0; r < R; ++r) s[r] = dot4(s[r], W[t], load32(a.row(m0 + r) + k + 4 * t));
-        const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 3072 + 32 * (g / 2) + 16 * h)));
-        const __m256i sc = g % 2 == 0 ? _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16) : _mm256_srai_epi32(pr, 16);
-        for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
-      }
-      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 3328) + 8 * h);
-      const __m256 dmin = _mm256_mul_ps(k32, d);
-      for (int r = 0; r < R; ++r) {
-        __m256i mn = _mm256_setzero_si256();
-        for (int p = 0; p < 8; ++p) {
-          const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 3072 + 32 * p + 16 * h)));
-          mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
-        }
-        add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-      }
-    }
+    for (int64_t b = 0; b + 1 < a.nb; ++b) q6k_block_avx2<R, 16>(grp + b * Q6K_REC, a, m0, b, h, v, o);
+    Q6K_LAST(q6k_block_avx2, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, h, v, o)
     for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[r], o[r]));
   }
 }
@@ -381,13 +428,22 @@ void group_rows(bool avx512, const uint8_t* grp, const Act& a, int64_t m0, int64
 
 constexpr int64_t ROWS = 4;  // activation rows per pass over a group's weights
 
+// Bytes of one group's records: whole blocks, then the row's last block, short or whole.
+int64_t row_bytes(bool q4, const Act& a) {
+  return q4 ? (a.nb - 1) * Q4K_REC + q4k_rec(q4k_subs(a.last)) : (a.nb - 1) * Q6K_REC + q6k_rec(q6k_subs(a.last));
+}
+
+void check_blocks(const torch::Tensor& blocks, int64_t groups, int64_t row) {
+  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) == groups && blocks.size(1) == row && blocks.is_contiguous() &&
+                  blocks.element_size() == 1,
+              "blocks must be contiguous bytes [ceil(N / 16) = ", groups, ", ", row, "] for this input width");
+}
+
 template <typename Tag>
-torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N, int64_t rec, bool force_avx2) {
+torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N, bool force_avx2) {
   const Act a = quantize(x);
-  const int64_t M = x.size(0), groups = (N + G - 1) / G;
-  TORCH_CHECK(blocks.dim() == 2 && blocks.size(0) == groups && blocks.size(1) == a.nb * rec &&
-                  blocks.is_contiguous() && blocks.element_size() == 1,
-              "blocks must be contiguous bytes [ceil(N / 16), ceil(K / 256) * ", rec, "]");
+  const int64_t M = x.size(0), groups = (N + G - 1) / G, row = row_bytes(std::is_same_v<Tag, Q4KTag>, a);
+  check_blocks(blocks, groups, row);
   const bool avx512 = !force_avx2 && has_vnni();
   auto y = torch::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
@@ -398,7 +454,7 @@ torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t m0 = 0; m0 < M; m0 += ROWS)
-        group_rows<Tag>(avx512, w + g * a.nb * rec, a, m0, std::min(ROWS, M - m0), yp, N, g * G);
+        group_rows<Tag>(avx512, w + g * row, a, m0, std::min(ROWS, M - m0), yp, N, g * G);
   });
   return y;
 }
@@ -411,12 +467,12 @@ void check_x(const torch::Tensor& x) {
 
 torch::Tensor linear_q4k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool force_avx2) {
   check_x(x);
-  return run<Q4KTag>(x, blocks, n, Q4K_REC, force_avx2);
+  return run<Q4KTag>(x, blocks, n, force_avx2);
 }
 
 torch::Tensor linear_q6k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool force_avx2) {
   check_x(x);
-  return run<Q6KTag>(x, blocks, n, Q6K_REC, force_avx2);
+  return run<Q6KTag>(x, blocks, n, force_avx2);
 }
 
 // Several weights applied to one input (a layer's q, k and v; its gate and up): the input quantized
@@ -435,14 +491,14 @@ std::vector<torch::Tensor> linears(torch::Tensor x, std::vector<torch::Tensor> b
   const bool avx512 = !force_avx2 && has_vnni();
   std::vector<int64_t> start(n + 1, 0);
   std::vector<bool> q4(n);
+  std::vector<int64_t> rows(n);
   std::vector<torch::Tensor> ys;
   for (size_t i = 0; i < n; ++i) {
     TORCH_CHECK(kinds[i] == "Q4_K" || kinds[i] == "Q6_K", "no k-quant kernel for block type ", kinds[i]);
     q4[i] = kinds[i] == "Q4_K";
-    const int64_t rec = q4[i] ? Q4K_REC : Q6K_REC, groups = (ns[i] + G - 1) / G;
-    TORCH_CHECK(blocks[i].dim() == 2 && blocks[i].size(0) == groups && blocks[i].size(1) == a.nb * rec &&
-                    blocks[i].is_contiguous() && blocks[i].element_size() == 1,
-                "blocks must be contiguous bytes [ceil(N / 16), ceil(K / 256) * ", rec, "]");
+    const int64_t groups = (ns[i] + G - 1) / G;
+    rows[i] = row_bytes(q4[i], a);
+    check_blocks(blocks[i], groups, rows[i]);
     if (biases[i].has_value())
       TORCH_CHECK(biases[i]->numel() == ns[i] && biases[i]->scalar_type() == torch::kFloat32 &&
                       biases[i]->is_contiguous(),
@@ -457,9 +513,9 @@ std::vector<torch::Tensor> linears(torch::Tensor x, std::vector<torch::Tensor> b
       const uint8_t* w = blocks[i].data_ptr<uint8_t>();
       float* yp = ys[i].data_ptr<float>();
       for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-        const int64_t rows = std::min(ROWS, M - m0);
-        if (q4[i]) group_rows<Q4KTag>(avx512, w + local * a.nb * Q4K_REC, a, m0, rows, yp, N, local * G);
-        else group_rows<Q6KTag>(avx512, w + local * a.nb * Q6K_REC, a, m0, rows, yp, N, local * G);
+        const int64_t count = std::min(ROWS, M - m0);
+        if (q4[i]) group_rows<Q4KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
+        else group_rows<Q6KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
       }
     }
   });
