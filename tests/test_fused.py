@@ -381,3 +381,79 @@ def test_a_copy_of_a_fused_model_runs_on_its_own_weights(ext, build):
         first.post_attention_layernorm.weight.mul_(0.5)
     fused.fuse(model)
     assert not torch.equal(_logits(model, ids, [1]), before)
+
+
+# --------------------------------------------------------------------------- the stack in a loop
+
+
+def _count_layer_forwards(monkeypatch, model: torch.nn.Module) -> list[int]:
+    """Calls of the fused layers' own forward (the stack's loop calls their rows directly). On the
+    layers' class: transformers wraps a layer class's forward when the class is made."""
+    calls: list[int] = []
+    cls = type(model.model.layers[0])
+    forward = cls.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+@pytest.mark.parametrize("build", [_w8af32_fused, _q4k], ids=["one-call-a-step", "two-calls-on-k-quants"])
+def test_the_stack_loops_over_its_fused_layers_bit_for_bit(ext, monkeypatch, name, build):
+    """A fused model's decoder stack runs its layers in a plain loop: the logits and the cache are
+    those of the stack's own forward (taken when a layer is hooked), chunk after chunk."""
+    from transformers import DynamicCache
+
+    model = build(name)
+    assert type(model.model).__name__.startswith("Fused")
+    calls = _count_layer_forwards(monkeypatch, model)
+    ids, chunks = list(range(3, 40)), [1, 4, 1, 9, 2]
+    looped = _logits(model, ids, chunks)
+    assert calls == []  # the loop, not the layers' forwards
+    handle = model.model.layers[0].register_forward_hook(lambda *args: None)
+    try:
+        own = _logits(model, ids, chunks)
+    finally:
+        handle.remove()
+    assert len(calls) == model.config.num_hidden_layers * (1 + len(chunks))
+    assert torch.equal(looped, own)
+    caches = []
+    for hooked in (False, True):
+        cache = DynamicCache()
+        handle = model.model.layers[-1].register_forward_pre_hook(lambda *args: None) if hooked else None
+        with torch.inference_mode():
+            model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        if handle is not None:
+            handle.remove()
+        caches.append(cache)
+    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_what_the_loop_does_not_reproduce_takes_the_stacks_own_forward(ext, monkeypatch):
+    """A padding mask, no cache, input embeddings, hidden states asked for: the stack's own forward
+    (each layer's forward called), with what was asked for (batches: see above)."""
+    from transformers import DynamicCache
+
+    model = _q4k("tiny-qwen2")
+    calls = _count_layer_forwards(monkeypatch, model)
+    ids = torch.tensor([list(range(3, 12))])
+    n = model.config.num_hidden_layers
+    with torch.inference_mode():
+        model(ids, attention_mask=torch.ones_like(ids), past_key_values=DynamicCache())
+        assert calls == []  # an all-ones mask masks nothing: the loop
+        mask = torch.ones_like(ids)
+        mask[0, 0] = 0
+        model(ids, attention_mask=mask, past_key_values=DynamicCache())
+        model(ids, use_cache=False)
+        model(inputs_embeds=model.model.embed_tokens(ids), past_key_values=DynamicCache())
+        assert len(calls) == 3 * n
+        out = model(ids, past_key_values=DynamicCache(), output_hidden_states=True)
+        assert len(out.hidden_states) == n + 1 and len(calls) == 4 * n
+        # transformers' capture hooks now sit on the layers: the loop stands aside from then on
+        model(ids, past_key_values=DynamicCache())
+        assert len(calls) == 5 * n
