@@ -33,9 +33,9 @@ QK = 256
 # Bytes of one block as stored in the file, per type.
 BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 # Bytes of one block in the kernels' layout (what a forward reads per block).
-PACKED_BYTES = {"Q4_K": 152, "Q6_K": 212}
+PACKED_BYTES = {"Q4_K": 148, "Q6_K": 210}
 # The kernels' record of a block, per column: (values per sub-block, bytes per sub-block, fixed bytes).
-_RECORD = {"Q4_K": (32, 18, 8), "Q6_K": (16, 13, 4)}
+_RECORD = {"Q4_K": (32, 18, 4), "Q6_K": (16, 13, 2)}
 _SOURCE = Path(__file__).with_name("kernels") / "kquants.cpp"
 log = logging.getLogger(__name__)
 
@@ -221,8 +221,13 @@ def quantize_q4k(weight: torch.Tensor) -> Q4KCodes:
 COLUMNS = 16  # output columns per group: one 32-bit lane each in the kernels' vectors
 
 
-def _f32_bytes(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a.astype(np.float32)).view(np.uint8)
+def _f16_bytes(a: np.ndarray) -> np.ndarray:
+    """Block scales as float16, the file's own format: every d and dmin is a float16 value (read from
+    the file, or rounded to one by ``quantize_q4k``), so the kernels widen them back exactly."""
+    half = a.astype(np.float16)
+    if not np.array_equal(half.astype(np.float32), a, equal_nan=True):
+        raise HarnessError("block scales must be float16 values")
+    return np.ascontiguousarray(half).view(np.uint8)
 
 
 def record_subs(kind: str, values: int = QK) -> int:
@@ -251,7 +256,7 @@ def pack(codes: Q4KCodes | Q6KCodes, width: int | None = None) -> np.ndarray:
     Per group and block: the codes by steps of 4 inputs, 16 columns x 4 codes per step (Q4_K two steps
     per 64 bytes, in the low and high nibbles; Q6_K per 4 steps two such nibble vectors and one of
     their top two bits); the scales (and Q4_K's mins) as [pair][column][2]; d (and dmin) as 16
-    float32. Columns are padded to 16 with zeros. ``width``: the real inputs of a row whose codes
+    float16. Columns are padded to 16 with zeros. ``width``: the real inputs of a row whose codes
     were padded to whole blocks (the last record keeps only ``record_subs`` sub-blocks).
     """
     n, k = codes.codes.shape
@@ -274,7 +279,7 @@ def pack(codes: Q4KCodes | Q6KCodes, width: int | None = None) -> np.ndarray:
         return np.moveaxis(a, 2, 3).reshape(groups, nb, -1).view(np.uint8)
 
     def floats(a: np.ndarray) -> np.ndarray:
-        return _f32_bytes(grouped(a.reshape(n, nb))).reshape(groups, nb, -1)
+        return _f16_bytes(grouped(a.reshape(n, nb))).reshape(groups, nb, -1)
 
     # Each part of a record, and whether it is laid out sub-block after sub-block (cut in a short
     # record) or fixed.
@@ -399,7 +404,7 @@ def read_linear_blocks(gguf_file: str | Path, module_names: list[str], n_layers:
 
 # Bumped whenever pack() or quantize_q4k() changes, so a cache of another layout is rebuilt rather
 # than misread.
-LAYOUT = 5
+LAYOUT = 6
 
 Packed = dict[str, tuple[str, torch.Tensor]]  # module name -> (block type, blocks in pack()'s layout)
 

@@ -121,12 +121,22 @@ def test_non_finite_and_zero_rows(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_bytes_read_is_the_packed_blocks(kind):
     """What a forward streams: every block once, in the kernels' layout (a few bytes per block more
-    than the file: decoded scales and float32 d)."""
+    than the file: scales and mins a byte each instead of 6 bits)."""
     n, nb = 32, 3
     _, lin = layer(kind, n, nb)
     assert lin.bytes_read == n * nb * kquants.PACKED_BYTES[kind]
-    # the file's 4 or 6 bits per weight, plus decoded scales and float32 d
-    assert lin.bytes_read <= 1.06 * n * nb * kquants.BLOCK_BYTES[kind]
+    # the file's 4 or 6 bits per weight, plus decoded scales; d and dmin stay float16
+    assert lin.bytes_read <= 1.03 * n * nb * kquants.BLOCK_BYTES[kind]
+
+
+def test_block_scales_are_kept_as_the_files_float16():
+    """d and dmin are stored as float16, so a scale that is not a float16 value is refused, never
+    rounded into other weights."""
+    codes = kquants.decode("Q4_K", random_blocks("Q4_K", 4, 1))
+    kquants.pack(codes)
+    codes.d[0, 0] = 0.1  # no float16 is exactly 0.1
+    with pytest.raises(kquants.HarnessError, match="float16"):
+        kquants.pack(codes)
 
 
 def test_wrong_shapes_are_refused():
@@ -176,7 +186,7 @@ def test_a_draft_row_of_896_reads_three_and_a_half_blocks():
     w = torch.randn(48, 896, generator=torch.Generator().manual_seed(0)) * 0.02
     blocks = torch.from_numpy(kquants.pack(kquants.quantize_q4k(w), 896))
     assert blocks.shape == (3, kquants.row_bytes("Q4_K", 896))
-    assert kquants.row_bytes("Q4_K", 896) == 16 * (3 * 152 + 4 * 18 + 8)
+    assert kquants.row_bytes("Q4_K", 896) == 16 * (3 * 148 + 4 * 18 + 4)
     lin = kquants.KQuantLinear("Q4_K", blocks, 48, 896, None)
     x = torch.randn(3, 896, generator=torch.Generator().manual_seed(1))
     expected = x @ torch.from_numpy(kquants.dequantize(kquants.quantize_q4k(w)))[:, :896].T

@@ -28,7 +28,7 @@ namespace {
 constexpr int64_t QK = 256;  // weights (and activation codes) per block
 
 #define AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
 // A block of a kernel: inlined into its loop, so the accumulators stay in registers.
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -46,7 +46,7 @@ bool has_vnni() {
 //     sub-block of 4 steps, 64 bytes of low nibbles for steps 0-1, 64 for steps 2-3, and 64 bytes
 //     whose bit pairs 0-1 .. 6-7 are the top two bits of steps 0 .. 3;
 //   scales (and Q4_K's mins) as [pair p][column][2]: lane c holds sub-blocks 2p and 2p+1 as two int16;
-//   d (and Q4_K's dmin) as 16 floats.
+//   d (and Q4_K's dmin) as 16 float16, as the file stores them (widened exactly when read).
 // A row's last block keeps only the pairs of sub-blocks up to its last input (harness.kquants
 // .record_subs): the rest would multiply zero padding, adding nothing to any integer sum, so the
 // short record gives the same bits and a 896-wide row reads 3.5 blocks' bytes, not 4.
@@ -54,12 +54,12 @@ constexpr int64_t G = 16;  // columns per group
 // Records ahead that the code loads prefetch: one core's demand reads alone reached ~10 GB/s here,
 // well under what the memory gives a core.
 constexpr int64_t PREFETCH = 4;
-constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 64 + 64, Q6K_REC = 3072 + 256 + 64;
+constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 32;
 
 // A record of S sub-blocks: Q4_K 256 code bytes, 16 scale and 16 min bytes per sub-block, then d and
 // dmin; Q6_K 192 code bytes and 16 scale bytes per sub-block, then d.
-constexpr int64_t q4k_rec(int64_t subs) { return 288 * subs + 128; }
-constexpr int64_t q6k_rec(int64_t subs) { return 208 * subs + 64; }
+constexpr int64_t q4k_rec(int64_t subs) { return 288 * subs + 64; }
+constexpr int64_t q6k_rec(int64_t subs) { return 208 * subs + 32; }
 // Sub-blocks kept for a block holding `values` inputs: whole pairs (scales are stored by pair).
 constexpr int64_t q4k_subs(int64_t values) { return 2 * ((values + 63) / 64); }
 constexpr int64_t q6k_subs(int64_t values) { return 2 * ((values + 31) / 32); }
@@ -217,8 +217,8 @@ AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_
     const __m512i sc = j % 2 == 0 ? _mm512_and_si512(pr, half) : _mm512_srli_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
   }
-  const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S));
-  const __m512 dmin = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S + 64));
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 288 * S)));
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 288 * S + 32)));
   for (int r = 0; r < R; ++r) {
     __m512i mn = _mm512_setzero_si512();
     for (int p = 0; p < S / 2; ++p) {
@@ -270,7 +270,7 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
     const __m512i sc = g % 2 == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16) : _mm512_srai_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
   }
-  const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(rec + 208 * S));
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 208 * S)));
   const __m512 dmin = _mm512_mul_ps(k32, d);
   for (int r = 0; r < R; ++r) {
     __m512i mn = _mm512_setzero_si512();
@@ -333,8 +333,8 @@ AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t
     const __m256i sc = j % 2 == 0 ? _mm256_and_si256(pr, half) : _mm256_srli_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
   }
-  const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S) + 8 * h);
-  const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 288 * S + 64) + 8 * h);
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 288 * S + 16 * h)));
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 288 * S + 32 + 16 * h)));
   for (int r = 0; r < R; ++r) {
     __m256i mn = _mm256_setzero_si256();
     for (int p = 0; p < S / 2; ++p) {
@@ -381,7 +381,7 @@ AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t
     const __m256i sc = g % 2 == 0 ? _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16) : _mm256_srai_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
   }
-  const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 208 * S) + 8 * h);
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 208 * S + 16 * h)));
   const __m256 dmin = _mm256_mul_ps(k32, d);
   for (int r = 0; r < R; ++r) {
     __m256i mn = _mm256_setzero_si256();
