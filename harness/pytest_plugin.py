@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import backends, engines, equivalence, models, platforms, setup
+from harness import backends, engines, equivalence, models, platforms, precision, setup
 from harness.errors import HarnessError
 
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
@@ -87,6 +87,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=2,
         help="HumanEval problems for the real-pair pass@1 test (164 for the full run)",
+    )
+    group.addoption(
+        "--humaneval-precision",
+        default=None,
+        metavar="TARGET[,DRAFT]",
+        help="precisions of the real-pair HumanEval run, both on the batch-invariant kernels (default: "
+        "the pair's registered configuration); its rows are named by them",
     )
     group.addoption(
         "--humaneval-out",
@@ -157,11 +164,33 @@ def _check_options(config: pytest.Config) -> None:
                 f"--real-pairs {wanted!r}: unknown {', '.join(unknown) or '(empty)'}; choose from "
                 f"{', '.join(REAL)} or 'all'"
             )
+    try:
+        humaneval_precisions(config.getoption("--humaneval-precision"))
+    except HarnessError as exc:
+        problems.append(str(exc))
     value = config.getoption("--weights_dir")
     if value is not None and not Path(value).expanduser().is_dir():
         problems.append(f"--weights_dir {value} is not a folder")
     if problems:
         raise pytest.UsageError("; ".join(problems))
+
+
+def humaneval_precisions(value: str | None) -> dict[str, str]:
+    """``--humaneval-precision TARGET[,DRAFT]`` as ``PairCache.get`` settings (the draft at the
+    target's precision unless named), both on the batch-invariant kernels, which keep assisted
+    output token for token plain's; {} when not given."""
+    if value is None:
+        return {}
+    names = [v.strip() for v in value.split(",")]
+    known = (*precision.PRECISIONS, *precision.BLOCK_PRECISIONS)
+    if not 1 <= len(names) <= 2 or any(n not in known for n in names):
+        raise HarnessError(
+            f"--humaneval-precision {value!r}: give TARGET or TARGET,DRAFT, each one of {', '.join(known)}"
+        )
+    target, draft = names[0], names[-1]
+    return dict(
+        target_precision=target, draft_precision=draft, target_kernels="invariant", draft_kernels="invariant"
+    )
 
 
 THREADS = pytest.StashKey[int]()

@@ -16,6 +16,7 @@ import pytest
 from harness import experiment, humaneval
 from harness.generation import generate
 from harness.models import LoadedPair
+from harness.pytest_plugin import humaneval_precisions
 from harness.report import humaneval as report
 from harness.setup import GenerationSettings
 
@@ -101,8 +102,14 @@ def test_humaneval_machinery_tiny(pairs, pair_name, target_backend, tmp_path):
 
 @pytest.mark.pairs(tiny=False)
 def test_humaneval_pass_at_1_equal_real(pairs, pair_name, target_backend, pytestconfig, tmp_path):
-    pair = pairs.get(pair_name, target_backend=target_backend)
+    precisions = humaneval_precisions(pytestconfig.getoption("--humaneval-precision"))
+    if precisions and target_backend[0] != "torch":
+        pytest.skip("--humaneval-precision sets the torch target's precision; ONNX Runtime runs its export")
+    pair = pairs.get(pair_name, target_backend=target_backend, **precisions)
     name = pair.spec.name
+    if precisions:
+        target, draft = precisions["target_precision"], precisions["draft_precision"]
+        name += f"-{target}" if target == draft else f"-{target}-{draft}"
     if pair.target_backend != "torch":
         name += f"-{pair.target_backend}-{pair.execution_provider}"
     _pass_at_1_equal(pair, name, pytestconfig, tmp_path)

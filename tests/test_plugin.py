@@ -41,7 +41,8 @@ def test_help_lists_every_option_under_one_group(tmp_path):
     assert done.returncode == 0, done.stderr
     section = done.stdout.split("assisted generation:", 1)[1]
     options = ("--weights_dir", "--platform", "--update-baselines", "--regen-tables", "--real-prompts",
-               "--perf-repetitions", "--target-backends", "--real-pairs", "--allow-inconclusive")  # fmt: skip
+               "--perf-repetitions", "--target-backends", "--real-pairs", "--allow-inconclusive",
+               "--humaneval-precision")  # fmt: skip
     for option in options:
         assert option in section
 
@@ -49,3 +50,24 @@ def test_help_lists_every_option_under_one_group(tmp_path):
 @pytest.mark.parametrize("marker", ["real", "slow", "perf", "pairs", "backends"])
 def test_plugin_registers_the_markers(pytestconfig, marker):
     assert any(line.startswith(marker) for line in pytestconfig.getini("markers"))
+
+
+def test_humaneval_precision_names_both_models_on_the_invariant_kernels():
+    from harness.errors import HarnessError
+    from harness.pytest_plugin import humaneval_precisions
+
+    assert humaneval_precisions(None) == {}
+    fp32 = humaneval_precisions("fp32")
+    assert fp32 == dict(
+        target_precision="fp32", draft_precision="fp32", target_kernels="invariant", draft_kernels="invariant"
+    )
+    assert humaneval_precisions("gguf, q4k")["draft_precision"] == "q4k"
+    for bad in ("fp33", "fp32,w8af32,bf16", ""):
+        with pytest.raises(HarnessError, match="--humaneval-precision"):
+            humaneval_precisions(bad)
+
+
+def test_a_bad_humaneval_precision_is_a_usage_error(tmp_path):
+    done = _pytest(tmp_path, "--humaneval-precision", "fp33", "--co")
+    assert done.returncode != 0
+    assert "--humaneval-precision 'fp33'" in done.stderr + done.stdout
