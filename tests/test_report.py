@@ -391,3 +391,24 @@ def test_a_published_section_shows_one_run_chosen_the_same_way_whatever_was_appe
         assert {r.run_id for r in chosen} == {"newer"} and [r.example for r in chosen] == [1, 2, 3]
     # the newest wins only among the most complete
     assert {r.run_id for r in chosen_run(older + partial)} == {"older"}
+
+
+@pytest.mark.parametrize(
+    ("stem", "options"),
+    [
+        ("qwen2.5-coder-1.5b-fp32", "torch --humaneval-limit 164 --humaneval-precision fp32"),
+        ("qwen2.5-coder-1.5b-gguf-q4k", "--humaneval-limit 164 --humaneval-precision gguf,q4k"),
+        ("qwen2.5-coder-1.5b", "--target-backends torch --humaneval-limit 164 --humaneval-out"),
+        ("qwen2.5-coder-1.5b-onnxruntime-CPUExecutionProvider", "--target-backends onnxruntime"),
+    ],
+)
+def test_a_humaneval_table_names_the_run_that_wrote_its_rows(stem, options):
+    """The rows file's name says the precisions ``--humaneval-precision`` chose; the page's command
+    carries them, so it reruns that configuration and writes a file of that name."""
+    from harness.report.page import _humaneval_command
+
+    command = _humaneval_command(stem, 164)
+    assert options in command
+    assert command.startswith("pytest perf/test_humaneval.py")
+    if "-fp32" not in stem and "q4k" not in stem:
+        assert "--humaneval-precision" not in command

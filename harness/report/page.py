@@ -271,6 +271,26 @@ def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]])
     return lines + ["", table, ""]
 
 
+def _humaneval_command(stem: str, tasks: int) -> str:
+    """The run that writes rows file ``stem``: the HumanEval test names it ``<pair>[-<target
+    precision>[-<draft precision>]]`` when ``--humaneval-precision`` chose them."""
+    from harness import models, precision
+
+    backend = "onnxruntime" if "-onnxruntime-" in stem.lower() else "torch"
+    command = (
+        f'pytest perf/test_humaneval.py -k "pass_at_1_equal_real and not genai" --target-backends {backend} '
+        f"--humaneval-limit {tasks}"
+    )
+    known = {*precision.PRECISIONS, *precision.BLOCK_PRECISIONS}
+    for pair in sorted(models.REGISTRY, key=len, reverse=True):
+        if stem.lower().startswith(pair + "-"):
+            named = stem[len(pair) + 1 :].split("-")
+            if 1 <= len(named) <= 2 and all(n in known for n in named):
+                command += f" --humaneval-precision {','.join(named)}"
+            break
+    return command + " --humaneval-out runs/humaneval"
+
+
 def humaneval_section(platform: str, records: list[dict[str, Any]], source: str) -> list[str]:
     from harness import humaneval
 
@@ -287,7 +307,7 @@ def humaneval_section(platform: str, records: list[dict[str, Any]], source: str)
     ]
     table = tabulate(body, headers=["mode", "tasks", "passed", "pass@1"], tablefmt="github")
     tasks = max((s["tasks"] for s in modes.values()), default=0)
-    command = f"pytest perf/test_humaneval.py -k pass_at_1_equal_real --humaneval-limit {tasks}"
+    command = _humaneval_command(Path(source).stem, tasks)
     lines = [f"#### HumanEval: {Path(source).stem}", ""]
     lines += _header(platform, command, _record_versions(records), source)
     lines += [
