@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -403,6 +404,38 @@ def host_adjustment(record: BaselineRecord, k: int, c: float, v: float) -> HostA
     return HostAdjustment(factor=now / then, c=(base_c, c), v=(base_v, v))
 
 
+def pair_adjustments(
+    record: BaselineRecord, k: int, costs: Sequence[tuple[float, float]]
+) -> list[HostAdjustment] | None:
+    """One adjustment per interleaved pair, from that pair's own ``(c, v)``; None when any cannot be made.
+
+    Per pair, because a host's phase moves the arms apart: seen here, a minute in which plain decoding
+    ran 17% faster (memory-bound, its bandwidth freed) while the compute-bound verification did not,
+    took those pairs' speedups from 1.35x to 1.17x. The same pairs' v rose from 1.24 to 1.44, so each
+    pair's speedup over its own prediction held within 1%, where the pooled adjustment left the spread
+    in and failed an unchanged build."""
+    adjustments = [host_adjustment(record, k, c, v) for c, v in costs]
+    if not adjustments or None in adjustments:
+        return None
+    return [a for a in adjustments if a is not None]
+
+
+def _baseline_at_own_costs(
+    record: BaselineRecord, samples: list[float] | float, k: int
+) -> list[float] | float:
+    """The baseline's speedup samples, each brought to the record's pooled ``c`` and ``v`` by its own
+    pair's costs where the record kept them (the current run's pairs are brought there the same way)."""
+    kept = (record.extra or {}).get("pair_costs")
+    if not isinstance(samples, list) or not kept or len(kept) != len(samples):
+        return samples
+    try:
+        costs = [(float(c), float(v)) for c, v in kept]
+    except (TypeError, ValueError):  # a pair whose costs were not measured (stored as null)
+        return samples
+    own = pair_adjustments(record, k, costs)
+    return samples if own is None else [x / a.factor for x, a in zip(samples, own, strict=True)]
+
+
 def acceptance_gate(
     record: BaselineRecord | None, counts: Sequence[Sequence[int]], rounds: int
 ) -> GateResult | None:
@@ -439,17 +472,18 @@ def compare_to_baseline(
     plain_tps: Sequence[float],
     assisted_tps: Sequence[float],
     *,
-    forward_costs: tuple[float, float] | None = None,
+    forward_costs: Sequence[tuple[float, float]] | None = None,
     margin: float = DEFAULT_MARGIN,
     alpha: float = DEFAULT_ALPHA,
 ) -> dict[str, GateResult]:
     """Gate interleaved repetitions against the stored baseline.
 
     Returns up to four results. "speedup": per-repetition assisted/plain ratios, which cancel the host's
-    overall speed; with ``forward_costs`` (this run's ``c`` and ``v``) the baseline is first adjusted for
-    how this host's forward costs move the speedup (``HostAdjustment``), and "speedup_unadjusted" keeps
-    the plain comparison. "assisted_tokens_per_s" and "plain_tokens_per_s" catch a slower target, which
-    can leave the speedup unchanged. A gate is skipped when the baseline lacks that number.
+    overall speed; with ``forward_costs`` (each interleaved pair's ``c`` and ``v``) each pair's ratio
+    is first adjusted for how its forward costs move the speedup (``pair_adjustments``), and
+    "speedup_unadjusted" keeps the plain comparison. "assisted_tokens_per_s" and "plain_tokens_per_s"
+    catch a slower target, which can leave the speedup unchanged. A gate is skipped when the baseline
+    lacks that number.
     """
     record = load_baseline(root, platform, case)
     path = baseline_path(root, platform, case)
@@ -463,29 +497,38 @@ def compare_to_baseline(
             f"got {len(plain_tps)} plain and {len(assisted_tps)} assisted repetitions; the speedup gate "
             "needs them interleaved one-for-one (same --repeats for both modes)"
         )
+    if forward_costs is not None and len(forward_costs) != len(plain_tps):
+        raise HarnessError(
+            f"got forward costs of {len(forward_costs)} pairs for {len(plain_tps)} repetitions; "
+            "the host adjustment needs one (c, v) per interleaved pair"
+        )
     results: dict[str, GateResult] = {}
     opts = {"margin": margin, "alpha": alpha}
     base_speedup = _baseline_samples(record.speedup, "value")
     if base_speedup is not None:
+        k = case.num_assistant_tokens
         ratios = [a / p for p, a in zip(plain_tps, assisted_tps, strict=True)]
         metric = f"{case.case_id} speedup"
-        adjust = None
-        if forward_costs is not None:
-            adjust = host_adjustment(record, case.num_assistant_tokens, *forward_costs)
-        if adjust is None:
+        pairs = pair_adjustments(record, k, forward_costs) if forward_costs is not None else None
+        if pairs is None:
             results["speedup"] = gate(ratios, base_speedup, metric=metric, **opts)
         else:
-            scaled = (
-                [x * adjust.factor for x in base_speedup]
-                if isinstance(base_speedup, list)
-                else base_speedup * adjust.factor
+            summary = HostAdjustment(
+                factor=statistics.median(a.factor for a in pairs),
+                c=(pairs[0].c[0], statistics.median(a.c[1] for a in pairs)),
+                v=(pairs[0].v[0], statistics.median(a.v[1] for a in pairs)),
             )
-            adjusted = gate(ratios, scaled, metric=f"{metric} ({adjust.describe()})", **opts)
+            adjusted = gate(
+                [r / a.factor for r, a in zip(ratios, pairs, strict=True)],
+                _baseline_at_own_costs(record, base_speedup, k),
+                metric=f"{metric} ({summary.describe()}; median over pairs, each adjusted by its own)",
+                **opts,
+            )
             plain = gate(ratios, base_speedup, metric=metric, **opts)
             lo, hi = ADJUSTMENT_RANGE
-            if not lo <= adjust.factor <= hi:
+            if not lo <= summary.factor <= hi:
                 adjusted = adjusted.as_inconclusive(
-                    f"this host's forward costs moved the expected speedup x{adjust.factor:.2f}, outside "
+                    f"this host's forward costs moved the expected speedup x{summary.factor:.2f}, outside "
                     f"[{lo}, {hi}]: a loaded or very different host; rerun on an idle machine"
                 )
             elif adjusted.status == "improvement" and plain.failed:

@@ -248,6 +248,17 @@ class CaseMeasurement:
     def v(self) -> float:
         return self.verify_forward_ms / self.target_forward_ms
 
+    @property
+    def pair_costs(self) -> list[tuple[float, float]]:
+        """``(c, v)`` of each interleaved plain/assisted pair, from that pair's own steps: what the
+        speedup gate adjusts each pair's ratio by (``baselines.pair_adjustments``)."""
+        costs = []
+        for plain, assisted in zip(self.plain, self.assisted, strict=True):
+            step = analysis.decode_ms([plain], "target")
+            draft, verify = (analysis.decode_ms([assisted], role) for role in ("draft", "target"))
+            costs.append((draft / step, verify / step))
+        return costs
+
     def _predict(self, v: float) -> float | None:
         return analysis.predict_speedup(self.alpha, self.case.num_assistant_tokens, self.c, v)
 
@@ -320,6 +331,7 @@ class CaseMeasurement:
             "run_id",
         )
         extra = {k: baselines.rounded(s[k]) if isinstance(s[k], float) else s[k] for k in keep}
+        extra["pair_costs"] = [[baselines.rounded(c), baselines.rounded(v)] for c, v in self.pair_costs]
         if self.deterministic:
             extra["acceptance_by_position"] = self.acceptance_by_position
             extra["rounds"] = self.repetitions
@@ -345,7 +357,7 @@ class CaseMeasurement:
             self.case.key(),
             self.plain_tps,
             self.assisted_tps,
-            forward_costs=(self.c, self.v),
+            forward_costs=self.pair_costs,
         )
         if self.deterministic:
             record = baselines.load_baseline(root, platform or self.platform, self.case.key())

@@ -193,7 +193,8 @@ def test_real_slowdown_is_a_regression_and_no_drop_an_improvement(tmp_path):
     record = record_for(CASE, *interleaved(10, n=10), extra={"alpha": 0.8, "c": 0.3, "v": 1.1})
     save_baseline(tmp_path, "box", CASE, record)
     dropped = interleaved(31, speedup=0.07, n=10)
-    verdict = compare_to_baseline(tmp_path, "box", CASE, *dropped, forward_costs=(30.0, 9.0))["speedup"]
+    loaded = [(30.0, 9.0)] * 10
+    verdict = compare_to_baseline(tmp_path, "box", CASE, *dropped, forward_costs=loaded)["speedup"]
     assert verdict.status == "inconclusive", verdict.message
     assert "outside" in verdict.message
 
@@ -257,17 +258,63 @@ def test_speedup_gate_forgives_the_host_but_not_the_code(tmp_path):
     host = host_adjustment(read_baseline_file(baseline_path(tmp_path, "box", CASE)), 5, 0.47, 1.23)
     # Another host of the same slug: the speedup fell exactly as its forward costs predict.
     moved = interleaved(22, plain_rate=13.0, speedup=1.6 * host.factor, n=8)
-    on_host = compare_to_baseline(tmp_path, "box", CASE, *moved, forward_costs=(0.47, 1.23))
+    on_host = compare_to_baseline(tmp_path, "box", CASE, *moved, forward_costs=[(0.47, 1.23)] * 8)
     assert on_host["speedup"].status == "pass", on_host["speedup"].message
     assert on_host["speedup_unadjusted"].status == "regression"  # what the unadjusted gate would say
     assert "adjusted" in on_host["speedup"].message
     # Same forward costs as the baseline, but 20% of the speedup lost outside them: a regression.
     lost = interleaved(23, speedup=1.6 * 0.8, n=8)
-    slower = compare_to_baseline(tmp_path, "box", CASE, *lost, forward_costs=(0.39, 1.13))
+    slower = compare_to_baseline(tmp_path, "box", CASE, *lost, forward_costs=[(0.39, 1.13)] * 8)
     assert slower["speedup"].status == "regression", slower["speedup"].message
     # Both together: the host explains 13%, not the other 20%.
     both = interleaved(24, plain_rate=13.0, speedup=1.6 * host.factor * 0.8, n=8)
-    assert compare_to_baseline(tmp_path, "box", CASE, *both, forward_costs=(0.47, 1.23))["speedup"].failed
+    moved_costs = [(0.47, 1.23)] * 8
+    assert compare_to_baseline(tmp_path, "box", CASE, *both, forward_costs=moved_costs)["speedup"].failed
+
+
+def test_each_pair_is_adjusted_by_its_own_forward_costs(tmp_path):
+    """A host phase that frees memory bandwidth for a few pairs speeds plain decoding up, not the
+    compute-bound verification: those pairs' v rises and their speedup falls as the cost model says.
+    Each pair adjusted by its own costs passes; against one pooled adjustment the same ratios spread
+    too wide to pass."""
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(40, n=8), extra=COSTS))
+    record = read_baseline_file(baseline_path(tmp_path, "box", CASE))
+    fast_phase = (0.47, 1.43)
+    factor = host_adjustment(record, 5, *fast_phase).factor
+    plain, assisted = interleaved(41, n=12, cv=0.01)
+    costs = [(0.39, 1.13)] * 6 + [fast_phase] * 6
+    assisted = [a * (factor if i >= 6 else 1.0) for i, a in enumerate(assisted)]
+    per_pair = compare_to_baseline(tmp_path, "box", CASE, plain, assisted, forward_costs=costs)["speedup"]
+    assert per_pair.status == "pass", per_pair.message
+    pooled = [(0.43, 1.28)] * 12  # the same run read as one pooled (c, v)
+    pooled_verdict = compare_to_baseline(tmp_path, "box", CASE, plain, assisted, forward_costs=pooled)
+    pooled_verdict = pooled_verdict["speedup"]
+    assert pooled_verdict.status != "pass", pooled_verdict.message
+    # A drop the costs do not explain still fails, pair by pair.
+    lost = [a * 0.8 for a in assisted]
+    assert compare_to_baseline(tmp_path, "box", CASE, plain, lost, forward_costs=costs)["speedup"].failed
+    with pytest.raises(HarnessError, match="one \\(c, v\\) per interleaved pair"):
+        compare_to_baseline(tmp_path, "box", CASE, plain, assisted, forward_costs=costs[:3])
+
+
+def test_a_baselines_pairs_are_brought_to_its_own_costs(tmp_path):
+    """A baseline that kept its pairs' costs has each sample brought to its pooled c and v, so a
+    phase during the baseline's own run does not widen what the current run is held to."""
+    plain, assisted = interleaved(42, n=8, cv=0.01)
+    fast_phase = (0.47, 1.43)
+    bare = record_for(CASE, plain, assisted, extra=COSTS)
+    factor = host_adjustment(bare, 5, *fast_phase).factor
+    assisted = [a * (factor if i % 2 else 1.0) for i, a in enumerate(assisted)]
+    kept = [list(fast_phase) if i % 2 else [0.39, 1.13] for i in range(8)]
+    with_pairs = record_for(CASE, plain, assisted, extra={**COSTS, "pair_costs": kept})
+    save_baseline(tmp_path, "box", CASE, with_pairs)
+    current = interleaved(43, n=8, cv=0.01)
+    same = compare_to_baseline(tmp_path, "box", CASE, *current, forward_costs=[(0.39, 1.13)] * 8)["speedup"]
+    assert same.status == "pass" and same.ratio == pytest.approx(1.0, abs=0.03), same.message
+    # Without the kept costs, the phase's pairs read as a slower baseline: the run looks faster.
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, plain, assisted, extra=COSTS))
+    unnormalised = compare_to_baseline(tmp_path, "box", CASE, *current, forward_costs=[(0.39, 1.13)] * 8)
+    assert unnormalised["speedup"].ratio > 1.05
 
 
 def test_compare_without_baseline_says_how_to_create_one(tmp_path):
