@@ -343,6 +343,28 @@ def make_row(
     return {"versions": platforms.library_versions(), **extra, **own}
 
 
+def rows_name(pair: str, precisions: Mapping[str, str] | None = None) -> str:
+    """The name of a real-pair run's rows: ``<pair>[-<target>[-<draft>]]``, the precisions when
+    ``--humaneval-precision`` chose them (the draft's only when it differs from the target's). The
+    results page reads them back (``named_precisions``) to print the command that reruns the file."""
+    if not precisions:
+        return pair
+    target, draft = precisions["target_precision"], precisions["draft_precision"]
+    return f"{pair}-{target}" if target == draft else f"{pair}-{target}-{draft}"
+
+
+def named_precisions(stem: str) -> list[str]:
+    """The precisions ``rows_name`` put in a rows file's name ``stem``; [] when it names none."""
+    from harness import models, precision
+
+    known = {*precision.PRECISIONS, *precision.BLOCK_PRECISIONS}
+    for pair in sorted(models.REGISTRY, key=len, reverse=True):
+        if stem.lower().startswith(pair + "-"):
+            named = stem[len(pair) + 1 :].split("-")
+            return named if 1 <= len(named) <= 2 and all(n in known for n in named) else []
+    return []
+
+
 def record(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
     """Append one row and flush it to disk (an interrupted run keeps every finished row)."""
     append_row(path, dict(row))

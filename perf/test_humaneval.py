@@ -106,10 +106,7 @@ def test_humaneval_pass_at_1_equal_real(pairs, pair_name, target_backend, pytest
     if precisions and target_backend[0] != "torch":
         pytest.skip("--humaneval-precision sets the torch target's precision; ONNX Runtime runs its export")
     pair = pairs.get(pair_name, target_backend=target_backend, **precisions)
-    name = pair.spec.name
-    if precisions:
-        target, draft = precisions["target_precision"], precisions["draft_precision"]
-        name += f"-{target}" if target == draft else f"-{target}-{draft}"
+    name = humaneval.rows_name(pair.spec.name, precisions)
     if pair.target_backend != "torch":
         name += f"-{pair.target_backend}-{pair.execution_provider}"
     _pass_at_1_equal(pair, name, pytestconfig, tmp_path)

@@ -422,3 +422,12 @@ def test_prompts_with_the_real_qwen_tokenizer(problems: list[dict]) -> None:
     assert bool(criteria(ids("    return True\n\n\ndef "), None).all())
     # The prompt's own "def" and imports are not the end of the completion.
     assert not bool(criteria(ids("    # scan pairs\n"), None).any())
+
+
+@pytest.mark.parametrize("chosen", [None, ("fp32", "fp32"), ("gguf", "q4k")])
+def test_a_rows_name_gives_back_the_precisions_it_names(chosen):
+    settings = None if chosen is None else {"target_precision": chosen[0], "draft_precision": chosen[1]}
+    name = he.rows_name("qwen2.5-coder-1.5b", settings)
+    expected = [] if chosen is None else list(dict.fromkeys(chosen))
+    assert he.named_precisions(name) == expected
+    assert he.named_precisions(f"{name}-onnxruntime-CPUExecutionProvider") == []

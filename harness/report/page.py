@@ -272,22 +272,17 @@ def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]])
 
 
 def _humaneval_command(stem: str, tasks: int) -> str:
-    """The run that writes rows file ``stem``: the HumanEval test names it ``<pair>[-<target
-    precision>[-<draft precision>]]`` when ``--humaneval-precision`` chose them."""
-    from harness import models, precision
+    """The run that writes rows file ``stem`` (named by ``humaneval.rows_name``)."""
+    from harness import humaneval
 
     backend = "onnxruntime" if "-onnxruntime-" in stem.lower() else "torch"
     command = (
         f'pytest perf/test_humaneval.py -k "pass_at_1_equal_real and not genai" --target-backends {backend} '
         f"--humaneval-limit {tasks}"
     )
-    known = {*precision.PRECISIONS, *precision.BLOCK_PRECISIONS}
-    for pair in sorted(models.REGISTRY, key=len, reverse=True):
-        if stem.lower().startswith(pair + "-"):
-            named = stem[len(pair) + 1 :].split("-")
-            if 1 <= len(named) <= 2 and all(n in known for n in named):
-                command += f" --humaneval-precision {','.join(named)}"
-            break
+    named = humaneval.named_precisions(stem)
+    if named:
+        command += f" --humaneval-precision {','.join(named)}"
     return command + " --humaneval-out runs/humaneval"
 
 
