@@ -319,6 +319,29 @@ def load_baseline(root: str | os.PathLike[str], platform: str, case: CaseKey) ->
     return record
 
 
+def baseline_platform(root: str | os.PathLike[str], platform: str, case: CaseKey) -> str:
+    """The platform whose baseline of ``case`` a run on ``platform`` is held to: its own when it has
+    one, else the platform with a baseline of this case whose slug shares most parts with it (a
+    host kind nobody measured yet is still gated, by the host-independent speedup adjusted for its
+    own forward costs). MissingBaselineError when no platform holds this case."""
+    if baseline_path(root, platform, case).exists():
+        return platform
+    mine = set(platform.split("-"))
+    holders = [
+        p.name
+        for p in sorted(Path(root).iterdir() if Path(root).is_dir() else ())
+        if p.is_dir()
+        and p.name != platform
+        and (p / model_dir(case.model) / f"{case.case_id}.json").is_file()
+    ]
+    if not holders:
+        raise MissingBaselineError(
+            f"no baseline for {case.case_id} on platform {platform!r} nor on any other platform under "
+            f"{root}; run with --update-baselines to record one"
+        )
+    return max(holders, key=lambda name: (len(mine & set(name.split("-"))), name))
+
+
 def list_baselines(root: str | os.PathLike[str], platform: str | None = None) -> list[Path]:
     """Every baseline file under root (or one platform), sorted for stable output."""
     base = Path(root) if platform is None else Path(root) / platform

@@ -462,6 +462,7 @@ def measure_arms(
                     label=prompt.label,
                     platform=platform,
                     run_id=run_ids[job.arm],
+                    prompt_sha=setup.prompt_digest(ids),
                 )
                 row.extra["bench"] = {
                     "case_id": case.case_id,

@@ -206,6 +206,9 @@ def acceptance_problems(
     return problems + ([why] if why else [])
 
 
+ROW_KEYS = ("precision", "pair", "prompt")  # what identifies a divergence row (``DivergenceTable.add``)
+
+
 @dataclass
 class DivergenceTable:
     """Per target precision: prompts tested, tokens compared, exact prompts, near ties, failures.

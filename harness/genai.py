@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import files
+from harness import files, timing
 from harness.errors import HarnessError, UnsupportedError
 
 MAX_K = 16  # what the engine's config parser accepts for max_draft_tokens (checked here first)
@@ -44,6 +45,13 @@ def check_k(k: int) -> int:
     if not 1 <= k <= MAX_K:
         raise HarnessError(f"K = {k}: onnxruntime-genai's max_draft_tokens takes 1 to {MAX_K}")
     return k
+
+
+def _readable_config(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")).get("model"), dict)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def speculative_folder(target: Path, draft: Path | None, k: int, root: Path, *, ngram_size: int = 0) -> Path:
@@ -80,8 +88,9 @@ def speculative_folder(target: Path, draft: Path | None, k: int, root: Path, *, 
     else:
         name = f"{target.parent.name}+ngram{ngram_size}-k{k}"
     out = root / name
-    if (out / _CONFIG).is_file():
+    if _readable_config(out / _CONFIG):
         return out
+    shutil.rmtree(out, ignore_errors=True)  # missing or damaged: built again below
     tmp = root / f".{name}.partial-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     for src, dst in ((folder, tmp if role == "target" else tmp / "draft") for folder, role in roles):
@@ -117,7 +126,7 @@ class EngineRun:
 
     @property
     def tokens_per_s(self) -> float:
-        return 1000.0 / self.time_per_token_ms if self.time_per_token_ms > 0 else float("nan")
+        return timing.rate(self.time_per_token_ms)
 
 
 def load(folder: Path) -> Any:
@@ -185,7 +194,7 @@ def decode_prompt(
             first = time.perf_counter()
     end = time.perf_counter()
     prefill_ms = (first - start) * 1000
-    per_token = (end - first) * 1000 / (len(out) - 1) if len(out) > 1 else float("nan")
+    per_token = timing.per_token_ms((end - first) * 1000, len(out))
     return EngineRun(
         len(prompt_ids), out, end - start, prefill_ms, per_token, generator.get_speculative_stats()
     )

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
+from harness import timing
 from harness.analysis import count_acceptance
 from harness.errors import HarnessError
 from harness.models import LoadedPair
@@ -128,7 +129,7 @@ def generate(
     first_end = target[0].end
     new = len(output)
     after_first_ms = (end - first_end) * 1000.0
-    tpt = after_first_ms / (new - 1) if new > 1 else 0.0
+    tpt = timing.per_token_ms(after_first_ms, new)
     drafted, accepted = count_acceptance(target, prompt_len, ids[0].tolist() + output)
     total_ms = (end - start) * 1000.0
     target_ms = sum(f.ms for f in target)
@@ -140,7 +141,7 @@ def generate(
         prefill_ms=(first_end - start) * 1000.0,
         target_prefill_ms=target[0].ms,
         time_per_token_ms=tpt,
-        tokens_per_s=1000.0 / tpt if tpt > 0 else 0.0,
+        tokens_per_s=timing.rate(tpt),
         target_forwards=len(target),
         draft_forwards=len(draft),
         target_ms=target_ms,

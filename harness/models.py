@@ -225,8 +225,25 @@ def local_model(path: str | os.PathLike[str]) -> ModelSpec:
         model_type, vocab_size = config["model_type"], int(config["vocab_size"])
     except (ValueError, KeyError, TypeError) as exc:
         raise HarnessError(f"{config_file} is not a usable model config ({exc}); re-save the model") from None
+    check_weight_files(folder)
     family = _FAMILIES.get(model_type, model_type)
     return ModelSpec(folder.resolve().name, family, vocab_size=vocab_size, path=str(folder.resolve()))
+
+
+def check_weight_files(folder: Path) -> None:
+    """Every safetensors file of ``folder`` has a whole header covering the file (safetensors' own
+    reader checks it, reading the header only): a truncated or foreign file fails now, by name."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            raise HarnessError(
+                f"{path} is not a whole safetensors file ({exc}); copy or re-save the model "
+                "(save_pretrained) and try again"
+            ) from None
 
 
 def local_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None) -> PairSpec:

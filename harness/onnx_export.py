@@ -10,9 +10,10 @@ fp32 source and that memory should be gone before the benchmark starts.
 
 Cache layout (beside the converted weights), valid only with its COMPLETE marker, written last:
     <cache>/onnx/<source>-<fingerprint>/<settings label>/model.onnx, model.onnx.data, COMPLETE
-COMPLETE records the settings, the builder version, the source fingerprint and each file's sha256
-and size. The folder is built next to its final place and renamed into it, so an interrupted export
-never looks finished.
+COMPLETE records the settings, the builder version, the source fingerprint and every file's sha256
+and size (the graph, its weights, the engine's ``genai_config.json`` and the tokenizer files). The
+folder is built next to its final place and renamed into it, so an interrupted export never looks
+finished.
 """
 
 from __future__ import annotations
@@ -65,10 +66,15 @@ def export_dir(name: str, hf_dir: Path, settings: OrtSettings, cache: Path | Non
 
 
 def is_exported(folder: Path, *, verify: bool = False) -> bool:
-    """A finished export: marker present and its files intact (``files.problem``: sizes always,
-    contents when a file was touched since it was written, all contents with ``verify``)."""
+    """A finished export: marker present and every file of it intact (``files.problem``: sizes
+    always, contents when a file was touched since it was written, all contents with ``verify``).
+    A file the marker does not record (an export recorded before every file was) makes it
+    unfinished: the engine reads ``genai_config.json`` and the tokenizer's files too."""
     try:
         record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        present = {p.name for p in folder.iterdir() if p.is_file() and p.name != MARKER}
+        if not present <= set(record["files"]):
+            return False
         return files.problem(folder, record["files"], verify=verify) is None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
@@ -154,7 +160,7 @@ def _export_locked(name: str, hf_dir: Path, settings: OrtSettings, final: Path) 
             "source": str(hf_dir),
             "source_fingerprint": source_fingerprint(hf_dir),
             "seconds": round(time.perf_counter() - start, 1),
-            "files": files.record(out, list(_MODEL_FILES)),
+            "files": files.record(out, sorted(p.name for p in out.iterdir() if p.is_file())),
         }
         (out / MARKER).write_text(json.dumps(record, indent=2), encoding="utf-8")
         os.replace(out, final)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import backends, engines, equivalence, models, platforms, precision, setup
+from harness import backends, engines, equivalence, models, platforms, precision, results, setup
 from harness.errors import HarnessError
 
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
@@ -153,8 +153,21 @@ def _check_options(config: pytest.Config) -> None:
             problems.append(f"{option} must be at least 1 (got {value})")
     if config.getoption("--perf-repetitions") < 2:
         problems.append("--perf-repetitions must be at least 2: a confidence interval needs two rounds")
-    if not [b for b in config.getoption("--target-backends").split(",") if b.strip()]:
+    chosen = [b.strip() for b in config.getoption("--target-backends").split(",") if b.strip()]
+    if not chosen:
         problems.append("--target-backends names no backend; give torch, onnxruntime or both")
+    for name in chosen:
+        try:
+            backends.check_backend(name)
+        except HarnessError as exc:
+            problems.append(f"--target-backends: {exc}")
+    provider = config.getoption("--execution-provider")
+    if provider != backends.DEFAULT_PROVIDER:
+        try:
+            backends.check_provider(provider)
+        except HarnessError as exc:
+            problems.append(f"--execution-provider: {exc}")
+    problems += _path_problems(config)
     wanted = config.getoption("--real-pairs")
     if wanted.strip().lower() != "all":
         names = [w.strip() for w in wanted.split(",") if w.strip()]
@@ -173,6 +186,37 @@ def _check_options(config: pytest.Config) -> None:
         problems.append(f"--weights_dir {value} is not a folder")
     if problems:
         raise pytest.UsageError("; ".join(problems))
+
+
+def _path_problems(config: pytest.Config) -> list[str]:
+    """Where the run would write, checked as the command line checks its own flags."""
+    out = []
+    divergence = config.getoption("--divergence-out")
+    if divergence is not None:
+        try:
+            results.check_rows_path(Path(divergence), "--divergence-out", equivalence.ROW_KEYS)
+        except HarnessError as exc:
+            out.append(str(exc))
+    folder = config.getoption("--humaneval-out")
+    if folder is not None:
+        path = Path(folder)
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            out.append(
+                f"--humaneval-out {folder}: {existing} is a file; pass a folder for the HumanEval rows"
+            )
+        elif not os.access(existing, os.W_OK):
+            out.append(
+                f"--humaneval-out {folder}: {existing} is not writable; pass a folder you can write to"
+            )
+    name = config.getoption("--platform")
+    if name is not None and name != platforms.slug(name):
+        # It names a folder under baselines/ and results/: nothing else may reach outside them.
+        out.append(
+            f"--platform {name!r} must be a slug (lower-case letters, digits and '-'), e.g. "
+            f"{platforms.slug(name) or 'my-laptop-8c'!r}: it names folders under baselines/ and results/"
+        )
+    return out
 
 
 def humaneval_precisions(value: str | None) -> dict[str, str]:

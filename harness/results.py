@@ -97,6 +97,7 @@ class Row:
     execution_provider: str | None = None  # ONNX Runtime's provider for the target
     engine: str = "transformers"  # what ran the decoding loop (harness.setup.ENGINES)
     prompt_label: str = ""
+    prompt_sha: str = ""  # setup.prompt_digest of the prompt's token ids: part of the resume key
     versions: dict[str, str] = field(default_factory=dict)
     run_id: str = ""
     timestamp: str = ""
@@ -175,28 +176,60 @@ def drop_torn_tail(path: str | Path) -> bool:
     return False
 
 
-def check_rows_path(path: Path) -> None:
+ROW_KEYS = ("example",)  # what every measured row holds (``_check_row``)
+
+
+def check_rows_path(path: Path, flag: str = "--json", keys: tuple[str, ...] = ROW_KEYS) -> None:
     """A rows file must be a regular file we can append to (or create), checked before any model
     loads: a folder, a device, a path under a file or a read-only place fails now, not after a decode."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # judged below: a path to create, or one under a file
+    except OSError as exc:  # a name too long, a loop of links: nothing can be written there
+        raise HarnessError(
+            f"{flag} {path}: a file cannot be created there ({exc.strerror}); pass another path"
+        ) from None
     if path.is_dir():
-        raise HarnessError(f"--json {path} is a folder; pass a file path such as runs/run.jsonl")
+        raise HarnessError(f"{flag} {path} is a folder; pass a file path such as runs/run.jsonl")
     if path.exists() and not path.is_file():
-        raise HarnessError(f"--json {path} is not a regular file (a device or pipe); pass a file path")
+        raise HarnessError(f"{flag} {path} is not a regular file (a device or pipe); pass a file path")
     parent = path.parent if str(path.parent) else Path(".")
     existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
     if not existing.is_dir():
-        raise HarnessError(f"--json {path}: {existing} is a file, so nothing can be created under it")
+        raise HarnessError(f"{flag} {path}: {existing} is a file, so nothing can be created under it")
     target = path if path.exists() else existing
     if not os.access(target, os.W_OK):
-        raise HarnessError(f"--json {path}: {target} is not writable; pass a path you can write to")
+        raise HarnessError(f"{flag} {path}: {target} is not writable; pass a path you can write to")
     if path.exists():
         with path.open("rb") as fh:
-            head = fh.read(1)  # read, not stat: /proc files report size 0 and still hold text
-        if head not in (b"", b"{"):
+            first = fh.readline()  # read, not stat: /proc files report size 0 and still hold text
+        if first.strip() and not _is_row_line(first, keys):
             raise HarnessError(
-                f"--json {path} exists and is not a rows file (it does not start with a JSON row); "
+                f"{flag} {path} exists and is not a rows file (its first line is not a result row); "
                 "it is left untouched: pass a new file or a rows file of an earlier run"
             )
+    elif path.parent.is_dir():
+        # Create and remove it now: a place that takes no new file (/proc, a name too long for the
+        # file system) fails before any model loads, not when the first row is written. (A folder
+        # still to be made is made by the run; ``existing`` above was checked writable.)
+        try:
+            path.open("x").close()
+        except OSError as exc:
+            raise HarnessError(
+                f"{flag} {path}: a file cannot be created there ({exc.strerror}); pass another path"
+            ) from None
+        path.unlink()
+
+
+def _is_row_line(line: bytes, keys: tuple[str, ...]) -> bool:
+    """Whether a file's first line is a row this harness wrote (a torn single line still counts)."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        # A run killed mid-way through its first row leaves a torn line: a rows file still.
+        return line.lstrip().startswith(b'{"') and b"\n" not in line
+    return isinstance(data, dict) and all(k in data for k in keys)
 
 
 def read_records(
@@ -240,13 +273,22 @@ def _check_row(data: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def exclusive(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold ``<path>.lock`` for a run that appends to ``path``: a second run on the same file is
-    refused at once (two identical runs would each write every row, duplicating them)."""
+    """Hold a lock on the rows file ``path`` for a run that appends to it: a second run on the same
+    file is refused at once (two identical runs would each write every row, duplicating them).
+
+    The lock is taken on the file itself (its inode, created empty when new), not on a name beside
+    it: a symlink, a hard link or another spelling of the path reaches the same lock."""
     import fcntl
 
-    lock = Path(f"{path}.lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a") as fh:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fh = path.open("a")
+    except OSError as exc:
+        raise HarnessError(
+            f"--json {path}: cannot open it for writing ({exc.strerror}); pass another file"
+        ) from None
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

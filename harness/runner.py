@@ -107,6 +107,7 @@ def make_row(
     label: str = "",
     platform: str = "",
     run_id: str = "",
+    prompt_sha: str = "",
 ) -> Row:
     run = pair.run_setup(settings)
     return Row(
@@ -135,6 +136,7 @@ def make_row(
         output_ids=m.output_ids,
         platform=platform,
         prompt_label=label,
+        prompt_sha=prompt_sha,
         versions=platforms.library_versions(),
         run_id=run_id,
         timestamp=results.utc_now(),
@@ -185,8 +187,16 @@ def run_prompts(
             return dataclasses.replace(settings, mode=job.arm, max_new_tokens=budget)
 
         def stored(job: experiment.Job[Prompt, str]) -> Row | None:
-            n = len(ids_of[job.index - 1])
-            probe = make_row(pair, _empty(n), settings_of(job), example=job.index, task=task, run_id=run_id)
+            ids = ids_of[job.index - 1]
+            probe = make_row(
+                pair,
+                _empty(len(ids)),
+                settings_of(job),
+                example=job.index,
+                task=task,
+                run_id=run_id,
+                prompt_sha=setup.prompt_digest(ids),
+            )
             return done.get(probe.key())
 
         def measure(job: experiment.Job[Prompt, str]) -> Row:
@@ -201,6 +211,7 @@ def run_prompts(
                 label=job.item.label,
                 platform=platform,
                 run_id=run_id,
+                prompt_sha=setup.prompt_digest(ids_of[job.index - 1]),
             )
             if json_path is not None:
                 append_row(json_path, row)

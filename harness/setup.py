@@ -218,7 +218,15 @@ def _values(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
     return tuple(getattr(row, n, None) for n in names)
 
 
-_WHERE = ("run_id", "task", "example", "prompt_tokens")  # which run and prompt a row belongs to
+# Which run and prompt a row belongs to. The prompt's content is part of it: a prompt edited between
+# two runs of one command is another prompt, and its old row must not be resumed in its place.
+_WHERE = ("run_id", "task", "example", "prompt_tokens", "prompt_sha")
+
+
+def prompt_digest(content: Sequence[int] | str) -> str:
+    """A prompt's identity: a digest of its token ids (or, before a tokenizer is loaded, its text)."""
+    blob = json.dumps(content if isinstance(content, str) else [int(t) for t in content])
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def row_key(row: Any) -> tuple[Any, ...]:

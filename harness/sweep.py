@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import hashlib
-import json
 import math
 import statistics
 import sys
@@ -231,8 +229,7 @@ def _sweep_extra(row: Row) -> dict[str, Any]:
 
 def _prompt_digest(prompt: Prompt) -> str:
     # A prompt's identity without a tokenizer, so finished groups can be recognised before loading.
-    blob = json.dumps(list(prompt.input_ids) if prompt.input_ids is not None else prompt.text)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return setup.prompt_digest(prompt.input_ids if prompt.input_ids is not None else prompt.text)
 
 
 def _run_id(pair: str, config: SweepConfig, new_tokens: int, platform: str, threads: int) -> str:
@@ -401,6 +398,7 @@ def _measure_group(
             label=prompt.label,
             platform=platform,
             run_id=run_id,
+            prompt_sha=_prompt_digest(prompt),
         )
         row.extra["sweep"] = {
             "config": arm,

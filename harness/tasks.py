@@ -316,10 +316,12 @@ def benchmark_prompts(
 
 
 def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list[Prompt]:
-    """Prompts from a file: one JSON string per line (for prompts with newlines) or plain text lines.
+    """Prompts from a file: one JSON string or object (``{"prompt": ...}``) per line (for prompts with
+    newlines), or plain text lines.
 
     The format is decided per file: if every non-empty line parses as JSON the file is JSON lines and
-    each must be a string; otherwise each non-empty line is one prompt, taken verbatim.
+    each must be a string or an object with a prompt; a line that opens like a JSON object and does
+    not parse is refused by its number; otherwise each non-empty line is one prompt, taken verbatim.
     """
     max_new_tokens = _positive_int(max_new_tokens, "max_new_tokens")
     path = Path(path)
@@ -347,8 +349,17 @@ def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list
             parsed.append((number, json.loads(line)))
         except json.JSONDecodeError:
             broken.append(number)
+    # A line that opens like a JSON object is one, whatever the other lines are: decoded as text it
+    # would send its braces, key and quotes to the model as the prompt.
+    objects = [n for n, line in lines if line.lstrip().lstrip("\ufeff").startswith("{")]
+    broken_objects = [n for n in broken if n in objects]
+    if broken_objects:
+        raise HarnessError(
+            f"{path}: line(s) {', '.join(map(str, broken_objects[:5]))} open a JSON object but are not valid "
+            'JSON; fix them (each line one object such as {"prompt": "def f(x):"}) or write plain text lines'
+        )
     quoted = [n for n, line in lines if line.lstrip().startswith('"')]
-    if broken and len(quoted) > len(lines) // 2:
+    if broken and len(quoted) + len(objects) > len(lines) // 2:
         # Mostly JSON strings with a few lines that fail to parse: a broken JSON file, not plain text
         # (read as text, every prompt would be the literal JSON, quotes and escapes included).
         raise HarnessError(
@@ -356,21 +367,41 @@ def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list
             "strings; fix those lines (or write the whole file as plain text lines)"
         )
     if broken:
+        if objects:
+            raise HarnessError(
+                f"{path}: line(s) {', '.join(map(str, objects[:5]))} are JSON objects while line(s) "
+                f"{', '.join(map(str, broken[:5]))} are not JSON; write every line as JSON or none"
+            )
         # One line that is not JSON makes this a plain-text file.
         return [Prompt(f"{path.name}:{n}", text, max_new_tokens) for n, text in lines]
 
     prompts = []
     for number, value in parsed:
+        if isinstance(value, dict):
+            value = _prompt_of(value, f"{path}:{number}")
         if not isinstance(value, str):
             raise HarnessError(
                 f"{path}:{number}: every line of this file is JSON, but this one is a "
                 f"{type(value).__name__}, not a string; write each prompt as a JSON string "
-                '(e.g. "def f():\\n") or use plain text lines'
+                '(e.g. "def f():\\n"), an object with a "prompt" key, or use plain text lines'
             )
         if not value.strip():
             raise HarnessError(f"{path}:{number}: the prompt is empty; remove the line or give it text")
         prompts.append(Prompt(f"{path.name}:{number}", value, max_new_tokens))
     return prompts
+
+
+PROMPT_KEYS = ("prompt", "text")  # what a JSON-object line names its prompt (HumanEval's and datasets')
+
+
+def _prompt_of(obj: dict[str, Any], where: str) -> Any:
+    found = [k for k in PROMPT_KEYS if k in obj]
+    if not found:
+        raise HarnessError(
+            f"{where}: a JSON object without a prompt; give it a {' or '.join(repr(k) for k in PROMPT_KEYS)} "
+            f"key (it has {', '.join(map(repr, list(obj)[:5])) or 'no keys'})"
+        )
+    return obj[found[0]]
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:

@@ -123,6 +123,25 @@ def hook_overhead_s(calls: int = 2000, input_tokens: int = 8) -> float:
     return max(hooked - bare, 0.0) / calls
 
 
+# Below this much wall time after the first new token a rate is not a measurement: an engine that
+# drains one speculative round a token per call reports its round's later tokens microseconds apart
+# (a 4-token decode once read 619,578 tokens/s). Such a decode's rate is NaN, shown as not timed.
+MIN_TIMED_MS = 1.0
+
+
+def per_token_ms(after_first_ms: float, new_tokens: int) -> float:
+    """Time per token after the first (the seeds' Time/Token), or NaN when the decode after the first
+    token is too short to time (fewer than two tokens, or under ``MIN_TIMED_MS``)."""
+    if new_tokens < 2 or after_first_ms < MIN_TIMED_MS:
+        return float("nan")
+    return after_first_ms / (new_tokens - 1)
+
+
+def rate(time_per_token_ms: float) -> float:
+    """Tokens per second from a time per token; NaN when that time is not a measurement."""
+    return 1000.0 / time_per_token_ms if time_per_token_ms > 0 else float("nan")
+
+
 @dataclass
 class Measurement:
     """One ``generate`` call, measured. Times in ms unless named ``_s``."""

@@ -271,22 +271,32 @@ def run_real_case(
         )  # fmt: skip
 
     try:
-        # An inconclusive speedup is measured further (EXTRA_BATCHES more batches at most) before
-        # the gate answers; the load average then covers the batches measured.
-        m, gates = bench.gate_with_more_rounds(
-            m, lambda x: _gates(x, platform_name, load_before), more, EXTRA_BATCHES
+        held_to = baselines.baseline_platform(BASELINES, platform_name, case.key())
+    except baselines.MissingBaselineError as exc:
+        bench_results.append((m, "no baseline on any platform"))
+        warnings.warn(f"NOT GATED: {exc}", stacklevel=1)
+        pytest.skip(f"NOT GATED: {exc}")
+    foreign = held_to != platform_name
+    if foreign:
+        # A host kind without a baseline of its own is held to the nearest platform's: the speedup
+        # gate adjusts each round pair by its own forward costs, so it does not depend on the host.
+        warnings.warn(
+            f"{case.case_id}: no baseline on {platform_name!r}; held to {held_to!r}'s (speedup adjusted "
+            "for this host's forward costs; its absolute tokens/s are not comparable). Record this "
+            "platform's with --update-baselines on an idle machine",
+            stacklevel=1,
         )
-    except baselines.MissingBaselineError:
-        bench_results.append((m, "no baseline"))
-        pytest.skip(
-            f"no baseline for {case.case_id} on platform {platform_name!r} (looked for "
-            f"{baselines.baseline_path(BASELINES, platform_name, case.key())}); create it with "
-            "`pytest perf/test_benchmark.py --update-baselines`"
-        )
+    # An inconclusive speedup is measured further (EXTRA_BATCHES more batches at most) before the
+    # gate answers; the load average then covers the batches measured.
+    m, gates = bench.gate_with_more_rounds(m, lambda x: _gates(x, held_to, load_before), more, EXTRA_BATCHES)
     check_machinery(m, exact_outputs=exact)
     benchmark.extra_info.update(m.summary())
     benchmark.extra_info["gate"] = {name: g.status for name, g in gates.items()}
-    bench_results.append((m, ", ".join(f"{name}: {g.status}" for name, g in gates.items())))
+    benchmark.extra_info["baseline_platform"] = held_to
+    where = (
+        f" (held to {held_to}'s baseline: none of its own)" if foreign else f" (held to {held_to}'s baseline)"
+    )
+    bench_results.append((m, ", ".join(f"{name}: {g.status}" for name, g in gates.items()) + where))
     assert "speedup" in gates and "assisted_tokens_per_s" in gates, f"baseline lacks samples: {gates}"
     # CI fails on the speedup: assisted against plain, both measured in this run, so the host's overall
     # speed cancels out, and the baseline adjusted for this host's forward cost ratios c and v, which
@@ -295,9 +305,13 @@ def run_real_case(
     for name, g in gates.items():
         if (g.failed or not g.conclusive) and name not in ("speedup", "acceptance_by_position"):
             warnings.warn(f"{name}: {g.message}", stacklevel=1)
-    # Noise-free: drafted/accepted per position repeat exactly under greedy decoding.
+    # Noise-free: drafted/accepted per position repeat exactly under greedy decoding, on the
+    # platform that recorded them (another host kind's arithmetic may differ: reported there).
     exact = gates.get("acceptance_by_position")
-    assert exact is None or not exact.failed, exact.message
+    if foreign and exact is not None and exact.failed:
+        warnings.warn(f"{exact.message} (against {held_to}'s baseline)", stacklevel=1)
+    else:
+        assert exact is None or not exact.failed, exact.message
     speedup = gates["speedup"]
     assert not speedup.failed, speedup.message
     if not speedup.conclusive:

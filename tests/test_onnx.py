@@ -92,7 +92,9 @@ def test_export_is_cached_and_checksummed(exported, monkeypatch):
     folder = ort_model.folder
     record = json.loads((folder / onnx_export.MARKER).read_text())
     assert record["settings"]["label"] == "ort-fp32" and record["builder"].startswith("onnxruntime-genai")
-    assert set(record["files"]) == {"model.onnx", "model.onnx.data"}
+    # Every file the export holds is recorded, the engine's config and tokenizer files too.
+    present = {p.name for p in folder.iterdir() if p.name != onnx_export.MARKER}
+    assert {"model.onnx", "model.onnx.data", "genai_config.json"} <= set(record["files"]) == present
     assert onnx_export.is_exported(folder, verify=True)
 
     def no_builder(*a, **k):

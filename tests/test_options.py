@@ -31,3 +31,29 @@ def test_bad_option_is_a_usage_error(option, expected):
     )  # fmt: skip
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert expected in done.stdout + done.stderr
+
+
+def test_every_bad_path_provider_and_backend_is_named_in_one_usage_error(tmp_path):
+    """Checked at configure time as the command line checks its flags: an unknown backend or provider,
+    a divergence file that is a folder, a HumanEval folder that is a file, and a platform name that
+    would reach outside baselines/ (--update-baselines writes there)."""
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    options = ["--target-backends", "torch,bogus", "--execution-provider", "BogusEP", "--divergence-out",
+               str(tmp_path), "--humaneval-out", str(a_file), "--platform", "../../x"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *options,
+         "tests/test_options.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, said
+    for expected in (
+        "unknown --target_backend 'bogus'",
+        "execution provider 'BogusEP' is not available",
+        f"--divergence-out {tmp_path} is a folder",
+        f"--humaneval-out {a_file}: {a_file} is a file",
+        "--platform '../../x' must be a slug",
+    ):
+        assert expected in said, said
+    assert "Traceback" not in said

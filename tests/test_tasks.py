@@ -137,8 +137,33 @@ def test_prompts_file_plain_lines(tmp_path) -> None:
 
 def test_prompts_file_json_non_string_names_line(tmp_path) -> None:
     path = tmp_path / "p.jsonl"
-    path.write_text('"fine"\n{"prompt": "x"}\n')
-    with pytest.raises(HarnessError, match=r"p\.jsonl:2: .*dict, not a string"):
+    path.write_text('"fine"\n[1, 2]\n')
+    with pytest.raises(HarnessError, match=r"p\.jsonl:2: .*list, not a string"):
+        load_prompts_file(path, 16)
+    path.write_text('"fine"\n{"id": 3}\n')
+    with pytest.raises(HarnessError, match=r"p\.jsonl:2: a JSON object without a prompt"):
+        load_prompts_file(path, 16)
+
+
+def test_prompts_file_json_objects_give_their_prompt(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "def f(x):\\n", "id": 1}\n{"text": "second"}\n')
+    assert [p.text for p in load_prompts_file(path, 16)] == ["def f(x):\n", "second"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"prompt": "def f(x):"\n',  # an object that never closes: not a text prompt
+        '\ufeff{"prompt": "a"}\n{"prompt": "b"\n',  # a byte-order mark, then a broken object
+        'plain words\n{"prompt": "x"}\n',  # objects mixed with text lines
+    ],
+    ids=["unclosed", "bom-then-broken", "mixed"],
+)
+def test_prompts_file_lines_that_look_like_json_objects_are_json_or_refused(tmp_path, content) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(HarnessError, match=r"p\.jsonl: line\(s\) [12]"):
         load_prompts_file(path, 16)
 
 

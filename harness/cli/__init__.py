@@ -112,6 +112,53 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     devices.check_device(args.target_device)
     devices.check_device(args.draft_device)
+    _check_threads(args.threads)
+    _check_ignored(args)
+
+
+def _check_threads(threads: int | None) -> None:
+    # More threads than the machine has cores only slows a decode, and a count past what the thread
+    # pools take ends in a native panic rather than an error: bound it by the machine.
+    most = 4 * (os.cpu_count() or 1)
+    if threads is not None and threads > most:
+        raise HarnessError(
+            f"--threads {threads} is more than this machine can use ({os.cpu_count()} cores); "
+            f"pass at most {most} (or leave it out: one thread per core)"
+        )
+
+
+def _check_ignored(args: argparse.Namespace) -> None:
+    """Flags the chosen run would not read are refused, never recorded as if they had effect."""
+    if args.rows is not None and not args.regen_tables:
+        raise HarnessError("--rows is read by --regen-tables only; add --regen-tables or drop --rows")
+    if args.llama_bench is not None and args.task != "sweep":
+        raise HarnessError(
+            f"--llama-bench times llama.cpp's reference row of --task sweep; it does nothing for --task "
+            f"{args.task}: drop it or add --task sweep"
+        )
+    if args.target_backend == "torch":
+        for flag in ("ort_block_size", "ort_accuracy_level"):
+            if getattr(args, flag) is not None:
+                raise HarnessError(
+                    f"--{flag} sets the ONNX Runtime export; the torch target does not read it: add "
+                    "--target_backend onnxruntime or drop it"
+                )
+    if args.engine == setup.GENAI:
+        # onnxruntime-genai drafts a constant K with its own loop: transformers' schedules are not run.
+        for flag in ("assistant_schedule", "assistant_confidence_threshold"):
+            if getattr(args, flag) is not None:
+                raise HarnessError(
+                    f"--{flag} is a setting of transformers' draft loop; --engine {setup.GENAI} drafts "
+                    "a constant --num_assistant_tokens: drop it"
+                )
+    if (
+        args.assistant_confidence_threshold is not None
+        and (args.assistant_schedule or "dynamic") != "dynamic"
+    ):
+        raise HarnessError(
+            "--assistant_confidence_threshold is read by --assistant_schedule dynamic only; drop it or "
+            "pass --assistant_schedule dynamic"
+        )
 
 
 def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.GenerationSettings:
@@ -122,7 +169,9 @@ def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.Generati
         if args.max_new_tokens is not None
         else max(1, args.min_new_tokens),
         min_new_tokens=args.min_new_tokens,
-        assistant_confidence_threshold=args.assistant_confidence_threshold,
+        assistant_confidence_threshold=setup.DEFAULT_CONFIDENCE_THRESHOLD
+        if args.assistant_confidence_threshold is None
+        else args.assistant_confidence_threshold,
         # Not `value or default`: an explicit 0 must reach validation and fail, not become the default.
         prompt_lookup_num_tokens=10 if args.prompt_lookup is None else args.prompt_lookup,
         do_sample=args.do_sample,
@@ -136,7 +185,9 @@ def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.Generati
         spec,
         decoding=decoding,
         num_assistant_tokens=args.num_assistant_tokens,
-        assistant_schedule=args.assistant_schedule,
+        # onnxruntime-genai drafts a constant K whatever a pair registers for transformers' loop, and
+        # its rows say so.
+        assistant_schedule="constant" if args.engine == setup.GENAI else args.assistant_schedule,
     ).decoding
 
 
@@ -249,8 +300,12 @@ def run(args: argparse.Namespace) -> int:
         draft_kernels=args.draft_kernels,
         target_backend=args.target_backend,
         execution_provider=args.execution_provider,
-        ort_block_size=args.ort_block_size,
-        ort_accuracy_level=args.ort_accuracy_level,
+        ort_block_size=backends.OrtSettings.block_size
+        if args.ort_block_size is None
+        else args.ort_block_size,
+        ort_accuracy_level=backends.OrtSettings.accuracy_level
+        if args.ort_accuracy_level is None
+        else args.ort_accuracy_level,
         verify=args.verify,
     )
     prompts = _prompts(args, pair, from_file)
@@ -425,7 +480,19 @@ def llama_reference(ref: llamacpp.Reference | None, line: str, result: sweep.Swe
     return line
 
 
+def _interruptible() -> None:
+    """Ctrl-C (SIGINT) always stops a run, its finished rows kept. A process started with SIGINT
+    ignored (a shell script's ``cmd &``, some job runners) inherits that, and Python then leaves it
+    ignored: such a run would decode on to the end, whatever an interrupt asked."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _interruptible()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

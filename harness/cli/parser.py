@@ -178,8 +178,8 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
             "assistance",
             dict(
                 type=float,
-                default=DECODING.assistant_confidence_threshold,
-                help="threshold for the dynamic schedule",
+                help="threshold for the dynamic schedule (default "
+                f"{DECODING.assistant_confidence_threshold})",
             ),
         ),
         "prompt_lookup_num_tokens": (
@@ -352,16 +352,17 @@ def build_parser() -> argparse.ArgumentParser:
         m,
         "--ort_block_size",
         type=int,
-        default=ORT.block_size,
-        help="int4 export: MatMulNBits quantization block size (16-256), recorded with every row",
+        default=None,
+        help=f"int4 export: MatMulNBits quantization block size (16-256, default {ORT.block_size}), recorded "
+        "with every row; ONNX Runtime targets only",
     )
     _add(
         m,
         "--ort_accuracy_level",
         type=int,
-        default=ORT.accuracy_level,
+        default=None,
         help="int4 export: MatMulNBits accuracy level, the type activations are computed in "
-        "(1 fp32, 2 fp16, 3 bf16, 4 int8)",
+        f"(1 fp32, 2 fp16, 3 bf16, 4 int8; default {ORT.accuracy_level}); ONNX Runtime targets only",
     )
     _add(m, "--weights_dir", help="folder holding model folders (also ASSISTED_GENERATION_WEIGHTS)")
     _add(

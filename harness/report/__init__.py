@@ -52,7 +52,12 @@ _COMPACT = {
 }
 
 
+NOT_TIMED = "not timed"  # a rate from a decode too short to time (timing.per_token_ms)
+
+
 def _cell(value: Any, spec: str) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return NOT_TIMED
     return "-" if value is None else format(value, spec)
 
 
@@ -69,6 +74,10 @@ def _compact_grid(headers: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), rule, *(line(r) for r in body)])
 
 
+def _not_timed(value: Any) -> Any:
+    return NOT_TIMED if isinstance(value, float) and math.isnan(value) else value
+
+
 def seed_table(rows: list[Row], acceptance: bool = True, wide: bool = True) -> str:
     """The seeds' seven columns in their order, then (if ``acceptance``) drafted/accepted counts;
     ``wide=False``: short names and rounded numbers, to fit a 120-column terminal."""
@@ -77,7 +86,7 @@ def seed_table(rows: list[Row], acceptance: bool = True, wide: bool = True) -> s
         body = [[_cell(getattr(row, attr), _COMPACT[attr][1]) for _, attr in columns] for row in rows]
         headers = [_COMPACT[attr][0] for _, attr in columns]
         return _compact_grid(headers, body)
-    body = [[getattr(row, attr) for _, attr in columns] for row in rows]
+    body = [[_not_timed(getattr(row, attr)) for _, attr in columns] for row in rows]
     # None (acceptance of a plain row) prints as missingval, which keeps the column numeric and aligned.
     return tabulate(body, headers=[name for name, _ in columns], tablefmt="github", missingval="-")
 
@@ -160,6 +169,38 @@ def overall_speedup(pairs: list[dict[str, Any]]) -> tuple[float | None, float | 
 MIN_TIMED_TOKENS = 8
 # Per-prompt speedups further apart than this (max / min) average different regimes.
 MAX_SPREAD = 2.0
+
+
+# Rounds of one prompt, budget and mode in one run repeat the same work: tokens/s further apart than
+# this (fastest / slowest) says the host was disturbed (another job, a throttled VM), not the build.
+MAX_ROUND_SPREAD = 2.0
+
+
+def disturbed(rows: Iterable[Row]) -> str | None:
+    """Why a run's rows cannot stand as a result, or None: the same prompt decoded in the same mode
+    several times, at speeds more than ``MAX_ROUND_SPREAD`` apart."""
+    speeds: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
+    for row in rows:
+        if math.isfinite(row.tokens_per_s) and row.tokens_per_s > 0:
+            speeds[(row.run_id, row.mode, row.prompt_sha, row.prompt_tokens, row.max_new_tokens)].append(row)
+    worst = None
+    for group in speeds.values():
+        if len(group) < 2:
+            continue
+        tps = [r.tokens_per_s for r in group]
+        spread = max(tps) / min(tps)
+        if spread > MAX_ROUND_SPREAD and (worst is None or spread > worst[0]):
+            worst = (spread, group)
+    if worst is None:
+        return None
+    spread, group = worst
+    times = [r.total_s for r in group]
+    return (
+        f"the host was disturbed: {len(group)} {group[0].mode} rounds of one {group[0].prompt_tokens}-token "
+        f"prompt ran at {min(r.tokens_per_s for r in group):.2f}-{max(r.tokens_per_s for r in group):.2f} "
+        f"tokens/s ({spread:.1f}x apart, {min(times):.1f}-{max(times):.1f} s each; more than "
+        f"{MAX_ROUND_SPREAD:g}x apart for the same work)"
+    )
 
 
 def cautions(rows: Iterable[Row], pairs: list[dict[str, Any]]) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 from tabulate import tabulate
 
 from harness import backends, baselines, configs, files, forwards, results, setup, sweep
-from harness.report import chosen_run, compare_rows, overall_speedup
+from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
 from harness.results import Row
 
 PAGE_NAME = "README.md"
@@ -75,6 +75,20 @@ def benchmark_section(platform: str, rows: Sequence[Row], source: str) -> list[s
         pairs = [p for p in compare_rows(run) if p["command"] == command]
         if not pairs:
             continue
+        first = next(r for r in run if r.mode != "plain")
+        if first.mode != "assisted":
+            proposals = first.mode.replace("_", " ")
+        elif first.engine not in (None, "transformers"):
+            proposals = f"{first.engine}'s own draft"
+        else:
+            proposals = f"{first.draft_precision} draft"
+        lines += [f"#### {first.model}, {first.task}: {first.target_precision} target, {proposals}", ""]
+        lines += _header(platform, command, _versions(run), source) + [""]
+        why = disturbed(run)
+        if why is not None:
+            # Published numbers are results; a run whose own rounds disagree this much is not one.
+            lines += [f"Not shown as a result: {why}. Rerun it on an idle machine.", ""]
+            continue
         of_means, _ = overall_speedup(pairs)
         acceptance = [p["acceptance_rate"] for p in pairs if p["acceptance_rate"] is not None]
         table = tabulate(
@@ -92,15 +106,7 @@ def benchmark_section(platform: str, rows: Sequence[Row], source: str) -> list[s
             tablefmt="github",
             floatfmt=".2f",
         )
-        first = next(r for r in run if r.mode != "plain")
-        if first.mode != "assisted":
-            proposals = first.mode.replace("_", " ")
-        elif first.engine not in (None, "transformers"):
-            proposals = f"{first.engine}'s own draft"
-        else:
-            proposals = f"{first.draft_precision} draft"
-        lines += [f"#### {first.model}, {first.task}: {first.target_precision} target, {proposals}", ""]
-        lines += _header(platform, command, _versions(run), source) + ["", table, ""]
+        lines += [table, ""]
     return lines
 
 
