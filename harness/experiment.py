@@ -11,6 +11,7 @@ them with ``run``.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -42,6 +43,12 @@ def interleave(items: Sequence[T], arms: Sequence[A]) -> list[Job[T, A]]:
     return jobs
 
 
+# Tokens of the unrecorded warm-up decode of every arm before the clock starts: enough to take the
+# one-time costs (kernel builds, caches, allocations, first touch of the weights) out of the first
+# measured prompt, short enough to cost little next to a measured run.
+WARMUP_TOKENS = 4
+
+
 def run(
     jobs: Sequence[Job[T, A]],
     measure: Callable[[Job[T, A]], R],
@@ -51,11 +58,14 @@ def run(
     desc: str = "",
     progress: bool = True,
     postfix: Callable[[R], dict[str, str]] | None = None,
+    warmup: Callable[[Job[T, A]], object] | None = None,
 ) -> list[R]:
     """Run ``jobs`` in order, measuring each unless ``stored`` has its result (a resumed run), and
     return the results item by item in the arms' own order, whatever order they ran in.
 
     With ``resumed_from`` (the rows file), says how many runs were resumed from it, every time.
+    With ``warmup``, each arm's first pending job is first run through it, unmeasured, and the time
+    that preparation took is said (so no one-time cost lands in a measured row).
     """
     results: dict[tuple[int, int], R] = {}  # by (index, order): items and arms need not hash
     todo = []
@@ -67,6 +77,15 @@ def run(
             todo.append(job)
     if resumed_from is not None:
         print(f"resumed {len(results)} of {len(jobs)} runs from {resumed_from}", file=sys.stderr)
+    if warmup is not None and todo:
+        start = time.perf_counter()
+        for job in {job.arm: job for job in reversed(todo)}.values():
+            warmup(job)
+        print(
+            f"prepared in {time.perf_counter() - start:.1f} s (one-time costs: kernel builds, caches, first "
+            "touch of the weights; not in any measured row)",
+            file=sys.stderr,
+        )
     bar = tqdm(todo, desc=desc, unit="run", file=sys.stderr, disable=not progress)
     for job in bar:
         result = results[job.index, job.order] = measure(job)

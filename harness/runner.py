@@ -219,9 +219,15 @@ def run_prompts(
                 on_row(row)
             return row
 
+        def warmup(job: experiment.Job[Prompt, str]) -> None:
+            s = settings_of(job)
+            tokens = min(experiment.WARMUP_TOKENS, s.max_new_tokens)
+            decode(pair, ids_of[job.index - 1], dataclasses.replace(s, max_new_tokens=tokens, min_new_tokens=0))
+
         return experiment.run(
             experiment.interleave(prompts, list(modes)),
             measure,
+            warmup=warmup,
             stored=stored,
             resumed_from=str(json_path) if json_path is not None else None,
             desc=f"{pair.spec.name} {task}",

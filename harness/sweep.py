@@ -65,10 +65,8 @@ DEFAULT_LIMIT = 20  # HumanEval prompts
 DEFAULT_NEW_TOKENS = 128
 # What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
 # quantized, and prompt lookup (no draft at all) on both targets.
-# Tokens of the unrecorded warm-up run of every arm after a target loads: enough to take one-time
-# costs (allocations, quantized kernels' first call) out of the first measured prompt, short enough
-# to cost little next to a 128-token run.
-WARMUP_TOKENS = 4
+# Tokens of the unrecorded warm-up run of every arm after a target loads (the measurement loop's).
+WARMUP_TOKENS = experiment.WARMUP_TOKENS
 
 
 def _plain_settings(new_tokens: int) -> GenerationSettings:

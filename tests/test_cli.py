@@ -4,6 +4,7 @@ clear line (exit 2) for every bad flag."""
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import shlex
 import sys
@@ -476,3 +477,35 @@ def test_every_run_setting_flag_is_built_from_the_fields():
     offered = {name for action in parser.build_parser()._actions for name in action.option_strings}
     for f in flagged:
         assert f.flag in offered and "--" + f.flag[2:].replace("_", "-") in offered, f.flag
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--compare", "--limit", "2", "--max_new_tokens", "8"],
+        ["--assisted_generation", "--limit", "1", "--max_new_tokens", "6", "--ignore_eos"],
+        ["--compare", "--prompt_lookup", "3", "--limit", "1", "--max_new_tokens", "8"],
+        ["--task", "benchmark", "--compare", "--prompt_lengths", "24", "--new_tokens", "6"],
+        ["--prompts", "PROMPTS", "--max_new_tokens", "6"],
+    ],
+    ids=["compare", "assisted", "prompt-lookup", "benchmark", "prompts-file"],
+)
+def test_a_printed_command_reruns_what_made_the_rows(tmp_path, capsys, extra) -> None:
+    """Every command the run prints, run again, resumes every row it printed beside (same keys):
+    nothing it depends on (modes, limit, budget, prompts, rows file) is left out."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def add(a, b):\nclass Stack:\n")
+    rows = tmp_path / "rows.jsonl"
+    argv = ["--model_name", "tiny-llama", "--no_progress", "--json", str(rows)]
+    argv += [str(prompts) if word == "PROMPTS" else word for word in extra]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    commands = set(re.findall(r"```(python assisted_generation\.py [^`]*)```", out))
+    assert commands
+    keys = {r.key() for r in results.read_rows(rows)}
+    for command in commands:
+        words = shlex.split(command)[2:]
+        code, _, err = run_cli(capsys, *words, "--no_progress")
+        assert code == 0, err
+        assert f"resumed {len(keys)} of {len(keys)} runs" in err, (command, err)
+    assert {r.key() for r in results.read_rows(rows)} == keys  # nothing decoded again

@@ -37,3 +37,24 @@ def test_run_measures_in_rotated_order_returns_in_arm_order_and_skips_stored(cap
     assert ran == [("p1", "assisted"), ("p2", "assisted"), ("p2", "plain")]
     assert got == ["p1-plain(stored)", "p1-assisted", "p2-plain", "p2-assisted"]
     assert "resumed 1 of 4 runs from rows.jsonl" in capsys.readouterr().err
+
+
+def test_each_arm_is_warmed_up_before_the_clock_and_the_preparation_is_said(capsys) -> None:
+    """One-time costs (kernel builds, caches, first touch) land in an unmeasured run of each arm's
+    first pending job, before any measured one, and the time they took is printed."""
+    from harness import experiment
+
+    events: list[tuple[str, int, str]] = []
+    jobs = experiment.interleave(["p1", "p2"], ["plain", "assisted"])
+    done = experiment.run(
+        jobs,
+        lambda job: events.append(("measure", job.index, job.arm)) or job.arm,
+        warmup=lambda job: events.append(("warmup", job.index, job.arm)),
+        stored=lambda job: "stored" if job.index == 1 and job.arm == "plain" else None,
+        progress=False,
+    )
+    warmups = [e for e in events if e[0] == "warmup"]
+    assert sorted(warmups) == [("warmup", 1, "assisted"), ("warmup", 2, "plain")]  # first pending per arm
+    assert events[: len(warmups)] == warmups  # before anything measured
+    assert len(done) == 4 and done.count("stored") == 1
+    assert "prepared in " in capsys.readouterr().err

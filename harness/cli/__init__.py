@@ -335,13 +335,32 @@ def run(args: argparse.Namespace) -> int:
             + (f", draft {pair.draft_precision}" if mode == "assisted" else "")
             + ")\n"
         )
-        print(f"```{setup.command(mode_rows[0], defaults)}```\n")
+        print(f"```{reproduce(args, rows[-1], defaults)}```\n")
         print(report.seed_table(mode_rows, acceptance=mode != "plain", wide=args.wide))
     print()
     if args.compare:
-        print(report.compare_table(rows, defaults, wide=args.wide))
+        print(report.compare_table(rows, defaults, wide=args.wide, shown=reproduce(args, rows[-1], defaults)))
     print(report.summary_line(rows, defaults))
     return 0
+
+
+def reproduce(args: argparse.Namespace, row: results.Row, defaults: dict) -> str:
+    """The command that reruns this invocation: the row's settings (``setup.command``), the modes
+    (``--compare`` when plain and assisted ran together), and what chose the prompts, their budget and
+    the rows file, so that running it again resumes every row it printed beside."""
+    words = shlex.split(setup.command(row, defaults))
+    if args.compare:
+        words = [w for w in words if w != "--assisted_generation"] + ["--compare"]
+    for flag in ("limit", "max_new_tokens", "prompts", "json", "threads", "platform", "weights_dir"):
+        value = getattr(args, flag)
+        if value is not None:
+            words += [f"--{flag}", str(value)]
+    if args.task == "benchmark":
+        words += ["--prompt_lengths", ",".join(map(str, args.prompt_lengths))]
+        words += ["--new_tokens", ",".join(map(str, args.new_tokens))]
+    if args.ignore_eos:
+        words.append("--ignore_eos")
+    return shlex.join(words)
 
 
 # Flags that set one decoding configuration; a sweep takes its configurations from --sweep instead.

@@ -247,9 +247,12 @@ def _overall_line(pairs: list[dict[str, Any]]) -> str:
     )
 
 
-def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None, wide: bool = True) -> str:
+def compare_table(
+    rows: Iterable[Row], defaults: Mapping[str, Any] | None = None, wide: bool = True, shown: str | None = None
+) -> str:
     """Per prompt: plain vs assisted tokens/sec, speedup, acceptance, identical output; per setting
-    (``wide=False``: short names and rounded numbers)."""
+    (``wide=False``: short names and rounded numbers). ``shown``: the command printed above the
+    table instead of the rows' own (the invocation that made them, with its prompts and budget)."""
     rows_list = list(rows)
     pairs = compare_rows(rows_list, defaults)
     if not pairs:
@@ -280,14 +283,26 @@ def compare_table(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None
             table = _compact_grid(_COMPARE_SHORT, short)
         rows_of = [r for r in rows_list if r.run_id == group[0]["run_id"]]
         overall = _warned(_overall_line(group), cautions(rows_of, group))
-        sections.append(f"```{command}```\n\n{table}\n\n{overall}")
+        sections.append(f"```{shown or command}```\n\n{table}\n\n{overall}")
     return "\n\n".join(sections)
+
+
+def pooled_rate(rows: Iterable[Row]) -> float | None:
+    """Tokens per second over rows taken together: their tokens after the first over the time those
+    took (a mean of per-row rates would weigh a short prompt's rate like a long one's)."""
+    tokens = time_ms = 0.0
+    for row in rows:
+        if _finite_positive(row.time_per_token_ms) and row.new_tokens > 1:
+            tokens += row.new_tokens - 1
+            time_ms += (row.new_tokens - 1) * row.time_per_token_ms
+    return 1000.0 * tokens / time_ms if time_ms > 0 else None
 
 
 def summary_line(
     rows: Iterable[Row], defaults: Mapping[str, Any] | None = None, baseline: Iterable[Row] = ()
 ) -> str:
-    """One line: mean tokens/sec per mode, mean acceptance, and a speedup only if it was measured.
+    """One line: tokens/sec per mode (pooled: ``pooled_rate``), mean acceptance, and a speedup only if it
+    was measured.
 
     ``baseline`` offers extra plain rows to pair with (e.g. the plain section of the same results
     file); they are used only for pairing, not in the means.
@@ -297,9 +312,9 @@ def summary_line(
         return "No rows."
     parts = []
     for mode in sorted({r.mode for r in rows}, key=lambda m: (m != "plain", m)):
-        speeds = [r.tokens_per_s for r in rows if r.mode == mode and math.isfinite(r.tokens_per_s)]
-        noun = "row" if len(speeds) == 1 else "rows"
-        parts.append(f"{mode}: {len(speeds)} {noun}, mean {_fmt(_mean(speeds), '.2f')} tokens/s")
+        timed = [r for r in rows if r.mode == mode and _finite_positive(r.time_per_token_ms)]
+        noun = "row" if len(timed) == 1 else "rows"
+        parts.append(f"{mode}: {len(timed)} {noun}, {_fmt(pooled_rate(timed), '.2f')} tokens/s")
     line = "; ".join(parts)
     rates = [r.acceptance_rate for r in rows if r.acceptance_rate is not None]
     if rates:
