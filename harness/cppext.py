@@ -1,4 +1,5 @@
-"""Build and load the harness's C++ kernels with torch's extension loader, once per torch version."""
+"""Build and load the harness's C++ kernels with torch's extension loader, once per content of their
+sources, flags and torch version."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import ModuleType
 
 import torch
 
-from harness import packaged
+from harness import files, packaged
 from harness.errors import UnsupportedError
 
 # The kernels' AVX2 paths are the baseline (AVX-512 functions carry their own target attribute);
@@ -26,20 +27,43 @@ def compile_flags(includes: tuple[Path, ...] = ()) -> list[str]:
     return [*CFLAGS, f"-DASSISTED_GENERATION_INCLUDES=0x{digest}"]
 
 
+def build_key(source: Path, includes: tuple[Path, ...] = ()) -> str:
+    """What a build depends on: the source's and its includes' content, the flags and torch's version;
+    not where a checkout keeps them (two checkouts of one commit share one build)."""
+    blob = hashlib.sha256()
+    for path in (source, *includes):
+        blob.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    blob.update(" ".join(compile_flags(includes)).encode())
+    return blob.hexdigest()[:16]
+
+
 def build(name: str, source: Path, includes: tuple[Path, ...] = ()) -> ModuleType:
     """Compile ``source`` as module ``name`` into the cache (first use: about a minute on 2 cores).
-    ``includes``: the files ``source`` includes, so that a change of theirs rebuilds it too."""
+    ``includes``: the files ``source`` includes, so that a change of theirs rebuilds it too.
+
+    The build folder is named by ``build_key`` and compiles a copy of the sources kept inside it:
+    the loader's ninja file names its source by path, so compiling a checkout's own file rebuilt the
+    module whenever another checkout (or a moved one) had built it last."""
     from torch.utils import cpp_extension
 
     flags = compile_flags(includes)
-
-    # One folder per module: the loader writes a build.ninja of fixed name into it.
-    folder = packaged.cache_root() / "kernels" / f"torch-{torch.__version__}" / name
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = (
+        packaged.cache_root()
+        / "kernels"
+        / f"torch-{torch.__version__}"
+        / f"{name}-{build_key(source, includes)}"
+    )
+    sources = folder / "src"
+    sources.mkdir(parents=True, exist_ok=True)
+    for path in (source, *includes):
+        copy = sources / path.name
+        data = path.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != data:
+            files.atomic_write(copy, data)
     try:
         return cpp_extension.load(
             name=name,
-            sources=[str(source)],
+            sources=[str(sources / source.name)],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             build_directory=str(folder),

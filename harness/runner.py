@@ -222,7 +222,9 @@ def run_prompts(
         def warmup(job: experiment.Job[Prompt, str]) -> None:
             s = settings_of(job)
             tokens = min(experiment.WARMUP_TOKENS, s.max_new_tokens)
-            decode(pair, ids_of[job.index - 1], dataclasses.replace(s, max_new_tokens=tokens, min_new_tokens=0))
+            decode(
+                pair, ids_of[job.index - 1], dataclasses.replace(s, max_new_tokens=tokens, min_new_tokens=0)
+            )
 
         return experiment.run(
             experiment.interleave(prompts, list(modes)),

@@ -259,3 +259,28 @@ def test_attention_rows_are_causal_sdpa_and_do_not_depend_on_m(ext, heads, m, ex
         attn_mask=mask,
     )[0]
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_a_second_checkout_of_the_same_kernels_does_not_rebuild_them(tmp_path) -> None:
+    """The build is keyed by the sources' content and flags, not their path: a checkout elsewhere
+    (sharing the cache) loads the module built from the first, compiling nothing."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harness import cppext, packaged
+
+    invariant.extension()  # built (or found) from this checkout
+    folder = packaged.cache_root() / "kernels" / f"torch-{torch.__version__}"
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    moved = tmp_path / "elsewhere" / "kernels"
+    shutil.copytree(Path(invariant._SOURCE).parent, moved)
+    assert cppext.build_key(moved / "invariant.cpp") == cppext.build_key(invariant._SOURCE)
+    code = (
+        "import sys; from pathlib import Path; from harness import cppext; "
+        "cppext.build('assisted_generation_invariant', Path(sys.argv[1]))"
+    )
+    subprocess.run([sys.executable, "-c", code, str(moved / "invariant.cpp")], check=True, timeout=300)
+    after = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+    assert after == before  # no new build folder, no file rewritten

@@ -248,7 +248,10 @@ def _overall_line(pairs: list[dict[str, Any]]) -> str:
 
 
 def compare_table(
-    rows: Iterable[Row], defaults: Mapping[str, Any] | None = None, wide: bool = True, shown: str | None = None
+    rows: Iterable[Row],
+    defaults: Mapping[str, Any] | None = None,
+    wide: bool = True,
+    shown: str | None = None,
 ) -> str:
     """Per prompt: plain vs assisted tokens/sec, speedup, acceptance, identical output; per setting
     (``wide=False``: short names and rounded numbers). ``shown``: the command printed above the
