@@ -233,8 +233,9 @@ def run_scored(
 
     def one(job: tuple[Mapping[str, Any], str]) -> SandboxResult:
         problem, completion = job
-        body = f"{problem['prompt']}{completion}\n{problem['test']}\n"
-        return run_untrusted(body, check_call=("check", problem["entry_point"]), **options)
+        # The program only defines the function; the dataset's test runs on the trusted side.
+        body = f"{problem['prompt']}{completion}\n"
+        return run_untrusted(body, check=(problem["test"], problem["entry_point"]), **options)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(one, jobs))

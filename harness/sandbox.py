@@ -15,14 +15,18 @@ every mount of the host is read-only inside the sandbox and the temporary direct
   kernel-enforced
     - network: a new network namespace with only a downed loopback, so even 127.0.0.1 on the host is
       unreachable (connect fails with ENETUNREACH);
-    - processes: a new PID namespace; when the program (PID 1 there) exits or is killed, the kernel
-      kills every process it left behind, including ones that called setsid();
+    - processes: a new PID namespace whose first process is a shell waiting for the program; when
+      it ends (the program returned, or the parent killed the run on a timeout) the kernel kills
+      every process left behind, including ones that called setsid();
+    - memory per run: where this process can make a cgroup (root, or a delegated one), the run's
+      processes share one memory cap, and the end of the run kills every process the cgroup lists;
     - identity: the program runs as a fresh random unprivileged uid/gid with no capabilities, no
       supplementary groups and no_new_privs, so it cannot write or delete files it does not own
       (everything of the host is owned by others) and cannot raise its resource limits;
     - fork bombs: RLIMIT_NPROC counts processes per uid, and the uid is unique to this run, so the
       limit is exact and does not starve other sandboxes running in parallel;
-    - filesystem: a private mount namespace with a size-capped tmpfs over /tmp, /var/tmp and /dev/shm
+    - filesystem: a private mount namespace with a size-capped tmpfs over /tmp, /var/tmp, /dev/shm
+      and /run (so the host's Unix sockets there, a session bus or an agent, are not reachable)
       (the throwaway working directory is /tmp/work on it, gone when the namespace ends), and a tmpfs
       over any non-world-readable ancestor of the Python installation (e.g. /root), so the caller's
       home directory and its secrets are invisible; /proc shows only the sandbox's own processes;
@@ -37,8 +41,9 @@ every mount of the host is read-only inside the sandbox and the temporary direct
       PermissionError. Code that imports C modules (`_posixsubprocess`, `_socket`) directly can
       get around it; the kernel layers above are the real boundary;
     - the success nonce lives only in the runner's frame; code that walks interpreter frames on
-      purpose could forge it. Generated code does not do that by accident, which is what HumanEval
-      scoring needs to survive.
+      purpose could forge it, so HumanEval scoring does not rest on it: there the program only
+      defines the function and the check runs in the parent on the values it sends back
+      (``run_untrusted(check=...)``).
 
 "userns" (no privileges needed, where the kernel allows unprivileged user namespaces, as Debian's
   does): the same network, PID and mount namespaces inside a new user namespace in which the caller
@@ -63,6 +68,7 @@ source (`_runner_main`, shipped via `-c`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -103,19 +109,21 @@ class SandboxResult:
     isolation: str  # which of ISOLATIONS was used
     pid: int  # of the outermost child (= its process group id)
     uid: int | None  # uid the program ran as ("namespaces"), None when it ran as the caller
+    tag: str = ""  # the run's public tag, in its runner's command line and its cgroup's name
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
-_RUNNER_SOURCE = inspect.getsource(sandbox_runner._runner_main) + "\n_runner_main()\n"
+_RUNNER_SOURCE = inspect.getsource(sandbox_runner) + "\n_runner_main()\n"
 
 # Shared by both namespace modes, inside the fresh mount namespace. First: size-capped tmpfs over
-# the temporary directories ($1: MiB).
+# the temporary directories ($1: MiB), and over /run (/var/run links to it): its Unix sockets (the
+# session bus, agents, container daemons) would otherwise be reachable, network namespace or not.
 _TEMP_DIRS = r"""
 set -eu
-for d in /tmp /var/tmp /dev/shm /run/lock; do
+for d in /tmp /var/tmp /dev/shm /run /run/lock; do
   if [ -d "$d" ] && [ ! -L "$d" ]; then
     mount -t tmpfs -o "size=${1}m,mode=1777,nosuid,nodev" sandbox-tmp "$d"
   fi
@@ -130,7 +138,11 @@ for m in $(awk '!/ - tmpfs sandbox-tmp /{print $5}' /proc/self/mountinfo); do
 done
 """
 
-# "namespaces": runs as root inside the fresh namespaces, then drops to the sandbox uid for good.
+# "namespaces": runs as root inside the fresh namespaces, then drops to the sandbox uid for good. The
+# shell does not exec the program but waits for it: it stays the PID namespace's first process, so
+# when it ends (the program returned, or the parent killed the group on a timeout) the kernel kills
+# every process left in the namespace, one that called setsid() or lost its parent-death signal
+# (setpriv's change of uid clears it) included.
 # Arguments come as positional parameters, never interpolated: $1 tmpfs MiB, $2 directory to hide
 # ("" for none), $3 python prefix to keep visible, $4 uid, $5 python executable, $6 runner source,
 # $7 status fd.
@@ -152,8 +164,10 @@ chown "$4:$4" /tmp/work
     + r"""
 cd /tmp/work
 unset PWD OLDPWD
-exec setpriv --reuid="$4" --regid="$4" --clear-groups --inh-caps=-all --bounding-set=-all \
+setpriv --reuid="$4" --regid="$4" --clear-groups --inh-caps=-all --bounding-set=-all \
   --no-new-privs -- "$5" -I -S -c "$6" "$7"
+status=$?
+exit $status
 """
 )
 
@@ -183,7 +197,9 @@ mkdir -m 0700 /tmp/work
     + r"""
 cd /tmp/work
 unset PWD OLDPWD
-exec setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- "$python" -I -S -c "$runner" "$fd"
+setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- "$python" -I -S -c "$runner" "$fd"
+status=$?
+exit $status
 """
 )
 
@@ -200,12 +216,17 @@ def protections(isolation: str) -> dict[str, str]:
     )
     shared = {
         "memory/cpu/files": rlimits,
+        "memory of the whole run": "kernel: a memory cgroup for the run"
+        if cgroup_available()
+        else "best-effort: per process only (RLIMIT_AS, times the process cap); no cgroup can be made here",
+        "scoring verdict": "runner: the check runs in the parent on the values the program returned",
         "wall time": "kernel: SIGKILL to the process group from the parent",
         "early sys.exit": "runner: nonce on a private pipe + exit code 0",
         "python guard": "best-effort: dangerous functions replaced",
     }
     namespaces = {
         "network": "kernel: empty network namespace (loopback down)",
+        "host Unix sockets": "kernel: empty tmpfs over /run and the temporary folders",
         "processes": "kernel: PID namespace + process-group kill",
     }
     if isolation == "namespaces":
@@ -231,6 +252,7 @@ def protections(isolation: str) -> dict[str, str]:
     root = os.geteuid() == 0
     return {
         "network": "best-effort: python guard only",
+        "host Unix sockets": "best-effort: python guard only (reachable through _socket)",
         "processes": "kernel: process-group kill (a setsid() child escapes it)",
         "fork bomb": "best-effort: python guard" if root else "kernel: RLIMIT_NPROC for the caller's uid",
         "file deletion outside the sandbox": "best-effort: python guard (runs as the caller)",
@@ -311,14 +333,16 @@ def run_untrusted(
     output_limit: int = 8192,
     python_guard: bool = True,
     isolation: str = "auto",
-    check_call: tuple[str, str] | None = None,
+    check: tuple[str, str] | None = None,
 ) -> SandboxResult:
     """Run `program` (Python source) contained; never raises for anything the program does.
 
-    ``check_call=(check, candidate)``: after the program, the runner calls the program's function
-    ``check`` on its function ``candidate``, every result of which must then be a plain value
-    (numbers, strings, bytes, None and builtin containers of them), so a result of the program's own
-    class cannot pass a check by answering ``==`` with True. HumanEval scoring uses it.
+    ``check=(test_source, entry_point)``: the program only defines; the verdict is the trusted
+    check's. ``test_source`` (HumanEval's test, which defines ``check``) runs here, in the parent, on
+    a stand-in for the program's function ``entry_point`` that sends each call's arguments to the
+    sandboxed program and returns the plain value it sent back (numbers, strings, bytes, None and
+    builtin containers of them). Nothing the program does (replacing builtins, rebinding a name the
+    check uses, walking the runner's frames) reaches the check, and a pass is the check returning.
 
     `timeout_s` is wall time for the whole child including interpreter start-up (~0.1 s);
     `memory_mb` caps its address space; `max_processes` caps processes (kernel-enforced only with
@@ -349,7 +373,7 @@ def run_untrusted(
         disk_mb=disk_mb,
         output_limit=output_limit,
         python_guard=python_guard,
-        check_call=check_call,
+        check=check,
     )
 
 
@@ -359,6 +383,111 @@ def run_many(programs: Sequence[str], *, workers: int = 2, **options: object) ->
         raise HarnessError(f"workers must be at least 1, got {workers}")
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda p: run_untrusted(p, **options), programs))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------ the run's cgroup
+
+# The run's processes in a memory cgroup of their own, where this process may make one (root, or a
+# delegated cgroup): RLIMIT_AS caps each process, and a run of 32 processes could otherwise hold 32
+# times that; the cgroup caps them together, and lists every process of the run, whatever session
+# or process group it moved to, so the end of a run kills them all.
+_ENTER_CGROUP = 'echo $$ > "$1" && shift && exec "$@"'
+_CGROUP_HEADROOM_MB = 128
+
+
+def _memory_cgroup_root() -> tuple[Path, str] | None:
+    """Where this process's memory cgroup is, and which version: (folder, "v1"|"v2"), or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            return (folder, "v1") if (folder / "memory.limit_in_bytes").exists() else None
+    for line in lines:
+        if line.startswith("0::"):
+            folder = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+            controllers = folder / "cgroup.subtree_control"
+            if controllers.exists() and "memory" in controllers.read_text().split():
+                return folder, "v2"
+    return None
+
+
+@dataclass(frozen=True)
+class _Cgroup:
+    folder: Path
+    version: str
+
+    @classmethod
+    def make(cls, tag: str, memory_mb: int) -> _Cgroup | None:
+        """A cgroup for one run capped at ``memory_mb`` (swap included), or None where none can be made."""
+        found = _memory_cgroup_root()
+        if found is None:
+            return None
+        root, version = found
+        folder = root / f"assisted-generation-sandbox-{tag}"
+        try:
+            folder.mkdir()
+        except OSError:
+            return None
+        limit = str(memory_mb * 1024 * 1024)
+        try:
+            if version == "v1":
+                (folder / "memory.limit_in_bytes").write_text(limit)
+                swap = folder / "memory.memsw.limit_in_bytes"
+                if swap.exists():
+                    swap.write_text(limit)
+            else:
+                (folder / "memory.max").write_text(limit)
+                if (folder / "memory.swap.max").exists():
+                    (folder / "memory.swap.max").write_text("0")
+        except OSError:
+            cls(folder, version).remove()
+            return None
+        return cls(folder, version)
+
+    @property
+    def procs(self) -> Path:
+        return self.folder / "cgroup.procs"
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in self.procs.read_text().split()]
+        except OSError:
+            return []
+
+    def remove(self) -> None:
+        """Kill every process of the run, wherever it moved, then remove the cgroup."""
+        for _ in range(200):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.005)
+        for _ in range(100):
+            try:
+                self.folder.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # the last processes are still exiting
+                time.sleep(0.01)
+
+
+@functools.cache  # a fact about this machine and process privileges
+def cgroup_available() -> bool:
+    """Whether runs get a memory cgroup of their own here (a run-wide memory cap)."""
+    group = _Cgroup.make(f"probe-{secrets.token_hex(4)}", 64)
+    if group is None:
+        return False
+    group.remove()
+    return True
 
 
 def _run(
@@ -371,7 +500,7 @@ def _run(
     disk_mb: int,
     output_limit: int = 8192,
     python_guard: bool = True,
-    check_call: tuple[str, str] | None = None,
+    check: tuple[str, str] | None = None,
 ) -> SandboxResult:
     nonce = secrets.token_hex(16)
     payload = {
@@ -379,12 +508,20 @@ def _run(
         "nonce": nonce,
         "guard": python_guard,
         "limits": _limits(timeout_s, memory_mb, max_processes, disk_mb),
-        "check_call": list(check_call) if check_call else None,
+        "serve": check[1] if check else None,
     }
     python, prefix = _interpreter()
     env = {"PATH": _MINIMAL_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     uid: int | None = None
-    status_r, status_w = os.pipe()  # pass_fds keeps the number, so the child is told it on argv
+    # pass_fds keeps the numbers, so the child is told them on argv: its status, and the check's
+    # requests to it and its replies.
+    status_r, status_w = os.pipe()
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    # The run's public tag: in its runner's command line (so its processes can be found) and its
+    # cgroup's name.
+    tag = secrets.token_hex(6)
+    fds = f"{status_w},{request_r},{reply_w},{tag}"
     with tempfile.TemporaryDirectory(prefix="sandbox-", ignore_cleanup_errors=True) as workdir:
         if isolation == "namespaces":
             uid = _UID_LOW + secrets.randbelow(_UID_SPAN)
@@ -392,8 +529,7 @@ def _run(
             argv = [
                 "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--",
                 "/bin/sh", "-c", _SETUP_SCRIPT, "sandbox-setup",
-                str(disk_mb), _hidden_ancestor(prefix), prefix, str(uid), python, _RUNNER_SOURCE,
-                str(status_w),
+                str(disk_mb), _hidden_ancestor(prefix), prefix, str(uid), python, _RUNNER_SOURCE, fds,
             ]  # fmt: skip
         elif isolation == "userns":
             env["HOME"] = "/tmp/work"
@@ -401,29 +537,53 @@ def _run(
                 "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
                 "--mount", "--mount-proc", "--",
                 "/bin/sh", "-c", _USERNS_SCRIPT, "sandbox-setup",
-                str(disk_mb), prefix, python, _RUNNER_SOURCE, str(status_w), *_hidden_dirs(),
+                str(disk_mb), prefix, python, _RUNNER_SOURCE, fds, *_hidden_dirs(),
             ]  # fmt: skip
         else:
             env["HOME"] = workdir
-            argv = [python, "-I", "-S", "-c", _RUNNER_SOURCE, str(status_w)]
-        return _spawn(
-            argv, env, workdir, (status_r, status_w), payload, nonce, timeout_s, output_limit, isolation, uid
-        )
+            argv = [python, "-I", "-S", "-c", _RUNNER_SOURCE, fds]
+        # Headroom over one process's cap for the run's own plumbing (unshare, the shell, the
+        # interpreter's files), so a lone process still meets its RLIMIT_AS (a MemoryError) first.
+        group = _Cgroup.make(tag, memory_mb + _CGROUP_HEADROOM_MB)
+        if group is not None:
+            argv = ["/bin/sh", "-c", _ENTER_CGROUP, "sandbox-cgroup", str(group.procs), *argv]
+        try:
+            result = _spawn(
+                argv,
+                env,
+                workdir,
+                (status_r, status_w, request_r, request_w, reply_r, reply_w),
+                payload,
+                nonce,
+                timeout_s,
+                output_limit,
+                isolation,
+                uid,
+                check[0] if check else None,
+                group,
+            )
+            return dataclasses.replace(result, tag=tag)
+        finally:
+            if group is not None:
+                group.remove()
 
 
 def _spawn(
     argv: list[str],
     env: dict[str, str],
     workdir: str,
-    status_pipe: tuple[int, int],
+    pipes: tuple[int, int, int, int, int, int],
     payload: dict[str, object],
     nonce: str,
     timeout_s: float,
     output_limit: int,
     isolation: str,
     uid: int | None,
+    test_source: str | None = None,
+    group: _Cgroup | None = None,
 ) -> SandboxResult:
-    status_r, status_w = status_pipe
+    status_r, status_w, request_r, request_w, reply_r, reply_w = pipes
+    child_ends = (status_w, request_r, reply_w)
     with tempfile.TemporaryFile(dir=workdir) as out, tempfile.TemporaryFile(dir=workdir) as stdin:
         # Payload via a file, not a pipe: a child that never reads stdin cannot block the parent.
         stdin.write(json.dumps(payload).encode("utf-8"))
@@ -437,28 +597,149 @@ def _spawn(
                 stderr=subprocess.STDOUT,
                 cwd=workdir,
                 env=env,
-                pass_fds=(status_w,),
+                pass_fds=child_ends,
                 start_new_session=True,  # own process group: one killpg reaches every descendant
                 close_fds=True,
             )
         except BaseException:
-            os.close(status_r)
+            for fd in (status_r, request_w, reply_r):
+                os.close(fd)
             raise
         finally:
-            os.close(status_w)
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            for fd in child_ends:
+                os.close(fd)
+        verdict = None
+        if test_source is not None:
+            verdict = _check_in_parent(
+                test_source, str(payload["serve"]), request_w, reply_r, start + timeout_s
+            )
+        else:
+            os.close(request_w)
+            os.close(reply_r)
+        timed_out = verdict is not None and verdict[0] == "timeout"
+        if not timed_out:
+            try:
+                proc.wait(timeout=max(0.0, start + timeout_s - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
         _kill_group(proc)
+        if group is not None:
+            group.remove()  # every process of the run, whatever group or session it moved to
         duration = time.perf_counter() - start
         report = _read_report(status_r)
         out.seek(0)
         output = _truncate(out.read(output_limit + 1), output_limit, out.seek(0, os.SEEK_END))
+    returncode = proc.returncode
+    if isolation != "basic" and returncode > 128:
+        # The namespace's first process is a shell that waits for the program (it stays PID 1, so
+        # nothing outlives the run): a program killed by signal N reads as 128 + N there.
+        returncode = -(returncode - 128)
+    if verdict is not None and not timed_out:
+        return _judged(verdict, returncode, report, nonce, duration, output, isolation, proc.pid, uid)
     return _classify(
-        proc.returncode, timed_out, report, nonce, timeout_s, duration, output, isolation, proc.pid, uid
+        returncode, timed_out, report, nonce, timeout_s, duration, output, isolation, proc.pid, uid
     )
+
+
+class _ProgramEnded(Exception):
+    """The sandboxed program stopped answering (it exited, crashed or closed its reply pipe)."""
+
+
+class CandidateError(Exception):
+    """The candidate raised in the sandbox; its exception's name and message, not the object."""
+
+
+def _check_in_parent(
+    test_source: str, entry_point: str, request_w: int, reply_r: int, deadline: float
+) -> tuple[str, str]:
+    """Run the trusted check (HumanEval's test) here, on a stand-in that calls the sandboxed program:
+    ("passed", ...), ("failed", why), or ("timeout", ...). Closes both pipe ends."""
+    import selectors
+
+    from harness.sandbox_runner import decode_value, encode_value
+
+    buffer = bytearray()
+    selector = selectors.DefaultSelector()
+    selector.register(reply_r, selectors.EVENT_READ)
+
+    def read_line() -> bytes:
+        while b"\n" not in buffer:
+            left = deadline - time.perf_counter()
+            if left <= 0 or not selector.select(timeout=left):
+                raise TimeoutError
+            chunk = os.read(reply_r, 1 << 16)
+            if not chunk:
+                raise _ProgramEnded
+            buffer.extend(chunk)
+            if len(buffer) > _MAX_REPLY:
+                raise CandidateError(f"the candidate's result is over {_MAX_REPLY >> 20} MiB")
+        line, _, rest = bytes(buffer).partition(b"\n")
+        buffer[:] = rest
+        return line
+
+    def candidate(*args: object, **kwargs: object) -> object:
+        request = json.dumps([encode_value(list(args)), encode_value(kwargs)]) + "\n"
+        try:
+            os.write(request_w, request.encode("utf-8"))
+        except BrokenPipeError:
+            raise _ProgramEnded from None
+        try:
+            answer = json.loads(read_line())
+            if type(answer) is list and answer[:1] == ["ok"] and len(answer) == 2:
+                return decode_value(answer[1])
+            if type(answer) is list and answer[:1] == ["raised"] and len(answer) == 3:
+                raise CandidateError(f"{answer[1]}: {answer[2]}")
+        except (ValueError, RecursionError) as exc:
+            raise CandidateError(f"the program sent back no value it could have returned ({exc})") from None
+        raise CandidateError("the program sent back no value it could have returned")
+
+    candidate.__name__ = entry_point
+    try:
+        namespace: dict[str, object] = {"__name__": "__check__"}
+        exec(compile(test_source, "<check>", "exec"), namespace)  # noqa: S102 - the dataset's own test
+        namespace["check"](candidate)  # type: ignore[operator]
+        return ("passed", "passed")
+    except TimeoutError:
+        return ("timeout", "")
+    except _ProgramEnded:
+        return ("ended", "")
+    except Exception as exc:  # noqa: BLE001 - the check's failure, by name (AssertionError, ...)
+        return ("failed", f"failed: {type(exc).__name__}: {exc}"[:2000])
+    finally:
+        selector.close()
+        os.close(request_w)
+        os.close(reply_r)
+
+
+_MAX_REPLY = 64 << 20
+
+
+def _judged(
+    verdict: tuple[str, str],
+    returncode: int,
+    report: dict[str, str] | None,
+    nonce: str,
+    duration: float,
+    output: str,
+    isolation: str,
+    pid: int,
+    uid: int | None,
+) -> SandboxResult:
+    """A scored run's outcome: the trusted check's verdict; the program's own report only says why it
+    stopped answering (it failed to define the function, or exited)."""
+    status, detail = verdict
+    if status == "ended":
+        genuine = report is not None and report.get("nonce") == nonce and report.get("status") == "failed"
+        if genuine:
+            status, detail = "failed", str(report.get("detail", "failed"))
+        elif returncode < 0:
+            status, detail = "killed", f"killed by {signal.Signals(-returncode).name}"
+        else:
+            status, detail = (
+                "failed",
+                f"failed: the program ended (exit code {returncode}) before the check did",
+            )
+    return SandboxResult(status, detail, duration, returncode, output, isolation, pid, uid)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -21,6 +21,7 @@ from harness.humaneval import load_problems, program_for
 from harness.sandbox import (
     ISOLATIONS,
     SandboxResult,
+    cgroup_available,
     isolation_works,
     protections,
     run_many,
@@ -379,3 +380,214 @@ def test_runner_carries_on_after_hostile_programs_in_parallel(good_program: str,
     assert results[0].status == "timeout"
     assert victim.read_text() == "keep"
     assert os.getpid() > 0 and all(_processes_of(r) == [] for r in results)
+
+
+# ------------------------------------------------------------------------------------ an adversary
+
+
+def _problem(task: int) -> dict:
+    from harness.humaneval import load_problems
+
+    return load_problems(task + 1)[task]
+
+
+# Completions that passed scoring when the check shared the program's process: each reaches the
+# verdict without solving the problem. (HumanEval/0 unless the id says otherwise.)
+FORGERIES = {
+    # A builtin the runner looked up at call time, replaced by the program.
+    "builtins-dict": "    return Yes()\nimport builtins\nclass Yes:\n    def __eq__(self, other):\n"
+    "        return True\n    def keys(self):\n        return []\n    def values(self):\n        return []\n"
+    "builtins.dict = Yes\n",
+    # A module-level name the check uses (HumanEval/2 checks with abs).
+    "globals-abs@2": "    return 0.0\nabs = lambda x: 0\n",
+    # The runner's own frame: its report function and its exit.
+    "runner-frame": "    return False\nimport sys\nf = sys._getframe(1).f_locals\n"
+    "f['report']('passed', 'passed')\nf['exit_now'](0)\n",
+    # The same through the garbage collector.
+    "gc-objects": "    return False\nimport gc, os\nfor o in gc.get_objects():\n"
+    "    if callable(o) and getattr(o, '__name__', '') == 'report':\n        o('passed', 'passed')\n"
+    "        os._exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_a_forged_pass_is_not_scored(isolation: str, name: str) -> None:
+    """The verdict is the check's, run on the trusted side on the values the program sent back:
+    nothing the program does to its own process reaches it."""
+    from harness import humaneval as he
+
+    problem = _problem(int(name.split("@")[1]) if "@" in name else 0)
+    (forged,) = he.run_scored([(problem, FORGERIES[name])], isolation=isolation)
+    assert forged.status == "failed" and not forged.passed, forged
+    (honest,) = he.run_scored([(problem, problem["canonical_solution"])], isolation=isolation)
+    assert honest.passed, honest.detail
+
+
+def _run_processes(result: SandboxResult) -> list[str]:
+    """Live processes of the run, found by the tag its runner's command line carries."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and result.tag in (entry / "cmdline").read_bytes().decode(
+                errors="replace"
+            ):
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+def test_a_process_that_leaves_the_session_does_not_outlive_the_run(isolation: str) -> None:
+    """setsid() leaves the process group the parent kills, and the uid change cleared the death
+    signal unshare set: the namespace's first process is a waiting shell, so nothing stays."""
+    result = run_untrusted(
+        "import posix, time\nposix.setsid()\ntime.sleep(10**6)\n",
+        isolation=isolation,
+        python_guard=False,
+        timeout_s=2,
+    )
+    assert result.status == "timeout" and result.tag
+    time.sleep(0.2)
+    assert _run_processes(result) == []
+    assert _processes_of(result) == []
+
+
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+def test_host_unix_sockets_are_unreachable(isolation: str, tmp_path: Path) -> None:
+    """A listening socket under /run (a session bus, an agent, a container daemon lives there) is not
+    there for the program: /run is an empty tmpfs inside the sandbox."""
+    folder = Path("/run") if os.access("/run", os.W_OK) else Path(os.environ.get("XDG_RUNTIME_DIR", ""))
+    if not folder.is_absolute() or not os.access(folder, os.W_OK):
+        pytest.skip("no writable folder under /run for a listening socket")
+    path = folder / f"sandbox-test-{os.getpid()}.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(1)
+    program = (
+        "import _socket\ns = _socket.socket(_socket.AF_UNIX)\n"
+        f"try:\n    s.connect({str(path)!r})\nexcept OSError:\n    pass\n"
+        "else:\n    raise SystemExit('reached the host socket')\n"
+    )
+    try:
+        result = run_untrusted(program, isolation=isolation, python_guard=False)
+        reached = select.select([listener], [], [], 0.2)[0]
+    finally:
+        listener.close()
+        path.unlink(missing_ok=True)
+    assert result.passed, result.detail
+    assert not reached
+
+
+MEMORY_SPLIT = """
+import os, time
+r, w = os.pipe()
+for _ in range(4):
+    if os.fork() == 0:
+        block = bytearray(600 * 1024 * 1024)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os.write(w, b"x")
+        time.sleep(5)
+        os._exit(0)
+os.close(w)
+held = 0
+while held < 4 and os.read(r, 1):
+    held += 1
+print("held", held)
+if held == 4:
+    raise SystemExit("four processes held 600 MB each at once")
+"""
+
+
+@needs_namespaces
+@pytest.mark.skipif(
+    not cgroup_available(), reason="no memory cgroup can be made here (not root, none delegated)"
+)
+def test_memory_is_capped_for_the_run_not_per_process() -> None:
+    """Four processes under a 1 GiB per-process cap held 2.4 GB of the host's memory together; the
+    run's cgroup caps them together, so at most one of them gets its 600 MB."""
+    result = run_untrusted(MEMORY_SPLIT, isolation="namespaces", python_guard=False, timeout_s=20)
+    assert result.passed, (result.detail, result.output)
+    assert "held 4" not in result.output
+
+
+def _available_kb() -> int:
+    line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemAvailable"))
+    return int(line.split()[1])
+
+
+@pytest.mark.parametrize("isolation", KERNEL_LEVELS)
+def test_after_hostile_scoring_nothing_remains_and_memory_is_back(isolation: str) -> None:
+    from harness import humaneval as he
+
+    problem = _problem(0)
+    hostile = [
+        "    return False\nimport posix, time\nposix.setsid()\ntime.sleep(10**6)\n",
+        "    return False\nimport posix, time\nif posix.fork() == 0:\n    posix.setsid()\n"
+        "    block = bytearray(300 * 1024 * 1024)\n    time.sleep(10**6)\n",
+        "    return False\nblock = bytearray(500 * 1024 * 1024)\nwhile True:\n    pass\n",
+        FORGERIES["runner-frame"],
+    ]
+    before = _available_kb()
+    results = he.run_scored([(problem, c) for c in hostile], isolation=isolation, timeout_s=3)
+    time.sleep(0.3)
+    assert not any(r.passed for r in results), [r.detail for r in results]
+    assert all(_run_processes(r) == [] and _processes_of(r) == [] for r in results)
+    assert _available_kb() > before - 200 * 1024  # within 200 MB: nothing is holding the hogs' memory
+
+
+NON_ROOT_CHECK = """
+import sys
+from harness import humaneval as he
+from harness.sandbox import available_isolation, run_untrusted
+assert available_isolation() == "userns", available_isolation()
+problem = he.load_problems(1)[0]
+forged = (
+    "    return False\\nimport sys\\nf = sys._getframe(1).f_locals\\n"
+    "f['report']('passed', 'passed')\\nf['exit_now'](0)\\n"
+)
+assert not he.run_scored([(problem, forged)])[0].passed
+assert he.run_scored([(problem, problem["canonical_solution"])])[0].passed
+sleeper = "import posix, time\\nposix.setsid()\\ntime.sleep(10**6)\\n"
+r = run_untrusted(sleeper, python_guard=False, timeout_s=2)
+print("TAG", r.tag, r.status)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a throwaway user needs root")
+def test_the_unprivileged_level_holds_for_a_throwaway_user(tmp_path: Path) -> None:
+    """What a non-root user gets ("userns"), run as a uid made for the test: a forged pass fails, an
+    honest one passes, and a process that left the session does not outlive its run."""
+    import shutil
+    import subprocess
+
+    from harness.sandbox import _hidden_ancestor, _interpreter
+
+    python, prefix = _interpreter()
+    hidden = _hidden_ancestor(prefix) or _hidden_ancestor(str(Path(__file__).resolve().parents[1]))
+    if hidden:
+        pytest.skip(f"the interpreter or the project lives under {hidden}, which another uid cannot reach")
+    if not shutil.which("setpriv"):
+        pytest.skip("util-linux setpriv is not installed")
+    uid = str(1_400_000_000 + os.getpid())
+    project = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", python, "-c", NON_ROOT_CHECK],
+        cwd=project, capture_output=True, text=True, timeout=120,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": project},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    tag = done.stdout.split("TAG ", 1)[1].split()[0]
+    time.sleep(0.2)
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and tag in _cmdline(p)]
+    assert left == [], left
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
