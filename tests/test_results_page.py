@@ -88,3 +88,30 @@ def test_regen_tables_writes_the_page_into_the_results_folder(tmp_path, capsys):
     assert cli.main(["--regen-tables", "--results_dir", str(copy)]) == 0
     assert str(copy / page.PAGE_NAME) in capsys.readouterr().out
     assert (copy / page.PAGE_NAME).read_text(encoding="utf-8") == page.results_page(copy)
+
+
+def test_the_whole_page_builds_into_a_scratch_folder_leaving_results_untouched(tmp_path, capsys):
+    """From the committed rows, into any folder: the page and every per-model table, and the
+    committed results/ as it was."""
+    import subprocess
+
+    scratch = tmp_path / "scratch"
+    assert cli.main(["--regen-tables", "--results_dir", str(scratch)]) == 0
+    printed = capsys.readouterr().out
+    assert (scratch / page.PAGE_NAME).read_text(encoding="utf-8") == page.results_page(RESULTS)
+    committed = sorted(
+        p.relative_to(RESULTS) for p in RESULTS.glob("*/*.md") if not p.name.startswith("sweep-")
+    )
+    assert committed and all((scratch / p).is_file() for p in committed)
+    assert str(scratch / page.PAGE_NAME) in printed
+    status = subprocess.run(["git", "status", "--porcelain", str(RESULTS)], capture_output=True, text=True)
+    assert status.returncode != 0 or status.stdout == ""
+
+
+def test_given_rows_make_tables_and_a_page_of_their_own(tmp_path, capsys):
+    rows = RESULTS / "rows" / "benchmark-amd-epyc-2c-avx512.jsonl"
+    out = tmp_path / "mine"
+    assert cli.main(["--regen-tables", "--rows", str(rows), "--results_dir", str(out)]) == 0
+    text = (out / page.PAGE_NAME).read_text(encoding="utf-8")
+    assert "## amd-epyc-2c-avx512" in text and "#### qwen2.5-coder-1.5b, benchmark:" in text
+    assert (out / "amd-epyc-2c-avx512" / "qwen2.5-coder-1.5b.md").is_file()

@@ -222,18 +222,27 @@ def _modes(args: argparse.Namespace) -> tuple[str, ...]:
     return ("plain",)
 
 
+def _holds_rows(folder: Path) -> bool:
+    return any(folder.glob("**/*.jsonl"))
+
+
 def regen(args: argparse.Namespace) -> int:
-    args.results_dir = args.results_dir or "results"
-    _check_folder("--results_dir", args.results_dir)
+    """``--regen-tables``: the per-model tables and the results page. Read from ``--rows`` files, else
+    from ``--results_dir`` when it holds rows, else from the committed ``results/``; written into
+    ``--results_dir`` (default ``results/``), so a page can be built into any folder and the
+    committed one left untouched."""
+    from harness.report import page
+
+    out = Path(args.results_dir or "results")
+    _check_folder("--results_dir", str(out))
     missing = [p for p in args.rows or () if not Path(p).is_file()]
     if missing:
         raise HarnessError(f"--rows: no such file {', '.join(missing)}; pass JSONL row files of earlier runs")
-    paths = (
-        [Path(p) for p in args.rows] if args.rows else sorted(Path(args.results_dir, "rows").glob("*.jsonl"))
-    )
+    source = out if args.rows or _holds_rows(out) else Path("results")
+    paths = [Path(p) for p in args.rows] if args.rows else sorted(Path(source, "rows").glob("*.jsonl"))
     if not paths:
         raise HarnessError(
-            f"no row files found (looked for {Path(args.results_dir, 'rows')}/*.jsonl); "
+            f"no row files found (looked for {Path(source, 'rows')}/*.jsonl); "
             "run with --json PATH first or pass --rows FILE ..."
         )
     rows = []
@@ -245,13 +254,14 @@ def regen(args: argparse.Namespace) -> int:
                 f"--rows {path} is not a rows file of this harness ({type(exc).__name__}: {exc}); pass the "
                 "JSONL rows an earlier run wrote (--json, or under runs/)"
             ) from None
-    written = report.regen_results(rows, Path(args.results_dir))
-    if not args.rows:
-        # The results page covers every committed row file of the folder (sweeps, divergence and
-        # HumanEval rows too), so it is written when the folder's own rows are the input.
-        from harness.report import page
-
-        written.append(page.write_results_page(Path(args.results_dir)))
+    written = report.regen_results(rows, out)
+    if args.rows:
+        # The page of the rows given: their benchmark sections, machine by machine.
+        written.append(page.write_rows_page(out, {str(p): results.read_rows(p) for p in paths}))
+    else:
+        # The results page covers every row file of the source folder (sweeps, divergence and
+        # HumanEval rows too) and the baselines beside it.
+        written.append(page.write_results_page(source, out=out))
     for path in written:
         print(path)
     return 0
