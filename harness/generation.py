@@ -10,6 +10,7 @@ every forward of both models is timed (``harness.timing``).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -61,6 +62,18 @@ def pin_assistant(draft: torch.nn.Module, settings: GenerationSettings) -> None:
     # 0 turns the confidence stop off; transformers' default (0.4) would otherwise make every
     # "constant" run silently dynamic.
     config.assistant_confidence_threshold = settings.confidence_threshold_in_effect
+
+
+class _InternalDraftCall(logging.Filter):
+    """transformers' own assisted loop calls the draft's ``generate`` with a config and keyword
+    settings together, and then warns about it once per process: an internal call, nothing a user
+    passed, and printed in the middle of every first assisted run's progress bar. Dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "together with generation-related" not in record.getMessage()
+
+
+logging.getLogger("transformers.generation.utils").addFilter(_InternalDraftCall())
 
 
 class StopInNewText(StoppingCriteria):

@@ -264,6 +264,29 @@ def _real_selected(config: pytest.Config) -> list[str]:
     return [n for n in REAL if n.lower() in names] + local
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What a run with a local pair will also do, said before it starts."""
+    local = config.stash.get(LOCAL_PAIRS, [])
+    if local and "onnxruntime" in dict(target_backends(config)):
+        return [
+            f"local pair(s) {', '.join(local)}: their ONNX Runtime cases export each target once (about "
+            "17 GB of memory and 1.5 min for a 1.5B model); --target-backends torch leaves them out"
+        ]
+    return []
+
+
+def real_pairs_left_out(config: pytest.Config) -> list[str]:
+    """Registered real pairs a ``-k`` expression names that this run does not collect (not in
+    ``--real-pairs``): ``pytest perf -k codellama`` would otherwise pass on the tiny stand-in alone
+    without a word about the real CodeLlama cases."""
+    import re
+
+    words = {w for w in re.findall(r"[\w.\-]+", (config.getoption("keyword") or "").lower())}
+    words -= {"and", "or", "not"}
+    selected = {n.lower() for n in _real_selected(config)}
+    return [n for n in REAL if n.lower() not in selected and any(w in n.lower() for w in words)]
+
+
 LOCAL_PAIRS = pytest.StashKey[list]()
 
 
@@ -355,7 +378,7 @@ class PairCache:
             if not where.present:
                 pytest.skip(
                     f"{role} weights for {spec.name} not present here ({where.detail}); "
-                    "see README 'Real weights'"
+                    "see README 'Model pairs' for where weights are looked for"
                 )
 
     def get(
@@ -449,6 +472,15 @@ def bench_results(pytestconfig: pytest.Config) -> list:
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
     _divergence_summary(terminalreporter, config)
+    left_out = real_pairs_left_out(config)
+    if left_out:
+        terminalreporter.section("real pairs not collected")
+        terminalreporter.write_line(
+            f"-k {config.getoption('keyword')!r} names real pairs this run did not collect: "
+            f"{', '.join(left_out)} (real cases run for --real-pairs only, here "
+            f"{', '.join(_real_selected(config)) or 'none'}); add --real-pairs {','.join(left_out)} and "
+            "--weights_dir DIR (where their weights are; see README 'Model pairs') to include them"
+        )
     entries = config.stash.get(BENCH_RESULTS, None)
     if entries:
         from harness import platforms

@@ -217,9 +217,11 @@ def test_the_cli_runs_the_engine_and_its_rows_say_so(tmp_path, capsys):
     assisted = [r for r in rows if r["mode"] == "assisted"]
     assert all(r["output_ids"] == plain[r["example"]] and r["drafted"] > 0 for r in assisted)
     command = setup.command(assisted[0], setup.defaults(models.get_pair("tiny-qwen2")))
-    assert command in out
-    args = cli.build_parser().parse_args(shlex.split(command)[2:])
-    assert args.engine == "onnxruntime-genai" and args.assisted_generation
+    # Printed as the invocation that made the rows: the row's settings, the modes, the budget, the file.
+    printed = command.replace(" --assisted_generation", "") + " --compare --limit 2 --max_new_tokens 16"
+    assert printed in out, out
+    args = cli.build_parser().parse_args(shlex.split(printed)[2:])
+    assert args.engine == "onnxruntime-genai" and args.compare
 
 
 def test_the_cli_samples_through_the_engine_reproducibly_by_seed(tmp_path):

@@ -57,3 +57,18 @@ def test_every_bad_path_provider_and_backend_is_named_in_one_usage_error(tmp_pat
     ):
         assert expected in said, said
     assert "Traceback" not in said
+
+
+def test_a_family_selection_says_which_real_pairs_it_left_out():
+    """`pytest perf -k codellama` collects the tiny CodeLlama stand-in; the real CodeLlama pair is not
+    in --real-pairs, and the run says so and how to include it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", "codellama",
+         "perf/test_decode.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "tiny-codellama" in said
+    assert "names real pairs this run did not collect: CodeLlama-7b-hf" in said
+    assert "--real-pairs CodeLlama-7b-hf" in said

@@ -93,8 +93,11 @@ def test_regen_tables_writes_the_page_into_the_results_folder(tmp_path, capsys):
 def test_the_whole_page_builds_into_a_scratch_folder_leaving_results_untouched(tmp_path, capsys):
     """From the committed rows, into any folder: the page and every per-model table, and the
     committed results/ as it was."""
-    import subprocess
 
+    def snapshot() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in RESULTS.rglob("*") if p.is_file()}
+
+    before = snapshot()
     scratch = tmp_path / "scratch"
     assert cli.main(["--regen-tables", "--results_dir", str(scratch)]) == 0
     printed = capsys.readouterr().out
@@ -104,8 +107,7 @@ def test_the_whole_page_builds_into_a_scratch_folder_leaving_results_untouched(t
     )
     assert committed and all((scratch / p).is_file() for p in committed)
     assert str(scratch / page.PAGE_NAME) in printed
-    status = subprocess.run(["git", "status", "--porcelain", str(RESULTS)], capture_output=True, text=True)
-    assert status.returncode != 0 or status.stdout == ""
+    assert snapshot() == before
 
 
 def test_given_rows_make_tables_and_a_page_of_their_own(tmp_path, capsys):
@@ -115,3 +117,23 @@ def test_given_rows_make_tables_and_a_page_of_their_own(tmp_path, capsys):
     text = (out / page.PAGE_NAME).read_text(encoding="utf-8")
     assert "## amd-epyc-2c-avx512" in text and "#### qwen2.5-coder-1.5b, benchmark:" in text
     assert (out / "amd-epyc-2c-avx512" / "qwen2.5-coder-1.5b.md").is_file()
+
+
+def test_the_page_opens_with_the_summary_and_the_absolute_speed_plot():
+    """What a reader came for comes first: per machine, the fastest exact configuration, its speedup
+    over its own plain decoding, its ratio to llama.cpp's, HumanEval both ways, the engines side by
+    side; and a plot of absolute tokens/s per configuration with llama.cpp as a reference line."""
+    text = page.results_page(RESULTS)
+    headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert headings[0] == "Summary"
+    summary = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    for column in ("fastest exact configuration", "vs its plain", "vs llama.cpp plain", "HumanEval pass@1"):
+        assert column in summary
+    registered = next(line for line in summary.splitlines() if line.startswith("| `amd-epyc-2c-avx512`"))
+    assert "t_gguf-d_q4k" in registered and re.search(r"\d\.\d\dx", registered) and "%" in registered
+    assert "Engines side by side" in summary and "onnxruntime-genai" in summary
+    for platform in headings[1:]:
+        image = f"![Absolute speed on {platform}](./{platform}/{page.SPEEDS_PNG})"
+        if image in text:
+            assert (RESULTS / platform / page.SPEEDS_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"./amd-epyc-2c-avx512/{page.SPEEDS_PNG}" in text

@@ -388,7 +388,12 @@ def test_cli_task_sweep_end_to_end_and_rerun_resumes(tmp_path, capsys, monkeypat
         raise AssertionError("the rerun loaded a model although every run was finished")
 
     monkeypatch.setattr(models, "load_pair", no_load)
-    code, out2, err = _cli(capsys, *argv)
+    # The command the sweep printed, run as printed, resumes every row.
+    import re
+    import shlex
+
+    printed = re.search(r"command: (python assisted_generation\.py .*)", out).group(1)
+    code, out2, err = _cli(capsys, *shlex.split(printed)[2:], "--no_progress")
     assert code == 0, err
     assert len(read_rows(rows)) == 2 * 3
     assert "t_fp32-prompt_lookup-K4" in out2

@@ -44,7 +44,14 @@ def _prompts(
     if from_file is not None:
         prompts = from_file
     elif args.task == "decode":
-        prompts = tasks.decode_prompts("code" if pair.spec.kind == "code" else "general")
+        kind = "code" if pair.spec.kind == "code" else "general"
+        prompts = tasks.decode_prompts(kind)
+        print(
+            f"decode task: the {kind} prompt set ({len(prompts)} prompts, chosen by the pair's kind"
+            + (": a local pair is 'code' when its folder name says so" if pair.spec.target.path else "")
+            + "); --prompts FILE decodes your own",
+            file=sys.stderr,
+        )
     elif args.task == "benchmark":
         prompts = tasks.benchmark_prompts(pair.tokenizer, args.prompt_lengths, args.new_tokens)
     else:
@@ -350,7 +357,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     if args.compare:
         print(report.compare_table(rows, defaults, wide=args.wide, shown=reproduce(args, rows[-1], defaults)))
-    print(report.summary_line(rows, defaults))
+    # With --compare the table above has said the speedup (and its cautions): the rates only here.
+    print(report.summary_line(rows, defaults, speedup=not args.compare))
     return 0
 
 
@@ -435,6 +443,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     else:
         prompts = humaneval.prompts(limit, new_tokens)
     platform = args.platform or platforms.detect().name
+    given_dir = args.results_dir
     # An ordinary run never writes the committed results/: publishing is --regen-tables.
     args.results_dir = args.results_dir or str(results.runs_dir())
     rows_path = (
@@ -445,6 +454,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     command += ["--limit", str(limit), "--max_new_tokens", str(new_tokens)]
     if args.prompts:
         command += ["--prompts", args.prompts]
+    # Where its rows are, so the command, run again, resumes them.
+    for flag, value in (("--json", args.json), ("--results_dir", given_dir), ("--platform", args.platform)):
+        if value is not None:
+            command += [flag, value]
     models.offline_env()
     _use_threads(args.threads)
     loader = functools.partial(

@@ -30,7 +30,8 @@ _COMPARE_HEADERS = (
     "Acceptance",
     "Same Output",
 )
-_COMPARE_SHORT = ("#", "Prompt", "New", "tok/s plain", "tok/s assisted", "Speedup", "Accept", "Same")
+# "Rate", as in the seed table: there "Accept" counts accepted tokens and "Rate" is their share.
+_COMPARE_SHORT = ("#", "Prompt", "New", "tok/s plain", "tok/s assisted", "Speedup", "Rate", "Same")
 
 
 # The seeds' column names are long: on a terminal the tables use these short names and numbers
@@ -204,9 +205,13 @@ def disturbed(rows: Iterable[Row]) -> str | None:
 
 
 def cautions(rows: Iterable[Row], pairs: list[dict[str, Any]]) -> list[str]:
-    """Why the numbers of a run may not read as they look: too few tokens to time, per-prompt
-    speedups far apart, and the two overall speedups disagreeing."""
+    """Why the numbers of a run may not read as they look: a disturbed host, too few tokens to time,
+    per-prompt speedups far apart, and the two overall speedups disagreeing."""
+    rows = list(rows)
     out = []
+    why = disturbed(rows)
+    if why is not None:
+        out.append(f"{why}: not a result; rerun on an idle machine")
     short = [r for r in rows if r.new_tokens < MIN_TIMED_TOKENS]
     if short:
         out.append(
@@ -241,7 +246,8 @@ def _overall_line(pairs: list[dict[str, Any]]) -> str:
     plain = _mean([p["plain_time_per_token_ms"] for p in pairs])
     assisted = _mean([p["assisted_time_per_token_ms"] for p in pairs])
     return (
-        f"Overall ({len(pairs)} prompts): speedup of mean time/token {_fmt(of_means, '.2f', 'x')} "
+        f"Overall ({len(pairs)} prompt{'s' * (len(pairs) != 1)}): speedup of mean time/token "
+        f"{_fmt(of_means, '.2f', 'x')} "
         f"({_fmt(plain, '.1f')} ms plain -> {_fmt(assisted, '.1f')} ms assisted); "
         f"geometric mean of per-prompt speedups {_fmt(geo, '.2f', 'x')}"
     )
@@ -302,13 +308,17 @@ def pooled_rate(rows: Iterable[Row]) -> float | None:
 
 
 def summary_line(
-    rows: Iterable[Row], defaults: Mapping[str, Any] | None = None, baseline: Iterable[Row] = ()
+    rows: Iterable[Row],
+    defaults: Mapping[str, Any] | None = None,
+    baseline: Iterable[Row] = (),
+    speedup: bool = True,
 ) -> str:
     """One line: tokens/sec per mode (pooled: ``pooled_rate``), mean acceptance, and a speedup only if it
     was measured.
 
     ``baseline`` offers extra plain rows to pair with (e.g. the plain section of the same results
-    file); they are used only for pairing, not in the means.
+    file); they are used only for pairing, not in the means. ``speedup=False``: the rates alone (a
+    compare table above already states the speedup and its cautions).
     """
     rows = list(rows)
     if not rows:
@@ -322,6 +332,8 @@ def summary_line(
     rates = [r.acceptance_rate for r in rows if r.acceptance_rate is not None]
     if rates:
         line += f"; mean acceptance {statistics.fmean(rates):.2f}"
+    if not speedup:
+        return line
     pairs = compare_rows(rows + [r for r in baseline if r.mode == "plain" and r not in rows], defaults)
     if all(r.mode == "plain" for r in rows):
         return _warned(line, cautions(rows, []))  # nothing assisted: no speedup to claim or disclaim
@@ -329,7 +341,8 @@ def summary_line(
         of_means, geo = overall_speedup(pairs)
         line += (
             f"; speedup over plain {_fmt(of_means, '.2f', 'x')} by mean time/token "
-            f"(geometric mean {_fmt(geo, '.2f', 'x')}, {len(pairs)} prompts paired within the same run)"
+            f"(geometric mean {_fmt(geo, '.2f', 'x')}, {len(pairs)} prompt{'s' * (len(pairs) != 1)} paired "
+            "within the same run)"
         )
     else:
         line += "; no speedup claimed (no plain rows of the same prompts from the same run)"

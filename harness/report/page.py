@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,12 +156,28 @@ def _sweep_spec(config: configs.SweepConfig) -> str:
     return ",".join(items)
 
 
-def sweep_section(
-    platform: str, rows: Sequence[Row], source: str, references: Sequence[Mapping[str, Any]] = ()
-) -> list[str]:
-    """One table per sweep file: every configuration against its target's plain runs of the same
-    run (the run with the most prompts for each configuration), as the sweep printed it; below it,
-    llama.cpp's plain decoding when a reference was measured around those rows."""
+@dataclass(frozen=True)
+class SweepSummary:
+    """A sweep file's configurations against their targets' plain runs, as its table shows them."""
+
+    results: list[sweep.ConfigResult]
+    plain_rate: dict[str, float]  # plain arm -> mean tok/s
+    chosen: dict[str, list[Row]]  # arm -> the run's rows the table reads
+    reference: Mapping[str, Any] | None  # llama.cpp's plain decoding measured around these rows
+    newest: str  # the newest row's timestamp
+    engines: dict[str, str]  # configuration label -> what ran its decoding loop
+
+    def engine_of(self, result: sweep.ConfigResult) -> str:
+        return self.engines.get(result.config.label, "transformers")
+
+
+def _engine(row: Row) -> str:
+    if row.engine not in (None, "transformers"):
+        return str(row.engine)
+    return "transformers (ONNX Runtime target)" if row.target_backend == "onnxruntime" else "transformers"
+
+
+def _sweep_summary(rows: Sequence[Row], references: Sequence[Mapping[str, Any]] = ()) -> SweepSummary | None:
     by_arm: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         by_arm[_arm(row)].append(row)
@@ -169,7 +186,7 @@ def sweep_section(
     plain_of_run = {r.run_id: arm for arm in plain_arms for r in chosen[arm]}
     plain_rate = {arm: statistics.fmean(r.tokens_per_s for r in chosen[arm]) for arm in plain_arms}
     best = max(plain_rate.values(), default=None)
-    results_, configs_ = [], []
+    results_, engines = [], {}
     for arm in sorted(set(by_arm) - plain_arms):
         assisted = chosen[arm]
         plain_arm = plain_of_run.get(assisted[0].run_id)
@@ -178,9 +195,26 @@ def sweep_section(
         config = _config_of(assisted[0])
         plain = {r.example: r for r in chosen[plain_arm] if r.run_id == assisted[0].run_id}
         results_.append(sweep.summarize(config, plain, {r.example: r for r in assisted}, best))
-        configs_.append(config)
+        engines[config.label] = _engine(assisted[0])
     if not results_:
+        return None
+    read = [r for group in chosen.values() for r in group]
+    ref = sweep.covering_reference(references, read)
+    return SweepSummary(results_, plain_rate, chosen, ref, max(r.timestamp or "" for r in read), engines)
+
+
+def sweep_section(
+    platform: str, rows: Sequence[Row], source: str, references: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
+    """One table per sweep file: every configuration against its target's plain runs of the same
+    run (the run with the most prompts for each configuration), as the sweep printed it; below it,
+    llama.cpp's plain decoding when a reference was measured around those rows."""
+    summary = _sweep_summary(rows, references)
+    if summary is None:
         return []
+    results_, plain_rate, ref = summary.results, summary.plain_rate, summary.reference
+    configs_ = [r.config for r in results_]
+    best = max(plain_rate.values(), default=None)
     first = rows[0]
     tokens = sorted({r.new_tokens for r in rows})
     command = (
@@ -203,7 +237,6 @@ def sweep_section(
         for r in results_
     ]
     plain_lines = [f"{arm}: {rate:.2f} tok/s" for arm, rate in sorted(plain_rate.items())]
-    ref = sweep.covering_reference(references, [r for group in chosen.values() for r in group])
     table = tabulate(
         body,
         headers=[
@@ -400,6 +433,162 @@ def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord]
     return lines
 
 
+# --------------------------------------------------------------------------- the summary
+
+
+SPEEDS_PNG = "speeds.png"
+
+
+def _best_humaneval(
+    humaneval: Sequence[tuple[str, list[dict[str, Any]]]], config: Any = None
+) -> tuple[str, dict[str, Any]] | None:
+    """The HumanEval file of ``config``'s precisions (when one is named so), else of any, covering
+    the most problems both ways, and its summary."""
+    from harness import humaneval as he
+
+    found = [(source, he.summarise(records)) for source, records in humaneval if records]
+    if config is not None:
+        own = [config.target_precision, config.draft_precision]
+        named = [f for f in found if he.named_precisions(Path(f[0]).stem) in (own, own[:1])]
+        found = named or found
+    return max(found, key=lambda x: (x[1]["paired_tasks"], x[0]), default=None)
+
+
+def summary_section(
+    platforms_: Sequence[str],
+    sweeps: Mapping[str, list[tuple[str, SweepSummary]]],
+    humaneval: Mapping[str, list[tuple[str, list[dict[str, Any]]]]],
+) -> list[str]:
+    """The page's opening: per machine, the fastest exact configuration measured, its speedup over
+    its own plain decoding, its ratio to llama.cpp's plain decoding (where measured around it),
+    HumanEval pass@1 both ways, and the engines side by side; then where each number comes from."""
+    body, engines_lines = [], []
+    for platform in platforms_:
+        exact = [
+            (summary, result, source)
+            for source, summary in sweeps.get(platform, [])
+            for result in summary.results
+            if result.identical
+        ]
+        fastest = max(exact, key=lambda x: x[1].assisted_tokens_per_s) if exact else None
+        scored = _best_humaneval(humaneval.get(platform, []), fastest[1].config if fastest else None)
+        if fastest is None and scored is None:
+            continue
+        row = [f"`{platform}`"]
+        if fastest is not None:
+            summary, best, _ = fastest
+            ref = summary.reference
+            row += [
+                f"{best.config.label} ({summary.engine_of(best)})",
+                f"{best.assisted_tokens_per_s:.2f}",
+                f"{best.speedup.value:.2f}x",
+                f"{best.assisted_tokens_per_s / ref['tokens_per_s']:.2f}x" if ref else "not measured",
+                f"yes, {best.prompts} of {best.prompts}",
+                summary.newest[:10],
+            ]
+        else:
+            row += ["-"] * 6
+        if scored is not None:
+            modes = scored[1]["modes"]
+            rates = [modes[m]["pass@1"] for m in ("plain", "assisted")]
+            row.append(
+                " / ".join("-" if r is None else f"{100 * r:.1f}%" for r in rates)
+                + f" ({scored[1]['paired_tasks']} problems, {Path(scored[0]).stem})"
+            )
+        else:
+            row.append("-")
+        body.append(row)
+        by_engine: dict[str, list[tuple[sweep.ConfigResult, SweepSummary]]] = defaultdict(list)
+        for _, summary in sweeps.get(platform, []):
+            for result in summary.results:
+                by_engine[summary.engine_of(result)].append((result, summary))
+        if by_engine:
+            table = tabulate(
+                [
+                    [
+                        engine,
+                        r.config.label,
+                        r.plain_tokens_per_s,
+                        r.assisted_tokens_per_s,
+                        f"{r.speedup.value:.2f}x",
+                        "yes" if r.identical else "no",
+                        s.newest[:10],
+                    ]
+                    for engine, results_ in sorted(by_engine.items())
+                    for r, s in [max(results_, key=lambda x: x[0].assisted_tokens_per_s)]
+                ],
+                headers=[
+                    "engine",
+                    "its fastest configuration",
+                    "plain tok/s",
+                    "assisted tok/s",
+                    "speedup",
+                    "identical",
+                    "date",
+                ],  # fmt: skip
+                tablefmt="github",
+                floatfmt=".2f",
+            )
+            engines_lines += [f"Engines side by side on `{platform}` (each sweep's own run):", "", table, ""]
+    if not body:
+        return []
+    headers = ["machine", "fastest exact configuration", "tok/s", "vs its plain", "vs llama.cpp plain",
+               "identical", "date", "HumanEval pass@1 plain / assisted"]  # fmt: skip
+    lines = ["## Summary", "", tabulate(body, headers=headers, tablefmt="github"), ""]
+    lines += [
+        "The fastest configuration whose every output equalled plain greedy decoding, from the sweeps "
+        "below (tok/s and speedups measured within one run; llama.cpp's plain decoding of the same "
+        "GGUF timed just before and after that sweep). Details, commands and versions follow per machine.",
+        "",
+        *engines_lines,
+    ]
+    return lines
+
+
+def speeds_png(platform: str, sweeps: Sequence[tuple[str, SweepSummary]]) -> bytes:
+    """Absolute tokens/s of every configuration and plain decoder of a machine's sweeps, side by
+    side, with llama.cpp's plain decoding measured around a sweep as a reference line."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    bars: list[tuple[str, float, str]] = []
+    refs: list[tuple[str, float]] = []
+    for source, summary in sweeps:
+        model = next(iter(summary.chosen.values()))[0].model
+        name = Path(source).stem.removesuffix(platform).removesuffix("-").removeprefix(model).strip("-")
+        name = name or "sweep"
+        for arm, rate in sorted(summary.plain_rate.items()):
+            bars.append((f"{name}: {arm} (plain)", rate, "plain"))
+        for r in summary.results:
+            kind = "exact" if r.identical else "not exact"
+            bars.append((f"{name}: {r.config.label} ({summary.engine_of(r)})", r.assisted_tokens_per_s, kind))
+        if summary.reference is not None:
+            refs.append((name, float(summary.reference["tokens_per_s"])))
+    fig = Figure(figsize=(14, 0.3 * len(bars) + 1.6))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    colours = {"plain": "#9e9e9e", "exact": "#2e7d32", "not exact": "#c62828"}
+    ys = range(len(bars))
+    ax.barh(list(ys), [b[1] for b in bars], color=[colours[b[2]] for b in bars])
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels([b[0] for b in bars], fontsize=7)
+    ax.invert_yaxis()
+    for name, rate in refs:
+        ax.axvline(rate, color="#1565c0", linestyle="--", linewidth=1)
+        ax.annotate(f"llama.cpp plain ({name}) {rate:.1f}", (rate, 0), fontsize=7, color="#1565c0",
+                    rotation=90, va="top", ha="right")  # fmt: skip
+    ax.set_xlabel("Tokens/Sec (grey: plain; green: assisted, every output identical; red: not)", fontsize=9)
+    ax.set_title(f"Tokens/s per engine and configuration, by sweep, on {platform}", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
 # --------------------------------------------------------------------------- the page
 
 
@@ -439,6 +628,10 @@ def results_page(results_dir: Path, baselines_dir: Path | None = None) -> str:
         newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
         references = results.read_records(sweep.reference_path(path))
         sections[platform] += sweep_section(platform, rows, _rel(path, root), references)
+    sweeps = gather_sweeps(results_dir)
+    humaneval_files: dict[str, list[tuple[str, list[dict[str, Any]]]]] = defaultdict(list)
+    for path in sorted(results_dir.glob("*/humaneval/*.jsonl")):
+        humaneval_files[path.parent.parent.name].append((_rel(path, root), results.read_records(path)))
     for folder in sorted(results_dir.glob("*/divergence")):
         tiers = {_rel(p, root): results.read_records(p) for p in sorted(folder.glob("*.jsonl"))}
         if any(tiers.values()):
@@ -468,14 +661,33 @@ def results_page(results_dir: Path, baselines_dir: Path | None = None) -> str:
         "",
     ]
     order = sorted(sections, key=lambda p: (newest[p], p), reverse=True)
+    lines += summary_section(order, sweeps, humaneval_files)
     for platform in order:
-        lines += [f"## {platform}", "", *sections[platform]]
+        lines += [f"## {platform}", ""]
+        if sweeps.get(platform):
+            lines += [f"![Absolute speed on {platform}](./{platform}/{SPEEDS_PNG})", ""]
+        lines += sections[platform]
     return "\n".join(lines).rstrip() + "\n"
 
 
+def gather_sweeps(results_dir: Path) -> dict[str, list[tuple[str, SweepSummary]]]:
+    """Every sweep file's summary under ``results_dir``, by machine."""
+    found: dict[str, list[tuple[str, SweepSummary]]] = defaultdict(list)
+    for path in sorted(Path(results_dir).glob("**/rows/sweep/*.jsonl")):
+        rows = results.read_rows(path)
+        summary = _sweep_summary(rows, results.read_records(sweep.reference_path(path))) if rows else None
+        if summary is not None:
+            found[rows[0].platform or "unknown"].append((_rel(path, Path(results_dir).parent), summary))
+    return found
+
+
 def write_results_page(results_dir: Path, baselines_dir: Path | None = None, out: Path | None = None) -> Path:
-    """The page of ``results_dir``, written into ``out`` (default: ``results_dir`` itself)."""
-    path = Path(out if out is not None else results_dir) / PAGE_NAME
+    """The page of ``results_dir`` and its per-machine speed plots, written into ``out`` (default:
+    ``results_dir`` itself)."""
+    out = Path(out if out is not None else results_dir)
+    for platform, found in gather_sweeps(Path(results_dir)).items():
+        files.atomic_write(out / files.file_name(platform) / SPEEDS_PNG, speeds_png(platform, found))
+    path = out / PAGE_NAME
     files.atomic_write(path, results_page(Path(results_dir), baselines_dir).encode("utf-8"))
     return path
 
