@@ -215,9 +215,10 @@ def run_scored(
     jobs: Sequence[tuple[Mapping[str, Any], str]], *, workers: int = 1, **options: Any
 ) -> list[SandboxResult]:
     """Each (problem, completion)'s program run as scoring runs it, ``workers`` at a time, in order:
-    the sandbox's runner, not the program, calls ``check`` (so a result of the program's own class,
-    whose ``==`` agrees with anything, fails), and only under kernel isolation unless the user opted
-    out (a program running as the caller could read the parent's nonce and forge a pass)."""
+    the program only defines the function, and ``check`` runs on the trusted side on the plain values
+    it returns (``sandbox.run_untrusted(check=...)``: a result of the program's own class, whose
+    ``==`` agrees with anything, fails, and nothing the program does reaches the verdict); only under
+    kernel isolation unless the user opted out (a program running as the caller reaches the host)."""
     from concurrent.futures import ThreadPoolExecutor
 
     unisolated = options.get("isolation", "auto") == "auto" and available_isolation() == "basic"
@@ -233,9 +234,12 @@ def run_scored(
 
     def one(job: tuple[Mapping[str, Any], str]) -> SandboxResult:
         problem, completion = job
-        # The program only defines the function; the dataset's test runs on the trusted side.
+        # The program only defines the function; the dataset's test runs on the trusted side, after
+        # the dataset's prompt (whose helpers and imports some checks use, e.g. HumanEval/32's poly;
+        # its function is a docstring-only stub there, the check is handed the program's instead).
         body = f"{problem['prompt']}{completion}\n"
-        return run_untrusted(body, check=(problem["test"], problem["entry_point"]), **options)
+        test = f"{problem['prompt']}\n{problem['test']}\n"
+        return run_untrusted(body, check=(test, problem["entry_point"]), **options)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(one, jobs))

@@ -311,8 +311,13 @@ def test_sandbox_runs_unprivileged_and_blind_to_the_host(isolation: str) -> None
         "status = open('/proc/self/status').read()\n"
         "caps = [line.split()[1] for line in status.splitlines() if line.startswith('Cap')]\n"
         "assert set(caps) == {'0000000000000000'}, caps\n"  # no capability of any kind
-        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
-        "assert pids == ['1'], pids\n"  # only itself, as PID 1: host processes are hidden
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        # Only itself and the namespace's first process (the shell waiting for it): host processes are
+        # hidden, and the shell, which keeps every capability of the namespace, is not open to it.
+        "assert pids == [1, os.getpid()] and os.getppid() == 1, pids\n"
+        "for path in ('/proc/1/fd/0', '/proc/1/environ', '/proc/1/mem'):\n"
+        "    try:\n        open(path, 'rb').read(1)\n    except PermissionError:\n        continue\n"
+        "    raise AssertionError(f'{path} of the first process is open to the program')\n"
         "assert os.getcwd() == '/tmp/work'\n"
         "open('scratch.txt', 'w').write('ok')\n"
     )
@@ -356,8 +361,9 @@ def test_userns_hides_the_callers_files_and_the_parents_nonce() -> None:
         "import os\n"
         f"assert not os.path.exists({str(project / 'pyproject.toml')!r})\n"
         f"assert not os.path.exists({cache!r}) or not os.listdir({cache!r})\n"
-        "assert os.getppid() == 0\n"  # the parent is outside the PID namespace
-        "assert [p for p in os.listdir('/proc') if p.isdigit()] == ['1']\n"
+        # Its parent is the namespace's first process; nothing of the host is in its /proc.
+        "assert os.getppid() == 1\n"
+        "assert sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getpid()]\n"
     )
     result = run_untrusted(program, isolation="userns", python_guard=False)
     assert result.passed, result.detail
@@ -591,3 +597,22 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+@needs_namespaces
+def test_without_a_cgroup_a_run_holds_at_most_four_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no cgroup can be made, the run's memory is bounded by fewer processes instead: at most
+    four, each under RLIMIT_AS."""
+    from harness import sandbox
+
+    monkeypatch.setattr(sandbox._Cgroup, "make", classmethod(lambda cls, tag, memory_mb: None))
+    program = (
+        "import os, time\nmade = 0\nfor _ in range(8):\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n"
+        "    made += 1\nprint('made', made)\nif made >= 4:\n    raise SystemExit(f'{made} children')\n"
+    )
+    result = run_untrusted(
+        program, isolation="namespaces", python_guard=False, max_processes=32, timeout_s=10
+    )
+    assert result.passed, (result.detail, result.output)
+    assert "made 3" in result.output
