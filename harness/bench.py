@@ -96,6 +96,68 @@ def case(
     return BenchCase(setup.resolve(spec, decoding=decoding, **settings), prompt_tokens, task)
 
 
+# The real cases perf/test_benchmark.py gates, by name: the prompt and budget of the CI subset (short,
+# because the 1.5B fp32 target decodes only ~2 tokens/s here).
+REAL_PROMPT_TOKENS, REAL_NEW_TOKENS = 128, 32
+
+
+def registered_case(spec: Any) -> BenchCase:
+    """The pair as registered: for the offline pair, the configuration the CLI runs by default."""
+    return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS)
+
+
+def fp32_case(spec: Any) -> BenchCase:
+    """The stock fp32 pair: the plain reference, no quantization or hand-written kernel involved."""
+    return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, **setup.STOCK_FP32)
+
+
+def ort_case(spec: Any, provider: str) -> BenchCase:
+    """The registered case with the target exported to ONNX Runtime (int4, default settings) and the
+    registered torch draft: what the seeds' NPU-target / CPU-draft users run."""
+    return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, target_backend="onnxruntime", provider=provider)
+
+
+def genai_case(spec: Any, provider: str, prompt_tokens: int = REAL_PROMPT_TOKENS, k: int = 3) -> BenchCase:
+    """The registered case's prompt and budget through onnxruntime-genai's own loop: its plain
+    decoding against its speculative decoding with the draft exported beside the target (the
+    builder's int4, default settings), K=3 (the engine's K is fixed: no schedule of its own)."""
+    from harness.backends import OrtSettings
+
+    return case(
+        spec,
+        prompt_tokens,
+        REAL_NEW_TOKENS,
+        target_backend="onnxruntime",
+        provider=provider,
+        engine=setup.GENAI,
+        draft_precision=OrtSettings(provider=provider).label,
+        draft_kernels="stock",
+        draft_vocab=0,
+        num_assistant_tokens=k,
+        assistant_schedule="constant",
+    )
+
+
+def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> str | None:
+    """The pytest command that measures the real case ``case_id`` of ``pair`` today, or None when no
+    current case is that one (a pair's registered configuration has changed since)."""
+    from harness import models
+
+    spec = models.get_pair(pair) if isinstance(pair, str) else pair
+    selections = {
+        registered_case(spec).case_id: f"test_benchmark_real and {spec.name}-registered",
+        ort_case(spec, provider).case_id: "test_benchmark_real_onnxruntime and not genai",
+        genai_case(spec, provider).case_id: "test_benchmark_real_onnxruntime_genai",
+    }
+    if spec.name == models.DEFAULT_PAIR:
+        selections[fp32_case(spec).case_id] = f"test_benchmark_real and {spec.name}-fp32"
+    selection = selections.get(case_id)
+    if selection is None:
+        return None
+    command = f'pytest perf/test_benchmark.py -k "{selection}" --perf-repetitions {rounds}'
+    return command if spec.name == models.DEFAULT_PAIR else f"{command} --real-pairs {spec.name}"
+
+
 # --------------------------------------------------------------------------- slowdown injection
 
 

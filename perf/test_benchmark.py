@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import backends, baselines, bench, models, report, setup, stats
-from harness.backends import OrtSettings
+from harness import backends, baselines, bench, models, report, stats
 from harness.results import read_rows, runs_dir
 
 pytestmark = pytest.mark.perf
@@ -61,34 +60,7 @@ def tiny_case(pair_name: str) -> bench.BenchCase:
     return bench.case(pair_name, 64, 32, num_assistant_tokens=5)
 
 
-def registered_case(spec: models.PairSpec) -> bench.BenchCase:
-    """The pair as registered: for the offline pair, the configuration the CLI runs by default."""
-    return bench.case(spec, 128, 32)
-
-
-def ort_case(spec: models.PairSpec, provider: str) -> bench.BenchCase:
-    """The registered case with the target exported to ONNX Runtime (int4, default settings) and the
-    registered torch draft: what the seeds' NPU-target / CPU-draft users run."""
-    return bench.case(spec, 128, 32, target_backend="onnxruntime", provider=provider)
-
-
-def genai_case(spec: models.PairSpec, provider: str, prompt_tokens: int = 128, k: int = 3) -> bench.BenchCase:
-    """The registered case's prompt and budget through onnxruntime-genai's own loop: its plain
-    decoding against its speculative decoding with the draft exported beside the target (the
-    builder's int4, default settings), K=3 (the engine's K is fixed: no schedule of its own)."""
-    return bench.case(
-        spec,
-        prompt_tokens,
-        32,
-        target_backend="onnxruntime",
-        provider=provider,
-        engine="onnxruntime-genai",
-        draft_precision=OrtSettings(provider=provider).label,
-        draft_kernels="stock",
-        draft_vocab=0,
-        num_assistant_tokens=k,
-        assistant_schedule="constant",
-    )
+registered_case, ort_case, genai_case = bench.registered_case, bench.ort_case, bench.genai_case
 
 
 def real_case(pair_name: str, which: str) -> bench.BenchCase:
@@ -98,7 +70,7 @@ def real_case(pair_name: str, which: str) -> bench.BenchCase:
     reference with no quantization or hand-written kernel involved."""
     spec = models.get_pair(pair_name)
     if which == "fp32" and spec.name == models.DEFAULT_PAIR:
-        return bench.case(spec, 128, 32, **setup.STOCK_FP32)
+        return bench.fp32_case(spec)
     if which == "fp32":
         pytest.skip(f"{spec.name} runs its registered case only (the fp32 case is the offline pair's)")
     return registered_case(spec)

@@ -137,3 +137,41 @@ def test_the_page_opens_with_the_summary_and_the_absolute_speed_plot():
         if image in text:
             assert (RESULTS / platform / page.SPEEDS_PNG).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"./amd-epyc-2c-avx512/{page.SPEEDS_PNG}" in text
+
+
+def test_each_benchmark_table_names_the_command_that_made_its_rows():
+    """Rows of the benchmark suite are remade by pytest, not the CLI: each table names the pytest
+    selection of its case today (one test), or says that no current case measures it."""
+    import subprocess
+    import sys
+
+    text = page.results_page(RESULTS)
+    commands = sorted(
+        set(re.findall(r"- command: `(pytest perf/test_benchmark\.py -k \"[^\"]+\"[^`]*)`", text))
+    )
+    assert len(commands) >= 4, commands
+    for command in commands:
+        selection = re.search(r'-k "([^"]+)"', command).group(1)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+             "perf/test_benchmark.py", "-k", selection],
+            cwd=RESULTS.parent, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0 and "1/" in done.stdout and "tests collected" in done.stdout, done.stdout
+    assert "- command: none today (the benchmark suite measured case " in text
+
+
+def test_a_real_case_is_named_by_its_pytest_selection():
+    from harness import backends, bench, models
+
+    spec, provider = models.get_pair(models.DEFAULT_PAIR), backends.DEFAULT_PROVIDER
+    for case, words in (
+        (bench.registered_case(spec), "registered"),
+        (bench.fp32_case(spec), "fp32"),
+        (bench.ort_case(spec, provider), "onnxruntime and not genai"),
+        (bench.genai_case(spec, provider), "onnxruntime_genai"),
+    ):
+        command = bench.real_case_command(spec, case.case_id, 5, provider)
+        assert command is not None and words in command and "--perf-repetitions 5" in command
+    old = bench.case(spec, 128, 32, target_precision="w8af32", draft_precision="w8af32")
+    assert bench.real_case_command(spec, old.case_id, 5, provider) is None

@@ -18,7 +18,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from harness import backends, baselines, configs, files, forwards, results, setup, sweep
+from harness import backends, baselines, bench, configs, files, forwards, results, setup, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
 from harness.results import Row
 
@@ -53,6 +53,18 @@ def _header(platform: str, command: str, versions: str, rows: str) -> list[str]:
     ]
 
 
+def _made_by(command: str, row: Row, rounds: int) -> str | None:
+    """What reruns a benchmark row: the CLI command for a row the CLI wrote; for one of the benchmark
+    suite's rows (``extra["bench"]``), the pytest command that measures its case today, or None when
+    no current case measures that configuration."""
+    bench_extra = row.extra.get("bench")
+    if not isinstance(bench_extra, dict):
+        return command
+    provider = row.execution_provider or backends.DEFAULT_PROVIDER
+    found = bench.real_case_command(row.model, str(bench_extra.get("case_id", "")), rounds, provider)
+    return found
+
+
 def _f(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -84,7 +96,15 @@ def benchmark_section(platform: str, rows: Sequence[Row], source: str) -> list[s
         else:
             proposals = f"{first.draft_precision} draft"
         lines += [f"#### {first.model}, {first.task}: {first.target_precision} target, {proposals}", ""]
-        lines += _header(platform, command, _versions(run), source) + [""]
+        made_by = _made_by(command, first, len(pairs))
+        header = _header(platform, made_by or "", _versions(run), source)
+        if made_by is None:
+            case_id = first.extra["bench"].get("case_id")
+            header[2] = (
+                f"- command: none today (the benchmark suite measured case {case_id} while it was "
+                "registered; the pair's registered configuration has changed since)"
+            )
+        lines += [*header, ""]
         why = disturbed(run)
         if why is not None:
             # Published numbers are results; a run whose own rounds disagree this much is not one.
