@@ -227,7 +227,19 @@ def local_model(path: str | os.PathLike[str]) -> ModelSpec:
         raise HarnessError(f"{config_file} is not a usable model config ({exc}); re-save the model") from None
     check_weight_files(folder)
     family = _FAMILIES.get(model_type, model_type)
-    return ModelSpec(folder.resolve().name, family, vocab_size=vocab_size, path=str(folder.resolve()))
+    return ModelSpec(_folder_name(folder), family, vocab_size=vocab_size, path=str(folder.resolve()))
+
+
+# Folder names that say nothing of the model (this cache's own converted folders are named "hf"):
+# such a folder is named by its parent, so a pair of them does not read "hf+hf".
+_GENERIC_FOLDERS = {"hf", "model", "models", "weights", "checkpoint", "final"}
+
+
+def _folder_name(folder: Path) -> str:
+    resolved = folder.resolve()
+    if resolved.name.lower() in _GENERIC_FOLDERS and resolved.parent.name:
+        return resolved.parent.name
+    return resolved.name
 
 
 def check_weight_files(folder: Path) -> None:

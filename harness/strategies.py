@@ -25,9 +25,9 @@ LARGE_VOCAB = 32000
 
 @dataclass(frozen=True)
 class Strategy:
-    """The pair's registered draft: it must be accepted at least once."""
+    """The pair's own draft model (registered, or the local pair's): it must be accepted at least once."""
 
-    name: str = "registered"
+    name: str = "draft"
 
     def settings(self, k: int, schedule: str, new_tokens: int) -> GenerationSettings:
         return GenerationSettings(

@@ -37,7 +37,7 @@ def _grid() -> list:
     model, hence no confidence schedule: its K is the lookup length, crossed with EOS."""
     cases = [
         (strategy, k, sched, eos)
-        for strategy in ("registered", "self", "random", "partial")
+        for strategy in ("draft", "self", "random", "partial")
         for k in KS
         for sched in SCHEDULES
         for eos in (False, True)
@@ -153,17 +153,17 @@ def _accept_one_extra(module, args, kwargs, output):
 def test_broken_verifier_is_caught(pairs, equality, name):
     pair = pairs.get(name)
     broken = strategies.get("random").draft(pair)
-    s = strategies.get("registered").settings(5, "constant", TINY_NEW_TOKENS)
-    honest = equality.case(broken, PROMPTS[0].text, "registered", s)
+    s = strategies.get("draft").settings(5, "constant", TINY_NEW_TOKENS)
+    honest = equality.case(broken, PROMPTS[0].text, "draft", s)
     assert honest.identical, honest.explain()
     handle = pair.target.register_forward_hook(_accept_one_extra, with_kwargs=True)
     try:
-        case = equality.case(broken, PROMPTS[0].text, "registered", s)
+        case = equality.case(broken, PROMPTS[0].text, "draft", s)
     finally:
         handle.remove()
     assert case.assisted.accepted > 0, "the broken verifier accepted nothing: the test did not bite"
     assert not case.acceptable, "a verifier that accepts a wrong draft token went unnoticed"
-    assert equivalence.acceptance_problems([case], "registered")
+    assert equivalence.acceptance_problems([case], "draft")
 
 
 # --------------------------------------------------------------------------- sampling
@@ -363,7 +363,7 @@ def _tier_check(
     equality: equivalence.EqualityRuns,
     max_tokens=None,
 ):
-    s = strategies.get("registered").settings(5, "constant", new_tokens)
+    s = strategies.get("draft").settings(5, "constant", new_tokens)
     engine = pair.target_setup.engine
     ort = f"{'onnxruntime' if engine == 'transformers' else engine} {pair.execution_provider}"
     runs_on = pair.target_kernels if pair.target_backend == "torch" else ort
@@ -377,7 +377,7 @@ def _tier_check(
             assert row["identical"] or (row["near_tie"] and pair.target_kernels != "invariant"), row
             continue
         # Counted (and written, with --divergence-out) as each prompt finishes, not at the end.
-        cases.append(equality.case(pair, p.text, "registered", s, max_prompt_tokens=max_tokens))
+        cases.append(equality.case(pair, p.text, "draft", s, max_prompt_tokens=max_tokens))
         table.add(label, cases[-1], p.label, pair.spec.name)
     for case in cases:
         # fp32 must be token-exact; lower precisions on stock kernels may flip only a near-tied

@@ -50,9 +50,9 @@ def test_each_strategy_states_the_acceptance_it_implies() -> None:
     assert ok("random", 20, 1, vocab=512) and not ok("random", 20, 5, vocab=512)  # chance on a tiny vocab
     assert ok("partial", 20, 7) and not ok("partial", 20, 0) and not ok("partial", 20, 20)
     assert ok("partial", 20, 20, whole=False)  # an EOS inside the budget can end it before a miss
-    assert ok("registered", 20, 1) and not ok("registered", 20, 0)
+    assert ok("draft", 20, 1) and not ok("draft", 20, 0)
     assert ok("prompt_lookup", 20, 0)
     assert strategies.get("prompt_lookup").settings(4, "constant", 16).mode == "prompt_lookup"
     assert strategies.get("self").settings(4, "dynamic", 16).assistant_schedule == "dynamic"
-    with pytest.raises(ValueError, match="registered, self, random, partial, prompt_lookup"):
+    with pytest.raises(ValueError, match="draft, self, random, partial, prompt_lookup"):
         strategies.get("medusa")

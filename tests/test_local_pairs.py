@@ -125,3 +125,13 @@ def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "NAME=TARGET_FOLDER" in bad.stdout + bad.stderr
+
+
+def test_folders_with_generic_names_are_named_by_their_parents(tmp_path):
+    """This cache's converted folders are all called "hf": a pair of them is named by the models."""
+    from harness import tiny
+
+    for name in ("big-coder", "small-coder"):
+        tiny.build_target("tiny-llama").save_pretrained(tmp_path / name / "hf")
+    spec = models.local_pair(tmp_path / "big-coder" / "hf", tmp_path / "small-coder" / "hf")
+    assert spec.name == "big-coder+small-coder" and spec.kind == "code"
