@@ -330,9 +330,7 @@ def baseline_platform(root: str | os.PathLike[str], platform: str, case: CaseKey
     holders = [
         p.name
         for p in sorted(Path(root).iterdir() if Path(root).is_dir() else ())
-        if p.is_dir()
-        and p.name != platform
-        and (p / model_dir(case.model) / f"{case.case_id}.json").is_file()
+        if p.is_dir() and p.name != platform and baseline_path(root, p.name, case).is_file()
     ]
     if not holders:
         raise MissingBaselineError(

@@ -197,18 +197,10 @@ def _path_problems(config: pytest.Config) -> list[str]:
             results.check_rows_path(Path(divergence), "--divergence-out", equivalence.ROW_KEYS)
         except HarnessError as exc:
             out.append(str(exc))
-    folder = config.getoption("--humaneval-out")
-    if folder is not None:
-        path = Path(folder)
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir():
-            out.append(
-                f"--humaneval-out {folder}: {existing} is a file; pass a folder for the HumanEval rows"
-            )
-        elif not os.access(existing, os.W_OK):
-            out.append(
-                f"--humaneval-out {folder}: {existing} is not writable; pass a folder you can write to"
-            )
+    try:
+        results.check_out_folder("--humaneval-out", config.getoption("--humaneval-out"))
+    except HarnessError as exc:
+        out.append(str(exc))
     name = config.getoption("--platform")
     if name is not None and name != platforms.slug(name):
         # It names a folder under baselines/ and results/: nothing else may reach outside them.

@@ -176,6 +176,19 @@ def drop_torn_tail(path: str | Path) -> bool:
     return False
 
 
+def check_out_folder(flag: str, folder: str | None) -> None:
+    """A folder a run will write into (``--results_dir``, ``--humaneval-out``): a folder or creatable
+    as one, and writable; checked before any model loads."""
+    if folder is None:
+        return
+    path = Path(folder)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise HarnessError(f"{flag} {folder}: {existing} is a file, not a folder; pass a folder")
+    if not os.access(existing, os.W_OK):
+        raise HarnessError(f"{flag} {folder}: {existing} is not writable; pass a folder you can write to")
+
+
 ROW_KEYS = ("example",)  # what every measured row holds (``_check_row``)
 
 

@@ -178,6 +178,7 @@ def run_prompts(
                 raise HarnessError(f"cannot resume from {json_path}: {exc}") from exc
             done = {r.key(): r for r in stored if r.run_id == run_id}
         ids_of = check_context(pair, prompts, max_new_tokens)
+        digests = [setup.prompt_digest(ids) for ids in ids_of]
         limit = context_length(pair)
 
         def settings_of(job: experiment.Job[Prompt, str]) -> GenerationSettings:
@@ -195,7 +196,7 @@ def run_prompts(
                 example=job.index,
                 task=task,
                 run_id=run_id,
-                prompt_sha=setup.prompt_digest(ids),
+                prompt_sha=digests[job.index - 1],
             )
             return done.get(probe.key())
 
@@ -211,7 +212,7 @@ def run_prompts(
                 label=job.item.label,
                 platform=platform,
                 run_id=run_id,
-                prompt_sha=setup.prompt_digest(ids_of[job.index - 1]),
+                prompt_sha=digests[job.index - 1],
             )
             if json_path is not None:
                 append_row(json_path, row)

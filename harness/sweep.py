@@ -402,7 +402,7 @@ def _measure_group(
             "config": arm,
             "target_kernels": kernels,
             "prompt": prompt.label,
-            "prompt_sha": _prompt_digest(prompt),
+            "prompt_sha": row.prompt_sha,
             "example": example,
             "position": position,  # place of this arm in the prompt's rotated order
             "threads": threads,

@@ -68,21 +68,9 @@ def _prompts(
     return prompts
 
 
-def _check_folder(flag: str, folder: str | None) -> None:
-    """A folder the run will write into: a folder (or creatable as one), and writable."""
-    if folder is None:
-        return
-    path = Path(folder)
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise HarnessError(f"{flag} {folder}: {existing} is a file, not a folder; pass a folder")
-    if not os.access(existing, os.W_OK):
-        raise HarnessError(f"{flag} {folder}: {existing} is not writable; pass a folder you can write to")
-
-
 def _check_flags(args: argparse.Namespace) -> None:
     """Flag values argparse cannot judge, checked before anything slow (model loading) starts."""
-    _check_folder("--results_dir", getattr(args, "results_dir", None))
+    results.check_out_folder("--results_dir", getattr(args, "results_dir", None))
     for flag in ("limit", "max_new_tokens", "num_assistant_tokens", "prompt_lookup", "threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -241,7 +229,7 @@ def regen(args: argparse.Namespace) -> int:
     from harness.report import page
 
     out = Path(args.results_dir or "results")
-    _check_folder("--results_dir", str(out))
+    results.check_out_folder("--results_dir", str(out))
     missing = [p for p in args.rows or () if not Path(p).is_file()]
     if missing:
         raise HarnessError(f"--rows: no such file {', '.join(missing)}; pass JSONL row files of earlier runs")
@@ -252,19 +240,19 @@ def regen(args: argparse.Namespace) -> int:
             f"no row files found (looked for {Path(source, 'rows')}/*.jsonl); "
             "run with --json PATH first or pass --rows FILE ..."
         )
-    rows = []
+    rows_by_file: dict[str, list[results.Row]] = {}
     for path in paths:
         try:
-            rows += results.read_rows(path)
+            rows_by_file[str(path)] = results.read_rows(path)
         except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
             raise HarnessError(
                 f"--rows {path} is not a rows file of this harness ({type(exc).__name__}: {exc}); pass the "
                 "JSONL rows an earlier run wrote (--json, or under runs/)"
             ) from None
-    written = report.regen_results(rows, out)
+    written = report.regen_results([r for rows in rows_by_file.values() for r in rows], out)
     if args.rows:
         # The page of the rows given: their benchmark sections, machine by machine.
-        written.append(page.write_rows_page(out, {str(p): results.read_rows(p) for p in paths}))
+        written.append(page.write_rows_page(out, rows_by_file))
     else:
         # The results page covers every row file of the source folder (sweeps, divergence and
         # HumanEval rows too) and the baselines beside it.
@@ -344,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
         where = f"; finished rows are in {args.json}" if args.json else ""
         print(f"interrupted{where}", file=sys.stderr)
         return 130
+    command = reproduce(args, rows[-1], defaults)
     for mode in modes:
         mode_rows = [r for r in rows if r.mode == mode]
         print(
@@ -352,11 +341,11 @@ def run(args: argparse.Namespace) -> int:
             + (f", draft {pair.draft_precision}" if mode == "assisted" else "")
             + ")\n"
         )
-        print(f"```{reproduce(args, rows[-1], defaults)}```\n")
+        print(f"```{command}```\n")
         print(report.seed_table(mode_rows, acceptance=mode != "plain", wide=args.wide))
     print()
     if args.compare:
-        print(report.compare_table(rows, defaults, wide=args.wide, shown=reproduce(args, rows[-1], defaults)))
+        print(report.compare_table(rows, defaults, wide=args.wide, shown=command))
     # With --compare the table above has said the speedup (and its cautions): the rates only here.
     print(report.summary_line(rows, defaults, speedup=not args.compare))
     return 0

@@ -61,8 +61,7 @@ def _made_by(command: str, row: Row, rounds: int) -> str | None:
     if not isinstance(bench_extra, dict):
         return command
     provider = row.execution_provider or backends.DEFAULT_PROVIDER
-    found = bench.real_case_command(row.model, str(bench_extra.get("case_id", "")), rounds, provider)
-    return found
+    return bench.real_case_command(row.model, str(bench_extra.get("case_id", "")), rounds, provider)
 
 
 def _f(value: float | None, spec: str, suffix: str = "") -> str:
@@ -223,15 +222,11 @@ def _sweep_summary(rows: Sequence[Row], references: Sequence[Mapping[str, Any]] 
     return SweepSummary(results_, plain_rate, chosen, ref, max(r.timestamp or "" for r in read), engines)
 
 
-def sweep_section(
-    platform: str, rows: Sequence[Row], source: str, references: Sequence[Mapping[str, Any]] = ()
-) -> list[str]:
-    """One table per sweep file: every configuration against its target's plain runs of the same
-    run (the run with the most prompts for each configuration), as the sweep printed it; below it,
-    llama.cpp's plain decoding when a reference was measured around those rows."""
-    summary = _sweep_summary(rows, references)
-    if summary is None:
-        return []
+def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: SweepSummary) -> list[str]:
+    """One table per sweep file (``summary`` of its ``rows``): every configuration against its
+    target's plain runs of the same run (the run with the most prompts for each configuration), as
+    the sweep printed it; below it, llama.cpp's plain decoding when a reference was measured around
+    those rows."""
     results_, plain_rate, ref = summary.results, summary.plain_rate, summary.reference
     configs_ = [r.config for r in results_]
     best = max(plain_rate.values(), default=None)
@@ -622,6 +617,13 @@ def _rel(path: Path, root: Path) -> str:
 def results_page(results_dir: Path, baselines_dir: Path | None = None) -> str:
     """The page for every row file under ``results_dir`` and every measured baseline under
     ``baselines_dir`` (default: ``baselines/`` beside it); paths shown relative to their parent."""
+    return _page(results_dir, baselines_dir)[0]
+
+
+def _page(
+    results_dir: Path, baselines_dir: Path | None = None
+) -> tuple[str, dict[str, list[tuple[str, SweepSummary]]]]:
+    """The page's text, and the sweeps' summaries by machine (what its plots draw)."""
     results_dir = Path(results_dir)
     root = results_dir.parent
     baselines_dir = root / "baselines" if baselines_dir is None else Path(baselines_dir)
@@ -642,13 +644,16 @@ def results_page(results_dir: Path, baselines_dir: Path | None = None) -> str:
         if measured:
             newest[folder.name] = max([newest[folder.name], *(r.date or "" for r in measured)])
             sections[folder.name] += baselines_section(folder.name, measured, _rel(folder, root) + "/")
+    # Each sweep file summarised once: its table here, and the summary and the plot read the same.
+    sweeps: dict[str, list[tuple[str, SweepSummary]]] = defaultdict(list)
     for path in sorted(results_dir.glob("**/rows/sweep/*.jsonl")):
         rows = results.read_rows(path)
         platform = rows[0].platform if rows else "unknown"
         newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
-        references = results.read_records(sweep.reference_path(path))
-        sections[platform] += sweep_section(platform, rows, _rel(path, root), references)
-    sweeps = gather_sweeps(results_dir)
+        summary = _sweep_summary(rows, results.read_records(sweep.reference_path(path)))
+        if summary is not None:
+            sweeps[platform].append((_rel(path, root), summary))
+            sections[platform] += sweep_section(platform, rows, _rel(path, root), summary)
     humaneval_files: dict[str, list[tuple[str, list[dict[str, Any]]]]] = defaultdict(list)
     for path in sorted(results_dir.glob("*/humaneval/*.jsonl")):
         humaneval_files[path.parent.parent.name].append((_rel(path, root), results.read_records(path)))
@@ -685,30 +690,20 @@ def results_page(results_dir: Path, baselines_dir: Path | None = None) -> str:
     for platform in order:
         lines += [f"## {platform}", ""]
         if sweeps.get(platform):
-            lines += [f"![Absolute speed on {platform}](./{platform}/{SPEEDS_PNG})", ""]
+            lines += [f"![Absolute speed on {platform}](./{files.file_name(platform)}/{SPEEDS_PNG})", ""]
         lines += sections[platform]
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def gather_sweeps(results_dir: Path) -> dict[str, list[tuple[str, SweepSummary]]]:
-    """Every sweep file's summary under ``results_dir``, by machine."""
-    found: dict[str, list[tuple[str, SweepSummary]]] = defaultdict(list)
-    for path in sorted(Path(results_dir).glob("**/rows/sweep/*.jsonl")):
-        rows = results.read_rows(path)
-        summary = _sweep_summary(rows, results.read_records(sweep.reference_path(path))) if rows else None
-        if summary is not None:
-            found[rows[0].platform or "unknown"].append((_rel(path, Path(results_dir).parent), summary))
-    return found
+    return "\n".join(lines).rstrip() + "\n", sweeps
 
 
 def write_results_page(results_dir: Path, baselines_dir: Path | None = None, out: Path | None = None) -> Path:
     """The page of ``results_dir`` and its per-machine speed plots, written into ``out`` (default:
     ``results_dir`` itself)."""
     out = Path(out if out is not None else results_dir)
-    for platform, found in gather_sweeps(Path(results_dir)).items():
+    text, sweeps = _page(Path(results_dir), baselines_dir)
+    for platform, found in sweeps.items():
         files.atomic_write(out / files.file_name(platform) / SPEEDS_PNG, speeds_png(platform, found))
     path = out / PAGE_NAME
-    files.atomic_write(path, results_page(Path(results_dir), baselines_dir).encode("utf-8"))
+    files.atomic_write(path, text.encode("utf-8"))
     return path
 
 
