@@ -121,8 +121,6 @@ def genai_case(spec: Any, provider: str, prompt_tokens: int = REAL_PROMPT_TOKENS
     """The registered case's prompt and budget through onnxruntime-genai's own loop: its plain
     decoding against its speculative decoding with the draft exported beside the target (the
     builder's int4, default settings), K=3 (the engine's K is fixed: no schedule of its own)."""
-    from harness.backends import OrtSettings
-
     return case(
         spec,
         prompt_tokens,
@@ -130,11 +128,7 @@ def genai_case(spec: Any, provider: str, prompt_tokens: int = REAL_PROMPT_TOKENS
         target_backend="onnxruntime",
         provider=provider,
         engine=setup.GENAI,
-        draft_precision=OrtSettings(provider=provider).label,
-        draft_kernels="stock",
-        draft_vocab=0,
         num_assistant_tokens=k,
-        assistant_schedule="constant",
     )
 
 

@@ -1,80 +1,91 @@
-"""What runs a pair's decoding loop, chosen in one place.
+"""What runs a pair's decoding loop: one class per engine, registered in one table.
 
-``transformers``: transformers' ``generate`` over a torch target or an ONNX Runtime target behind an
-adapter (``models.load_pair``). ``onnxruntime-genai``: that library's own Generator, plain and
-speculative, over the model builder's exports (``harness.genai``). Either way the caller gets a
-``LoadedPair``; ``generation.generate`` runs it (a pair with a ``decoder`` of its own is decoded by
-it). The CLI, the sweep and the pytest plugin load through ``load``, so a new engine is a name in
-``setup.ENGINES`` and a branch here.
+An engine checks a ``RunSetup`` before anything loads (``check``), loads a pair for it (``load``) and
+decodes one prompt of that pair into a ``timing.Measurement`` (``decode``), as transformers keeps one
+class per draft strategy. ``transformers``: transformers' ``generate`` over a torch target or an ONNX
+Runtime target behind an adapter (``models.load_pair``, ``generation``). ``onnxruntime-genai``: that
+library's own Generator, plain and speculative, over the model builder's exports (``harness.genai``).
+
+Adding an engine is a module with such a class and one line in ``REGISTRY`` (and its name in
+``setup.ENGINES``, which the CLI's ``--engine`` offers). Everything above loads through ``load``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, ClassVar, Protocol
 
-from harness import backends, models
+from harness import generation, models
 from harness.errors import HarnessError
-from harness.setup import ENGINES, GENAI, GenerationSettings
+from harness.setup import ENGINES, GENAI, RunSetup
+from harness.timing import Measurement
 
-# Settings of transformers' loop that the engine does not take (it runs the builder's exports, the
-# draft at the target's settings): refused when given, rather than silently ignored.
-NOT_FOR_GENAI = ("draft_precision", "draft_vocab", "draft_kernels", "target_kernels")
-
-
-def check_engine(engine: str) -> str:
-    if engine not in ENGINES:
-        raise HarnessError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    return engine
+__all__ = ["ENGINES", "GENAI", "Engine", "REGISTRY", "check", "engine_class", "load"]
 
 
-def check_settings(engine: str, settings: GenerationSettings) -> None:
-    """Refuse, before anything loads, decoding settings the engine cannot run."""
-    if check_engine(engine) == GENAI:
-        from harness import genai
+class Engine(Protocol):
+    """The interface every engine class has (``load`` and ``check`` are class methods: nothing is
+    held before a pair loads; the loaded pair carries the engine object that decodes it)."""
 
-        genai.check_settings(settings)
+    name: ClassVar[str]
+
+    @classmethod
+    def check(cls, spec: models.PairSpec, run: RunSetup) -> None: ...
+
+    @classmethod
+    def load(
+        cls, spec: models.PairSpec, run: RunSetup, *, weights_dir: str | None, verify: bool
+    ) -> models.LoadedPair:
+        """The pair, checked first (``check``), its ``engine`` the object that decodes it."""
+        ...
+
+    def decode(self, pair: models.LoadedPair, prompt_ids: list[int], settings: Any) -> Measurement: ...
+
+
+class Transformers:
+    """transformers' own ``generate`` with ``assistant_model``: what users ship."""
+
+    name: ClassVar[str] = "transformers"
+
+    @classmethod
+    def check(cls, spec: models.PairSpec, run: RunSetup) -> None:
+        models.check_run(spec, run)
+
+    @classmethod
+    def load(
+        cls, spec: models.PairSpec, run: RunSetup, *, weights_dir: str | None = None, verify: bool = False
+    ) -> models.LoadedPair:
+        # No engine object on the pair: ``generation.generate`` runs transformers' loop itself.
+        return models.load_pair(spec, run, weights_dir=weights_dir, verify=verify)  # checks the run
+
+    def decode(self, pair: models.LoadedPair, prompt_ids: list[int], settings: Any) -> Measurement:
+        return generation.generate(pair, prompt_ids, settings)
+
+
+# Engine name -> "module:Class", imported when first used (an engine's runtime loads only if it runs).
+REGISTRY: dict[str, str] = {
+    "transformers": "harness.engines:Transformers",
+    GENAI: "harness.genai:GenaiEngine",
+}
+
+
+def engine_class(name: str) -> type[Engine]:
+    if name not in REGISTRY:
+        raise HarnessError(f"engine {name!r}: choose one of {', '.join(REGISTRY)}")
+    module, _, attr = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def check(spec: str | models.PairSpec, run: RunSetup) -> None:
+    """Refuse, before anything loads, a run its engine cannot do here."""
+    engine_class(run.target.engine).check(models.get_pair(spec), run)
 
 
 def load(
-    spec: str | models.PairSpec,
-    *,
-    engine: str = "transformers",
-    with_draft: bool = True,
-    weights_dir: str | None = None,
-    verify: bool = False,
-    target_precision: str | None = None,
-    execution_provider: str | None = None,
-    ort_block_size: int = backends.OrtSettings.block_size,
-    ort_accuracy_level: int = backends.OrtSettings.accuracy_level,
-    **settings: Any,
+    spec: str | models.PairSpec, run: RunSetup, *, weights_dir: str | None = None, verify: bool = False
 ) -> models.LoadedPair:
-    """Pair ``spec`` as ``engine`` runs it; ``settings`` are ``models.load_pair``'s (precisions,
-    kernels, draft vocabulary, devices, target backend). onnxruntime-genai always runs an ONNX
-    Runtime target on ``execution_provider``, at ``target_precision`` int4 (default) or fp32."""
+    """Pair ``spec`` loaded for ``run`` by the run's engine (which checks it first)."""
     spec = models.get_pair(spec)
-    provider = execution_provider or backends.DEFAULT_PROVIDER
-    if check_engine(engine) == GENAI:
-        from harness import genai
-
-        for name in NOT_FOR_GENAI:
-            if settings.get(name) is not None:
-                raise HarnessError(
-                    f"--{name} applies to --engine transformers; onnxruntime-genai runs the builder's "
-                    "exports (set their precision with --target_precision int4|fp32 and --ort_*)"
-                )
-        ort = backends.OrtSettings(
-            target_precision or "int4", ort_block_size, ort_accuracy_level, provider
-        ).validate()
-        pair, _ = genai.prepare(spec, ort, with_draft=with_draft, weights_dir=weights_dir, verify=verify)
-        return pair
-    return models.load_pair(
-        spec,
-        target_precision=target_precision,
-        execution_provider=provider,
-        ort_block_size=ort_block_size,
-        ort_accuracy_level=ort_accuracy_level,
-        with_draft=with_draft,
-        weights_dir=weights_dir,
-        verify=verify,
-        **settings,
-    )
+    if run.pair != spec.name:
+        raise HarnessError(f"a run of {run.pair} cannot load pair {spec.name}")
+    return engine_class(run.target.engine).load(spec, run, weights_dir=weights_dir, verify=verify)

@@ -38,13 +38,13 @@ ORT_NEAR_TIE_TOLERANCE = {"fp32": 1e-3, "int4": 0.5}
 
 def tolerance_for(pair: LoadedPair) -> float:
     """How far apart the target's top two logits may be for a flip to count as a near tie."""
-    if pair.target_backend == "onnxruntime":
-        return ORT_NEAR_TIE_TOLERANCE["fp32" if pair.target_precision == "ort-fp32" else "int4"]
+    if pair.target_setup.backend == "onnxruntime":
+        return ORT_NEAR_TIE_TOLERANCE["fp32" if pair.target_setup.precision == "ort-fp32" else "int4"]
     # The near-tie rule is for kernels whose batched rows may round differently (stock, third-party);
     # the harness's batch-invariant kernels compute every row as a one-token step: no allowance.
-    if pair.target_kernels == "invariant":
+    if pair.target_setup.kernels == "invariant":
         return 0.0
-    return NEAR_TIE_TOLERANCE.get(pair.target_precision, 0.0)
+    return NEAR_TIE_TOLERANCE.get(pair.target_setup.precision, 0.0)
 
 
 def top2_gap(model: PreTrainedModel, ids: list[int]) -> float:
@@ -121,7 +121,7 @@ def check_case(
     assisted = generate(pair, prompt_ids, settings)
     i = first_divergence(plain.output_ids, assisted.output_ids)
     gap = None
-    engine_gap = getattr(pair.decoder, "gap", None)
+    engine_gap = getattr(pair.engine, "gap", None)
     if i is not None and engine_gap is not None:
         # An engine of its own (harness.genai): the plain token's lead over the other's in its logits.
         gap = engine_gap(prompt_ids, plain.output_ids, assisted.output_ids)

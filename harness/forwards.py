@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from harness import llamacpp, models
+from harness import llamacpp, models, setup
 from harness.errors import HarnessError
 
 
@@ -138,7 +138,8 @@ def measure(
                 settings = {"target_precision": prec, "target_kernels": kern, "with_draft": False}
             else:
                 settings = {"draft_precision": prec, "draft_kernels": kern, "draft_vocab": draft_vocab}
-            pair = models.load_pair(name, weights_dir=weights_dir, **settings)
+            spec = models.get_pair(name)
+            pair = models.load_pair(spec, setup.resolve(spec, **settings), weights_dir=weights_dir)
             model = getattr(pair, role)
             for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
                 rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m)))

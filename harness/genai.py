@@ -12,7 +12,6 @@ held against the other (``analysis.engine_stats_problems``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from harness import files, timing
 from harness.errors import HarnessError, UnsupportedError
@@ -230,7 +229,7 @@ def divergence_gap(
 
 
 @dataclass
-class Engine:
+class Models:
     """The engine's plain model and, per K, its speculative one (built on first use)."""
 
     target_export: Path
@@ -298,76 +297,96 @@ def _plain_step_costs(run: EngineRun) -> dict[str, tuple[float, int]]:
     return {"target": (run.time_per_token_ms * steps, steps) if steps > 0 else (0.0, 0)}
 
 
-def prepare(
-    spec: Any,
-    ort: Any,
-    *,
-    with_draft: bool,
-    weights_dir: str | None = None,
-    verify: bool = False,
-    folders: dict[str, Path] | None = None,
-):
-    """A ``LoadedPair`` whose target and draft are the engine's (exports by the model builder at
-    ``ort``'s settings, the draft at the same ones) and the ``decode`` function that runs it;
-    ``runner.run_prompts(pair, ..., decode=decode)`` then measures it like any other pair.
-    ``folders`` (role -> Hugging Face folder) stands in for the spec's own models (a test's pair
-    built from a recipe)."""
-    from transformers import AutoTokenizer
+class GenaiEngine:
+    """onnxruntime-genai's Generator over the model builder's exports of a pair, at the target's
+    settings (the draft exported beside it): plain decoding, its speculative decoding with the draft
+    and its n-gram decoding (the suite's prompt lookup). One object per loaded pair holds its models."""
 
-    from harness import backends, models, packaged
-    from harness.setup import Draft, Target
+    name: ClassVar[str] = "onnxruntime-genai"
 
-    backends.check_family(spec.family, spec.name)
-    roles = {"target": spec.target, **({"draft": spec.draft} if with_draft else {})}
-    if folders is not None:
-        folders = {role: folders[role] for role in roles}
-    elif spec.target.is_tiny:
-        # The tiny stand-ins have no folders: saved once, named by their content (tiny.saved_folder).
-        from harness import tiny
+    def __init__(self, models_of: Models, vocab: int) -> None:
+        self.models = models_of
+        self.vocab = vocab
 
-        name, tokenizer = spec.name.lower(), tiny.build_tokenizer()
-        target = tiny.build_target(name)
-        models_of = {"target": target, "draft": tiny.build_draft(name, target)}
-        folders = {role: tiny.saved_folder(m.name, models_of[role], tokenizer) for role, m in roles.items()}
-    else:
-        folders = {role: models.resolve_model(m, weights_dir, verify=verify) for role, m in roles.items()}
-    exports = {
-        role: models.export_ort_target(roles[role].name, folder, ort, verify=verify)
-        for role, folder in folders.items()
-    }
-    engine = Engine(
-        exports["target"], exports.get("draft"), packaged.cache_root() / "genai", load(exports["target"])
-    )
-    vocab = vocab_size(exports["target"])
-    pair = models.LoadedPair(
-        spec=spec,
-        target=None,
-        draft=None,
-        tokenizer=AutoTokenizer.from_pretrained(folders["target"], local_files_only=True),
-        target_setup=Target(
-            ort.label, backend="onnxruntime", provider=ort.provider, engine="onnxruntime-genai"
-        ),
-        draft_setup=Draft(ort.label) if with_draft else None,
-        origins={role: str(path) for role, path in exports.items()},
-    )
+    @classmethod
+    def check(cls, spec: Any, run: Any) -> None:
+        """What onnxruntime-genai 0.18.0 runs through the suite (``check_settings``), on an export
+        of a family its model builder writes."""
+        from harness import backends, models
 
-    def gap(prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
-        """The engine's own one-token logit gap where ``other`` leaves ``plain`` (None: identical)."""
-        found = divergence_gap(engine.plain, prompt_ids, plain, other)
+        backends.check_family(spec.family, spec.name)
+        models.ort_settings(run).validate()
+        check_settings(run.decoding)
+
+    @classmethod
+    def load(
+        cls,
+        spec: Any,
+        run: Any,
+        *,
+        weights_dir: str | None = None,
+        verify: bool = False,
+        folders: dict[str, Path] | None = None,
+    ) -> Any:
+        """The pair as the engine runs it (checked first); ``folders`` (role -> Hugging Face folder)
+        stands in for the spec's own models (a test's pair built from a recipe)."""
+        from transformers import AutoTokenizer
+
+        from harness import models, packaged
+
+        cls.check(spec, run)
+        ort = models.ort_settings(run)
+        roles = {"target": spec.target, **({"draft": spec.draft} if run.draft is not None else {})}
+        if folders is not None:
+            folders = {role: folders[role] for role in roles}
+        elif spec.target.is_tiny:
+            # The tiny stand-ins have no folders: saved once, named by their content (tiny.saved_folder).
+            from harness import tiny
+
+            name, tokenizer = spec.name.lower(), tiny.build_tokenizer()
+            target = tiny.build_target(name)
+            models_of = {"target": target, "draft": tiny.build_draft(name, target)}
+            folders = {
+                role: tiny.saved_folder(m.name, models_of[role], tokenizer) for role, m in roles.items()
+            }
+        else:
+            folders = {role: models.resolve_model(m, weights_dir, verify=verify) for role, m in roles.items()}
+        exports = {
+            role: models.export_ort_target(roles[role].name, folder, ort, verify=verify)
+            for role, folder in folders.items()
+        }
+        held = Models(
+            exports["target"], exports.get("draft"), packaged.cache_root() / "genai", load(exports["target"])
+        )
+        return models.LoadedPair(
+            spec=spec,
+            target=None,
+            draft=None,
+            tokenizer=AutoTokenizer.from_pretrained(folders["target"], local_files_only=True),
+            target_setup=run.target,
+            draft_setup=run.draft,
+            origins={role: str(path) for role, path in exports.items()},
+            engine=cls(held, vocab_size(exports["target"])),
+        )
+
+    def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
+        """The engine's own one-token logit gap where ``other`` leaves ``plain`` (None: identical):
+        how the equivalence check judges a flip (there is no torch target)."""
+        found = divergence_gap(self.models.plain, prompt_ids, plain, other)
         return None if found is None else found[1]
 
-    def decode(_pair: Any, ids: list[int], settings: Any) -> Any:
+    def decode(self, _pair: Any, ids: list[int], settings: Any) -> Any:
         from harness.timing import Measurement
 
         check_settings(settings)
-        model = engine.model_for(settings.mode, proposal_k(settings))
+        model = self.models.model_for(settings.mode, proposal_k(settings))
         sampling = sampling_of(settings)
         run = decode_prompt(
             model,
             ids,
             settings.max_new_tokens,
             ignore_eos=settings.ignore_eos,
-            sampling=sampling.options(vocab) if sampling else None,
+            sampling=sampling.options(self.vocab) if sampling else None,
         )
         s = run.stats
         speculative = settings.mode != "plain"
@@ -394,7 +413,3 @@ def prepare(
             step_costs=_step_costs(s) if speculative else _plain_step_costs(run),
             rejected_steps=s.get("correction_tokens", 0) if speculative else None,
         )
-
-    # The equivalence helper judges a flip with the engine's own logits (there is no torch target).
-    decode.gap = gap  # type: ignore[attr-defined]
-    return dataclasses.replace(pair, decoder=decode), decode

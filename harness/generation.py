@@ -108,8 +108,8 @@ def generate(
 ) -> Measurement:
     """Decode one prompt once and measure it (through the pair's own engine when it has one)."""
     settings.validate()
-    if pair.decoder is not None:
-        return pair.decoder(pair, [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1)], settings)
+    if pair.engine is not None:
+        return pair.engine.decode(pair, [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1)], settings)
     if settings.mode == "assisted" and pair.draft is None:
         raise HarnessError(f"{pair.spec.name} was loaded without a draft; load it with its draft to assist")
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1).to(pair.target.device)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from harness import (
     kquants,
     packaged,
     precision,
-    setup,
     tiny,
     vocab,
     weights,
@@ -302,46 +300,9 @@ class LoadedPair:
     target_setup: Target  # how the target runs, resolved (harness.setup)
     draft_setup: Draft | None  # how the draft runs; None: loaded without one
     origins: dict[str, str] = field(default_factory=dict)  # role -> where the weights came from
-    # Decodes with this pair instead of transformers' generate (an engine of its own, harness.genai):
-    # (pair, prompt ids, settings) -> Measurement. None: transformers' generate.
-    decoder: Callable[..., Any] | None = None
-
-    # The row columns of the two setups, read where rows and checks name them.
-    @property
-    def target_precision(self) -> str:
-        return self.target_setup.precision
-
-    @property
-    def target_kernels(self) -> str:
-        return self.target_setup.kernels
-
-    @property
-    def target_backend(self) -> str:
-        return self.target_setup.backend
-
-    @property
-    def execution_provider(self) -> str | None:
-        return self.target_setup.provider
-
-    @property
-    def target_device(self) -> str:
-        return self.target_setup.device
-
-    @property
-    def draft_precision(self) -> str | None:
-        return self.draft_setup.precision if self.draft_setup else None
-
-    @property
-    def draft_kernels(self) -> str:
-        return self.draft_setup.kernels if self.draft_setup else "stock"
-
-    @property
-    def draft_vocab(self) -> int | None:
-        return self.draft_setup.vocab if self.draft_setup else None
-
-    @property
-    def draft_device(self) -> str | None:
-        return self.draft_setup.device if self.draft_setup else None
+    # The engine object that decodes this pair (``engines``: its ``decode``, and ``gap`` where it
+    # judges a flip by its own logits); None: transformers' generate (``generation``).
+    engine: Any = None
 
     @property
     def eos_token_id(self) -> int | None:
@@ -464,92 +425,72 @@ def prepare_draft(
     return devices.place(draft, devices.check_device(str(device)))
 
 
-def load_pair(
-    name: str | PairSpec = DEFAULT_PAIR,
-    *,
-    target_precision: str | None = None,
-    draft_precision: str | None = None,
-    target_device: str = "cpu",
-    draft_device: str = "cpu",
-    with_draft: bool = True,
-    weights_dir: str | None = None,
-    target_kernels: str | None = None,
-    draft_vocab: int | None = None,
-    draft_kernels: str | None = None,
-    target_backend: str = "torch",
-    execution_provider: str = backends.DEFAULT_PROVIDER,
-    ort_block_size: int = OrtSettings.block_size,
-    ort_accuracy_level: int = OrtSettings.accuracy_level,
-    verify: bool = False,
-) -> LoadedPair:
-    """Load target (and draft) with their precisions on their devices; validate everything first.
+def ort_settings(run: RunSetup) -> OrtSettings | None:
+    """The ONNX Runtime export settings of ``run``'s target (None: a torch target)."""
+    if run.target.backend != "onnxruntime":
+        return None
+    return OrtSettings.from_label(run.target.precision, run.target.provider or backends.DEFAULT_PROVIDER)
 
-    ``target_backend="onnxruntime"`` exports the target once (harness.onnx_export) and runs it on
-    ``execution_provider``; its precision is "int4" (the default there) or "fp32", and the pair's
-    torch precision and kernels do not apply to it. The draft stays in torch either way.
-    """
-    spec = get_pair(name)
-    backends.check_backend(target_backend)
-    ort_settings = None
-    if target_backend == "onnxruntime":
+
+def check_run(spec: PairSpec, run: RunSetup) -> None:
+    """Refuse, before any weight loads, a run of ``spec`` that transformers' loop cannot do here: an
+    unknown precision, kernel or device, a pairing whose vocabularies cannot be reconciled."""
+    target = run.target
+    backends.check_backend(target.backend)
+    t_dev = devices.check_device(target.device)
+    ort = ort_settings(run)
+    if ort is not None:
         backends.check_family(spec.family, spec.name)
-        if target_kernels not in (None, "stock"):
+        ort.validate()
+        if t_dev.type != "cpu":
             raise UnsupportedError(
-                "--target_kernels applies to the torch target only; ONNX Runtime runs its own kernels"
+                f"--target_device {target.device!r} does not apply to the ONNX Runtime target: its device "
+                "is the execution provider's (--execution_provider)"
             )
-        ort_settings = OrtSettings(
-            target_precision or "int4", ort_block_size, ort_accuracy_level, execution_provider
-        ).validate()
-    elif target_precision in backends.ORT_PRECISIONS and target_precision not in precision.PRECISIONS:
-        raise UnsupportedError(
-            f"--target_precision {target_precision} is the ONNX Runtime target's; add "
-            "--target_backend onnxruntime, or choose a torch precision "
-            f"({', '.join(precision.PRECISIONS)})"
-        )
-    run = setup.resolve(
-        spec,
-        target_precision=target_precision,
-        target_kernels=target_kernels,
-        target_backend=target_backend,
-        provider=execution_provider,
-        ort_block_size=ort_block_size,
-        ort_accuracy_level=ort_accuracy_level,
-        target_device=target_device,
-        draft_precision=draft_precision,
-        draft_kernels=draft_kernels,
-        draft_vocab=draft_vocab,
-        draft_device=draft_device,
-        with_draft=with_draft,
-    )
-    target_precision, target_kernels = run.target.precision, run.target.kernels
-    draft_precision = run.draft.precision if run.draft else None
-    draft_kernels = run.draft.kernels if run.draft else (draft_kernels or spec.draft_setup.kernels)
-    draft_vocab = run.draft.vocab if run.draft else None
-    if ort_settings is None:
-        precision.check_precision(target_precision)
-    invariant.check_kernels(target_kernels)
-    invariant.check_kernels(draft_kernels, "--draft_kernels")
-    if ort_settings is None:
-        check_block_precision(target_precision, target_kernels)
-    if draft_precision:
-        precision.check_precision(draft_precision)
-        check_block_precision(draft_precision, draft_kernels, "--draft_kernels")
-    t_dev = devices.check_device(target_device)
-    if ort_settings is not None and t_dev.type != "cpu":
-        raise UnsupportedError(
-            f"--target_device {target_device!r} does not apply to the ONNX Runtime target: its device is "
-            "the execution provider's (--execution_provider)"
-        )
-    if target_kernels == "invariant" and t_dev.type != "cpu":
-        raise UnsupportedError(
-            f"--target_kernels invariant runs on the CPU only (target device {target_device!r}); "
-            "use --target_kernels stock there"
-        )
-    d_dev = devices.check_device(draft_device) if with_draft else None
-    if with_draft and spec.target.vocab_size and spec.draft.vocab_size:
-        vocab.check_reconcilable(
-            spec.target.vocab_size, spec.draft.vocab_size, target=spec.target.name, draft=spec.draft.name
-        )
+    else:
+        if target.precision in backends.ORT_PRECISIONS and target.precision not in precision.PRECISIONS:
+            raise UnsupportedError(
+                f"--target_precision {target.precision} is the ONNX Runtime target's; add "
+                "--target_backend onnxruntime, or choose a torch precision "
+                f"({', '.join(precision.PRECISIONS)})"
+            )
+        precision.check_precision(target.precision)
+        invariant.check_kernels(target.kernels)
+        check_block_precision(target.precision, target.kernels)
+        if target.kernels == "invariant" and t_dev.type != "cpu":
+            raise UnsupportedError(
+                f"--target_kernels invariant runs on the CPU only (target device {target.device!r}); "
+                "use --target_kernels stock there"
+            )
+    draft = run.draft
+    if draft is not None:
+        invariant.check_kernels(draft.kernels, "--draft_kernels")
+        precision.check_precision(draft.precision)
+        check_block_precision(draft.precision, draft.kernels, "--draft_kernels")
+        devices.check_device(draft.device)
+        if spec.target.vocab_size and spec.draft.vocab_size:
+            vocab.check_reconcilable(
+                spec.target.vocab_size, spec.draft.vocab_size, target=spec.target.name, draft=spec.draft.name
+            )
+
+
+def load_pair(
+    spec: str | PairSpec, run: RunSetup, *, weights_dir: str | None = None, verify: bool = False
+) -> LoadedPair:
+    """Load ``spec``'s target (and draft, when ``run`` has one) as ``run`` says; check it first
+    (``check_run``).
+
+    An ONNX Runtime target is exported once (harness.onnx_export) and run on its execution provider;
+    the pair's torch precision and kernels do not apply to it. The draft stays in torch either way.
+    """
+    spec = get_pair(spec)
+    if run.pair != spec.name:
+        raise HarnessError(f"a run of {run.pair} cannot load pair {spec.name}")
+    check_run(spec, run)
+    ort = ort_settings(run)
+    with_draft = run.draft is not None
+    t_dev = devices.check_device(run.target.device)
+    d_dev = devices.check_device(run.draft.device) if run.draft is not None else None
 
     origins: dict[str, str] = {}
     target_path: Path | None = None
@@ -559,7 +500,7 @@ def load_pair(
         draft = tiny.build_draft(spec.name.lower(), target) if with_draft else None
         tokenizer = tiny.build_tokenizer()
         origins = {"target": "tiny", "draft": "tiny"}
-        if ort_settings is not None:
+        if ort is not None:
             target_path = tiny.saved_folder(spec.name.lower(), target, tokenizer)
     else:
         target_path = resolve_model(spec.target, weights_dir, verify=verify)
@@ -575,29 +516,30 @@ def load_pair(
                 draft=spec.draft.name,
             )
         tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
-        target = _load_hf(target_path) if ort_settings is None else None
+        target = _load_hf(target_path) if ort is None else None
         draft = _load_hf(draft_path) if draft_path is not None else None
         origins = {"target": str(target_path), "draft": str(draft_path) if draft_path else ""}
 
-    if ort_settings is not None:
-        target = load_ort_target(spec.target.name, target_path, ort_settings, verify=verify)
+    if ort is not None:
+        target = load_ort_target(spec.target.name, target_path, ort, verify=verify)
         origins["target"] = str(target.folder)
         _pin_generation_config(target, tokenizer)
     else:
         _pin_generation_config(target, tokenizer)
-        source = block_source(target_precision, spec.target, target_path)
-        target = devices.place(_apply_precision(target, target_precision, target_kernels, source), t_dev)
-    if draft is not None:
-        draft_source = block_source(draft_precision, spec.draft, draft_path)
+        name, kernels = run.target.precision, run.target.kernels
+        source = block_source(name, spec.target, target_path)
+        target = devices.place(_apply_precision(target, name, kernels, source), t_dev)
+    if draft is not None and run.draft is not None:
+        d = run.draft
         draft = prepare_draft(
             draft,
             tokenizer,
             vocab.vocab_size(target),
-            draft_precision,
+            d.precision,
             d_dev,
-            draft_vocab,
-            draft_kernels,
-            draft_source,
+            d.vocab,
+            d.kernels,
+            block_source(d.precision, spec.draft, draft_path),
         )
     return LoadedPair(
         spec=spec,

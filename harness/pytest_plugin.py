@@ -18,6 +18,7 @@ not crossed with it.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from collections.abc import Iterator
@@ -388,7 +389,9 @@ class PairCache:
         """``target_backend``: (backend, execution provider), as the ``target_backend`` fixture gives;
         ``engine="onnxruntime-genai"``: the pair as that engine runs it (the builder's exports)."""
         backend, provider = target_backend
-        settings = dict(
+        spec = models.get_pair(name)
+        run = setup.resolve(
+            spec,
             target_precision=target_precision,
             draft_precision=draft_precision,
             with_draft=with_draft,
@@ -396,21 +399,24 @@ class PairCache:
             draft_vocab=draft_vocab,
             draft_kernels=draft_kernels,
             target_backend=backend,
+            provider=provider,
+            engine=engine,
         )
-        spec = models.get_pair(name)
-        # The run setup these settings resolve to is the cache's key: two spellings of one
-        # configuration (a default given or left out) share one load.
-        key = setup.resolve(spec, **settings, provider=provider, engine=engine)
+        return self.load(spec, run)
+
+    def load(self, spec: models.PairSpec, run: setup.RunSetup) -> models.LoadedPair:
+        """The pair loaded for ``run`` (its decoding settings aside): the run's target and draft are
+        the cache's key, so two spellings of one configuration (a default given or left out) share
+        one load."""
+        key = dataclasses.replace(run, decoding=setup.GenerationSettings())
         if key not in self._loaded:
-            self.require_weights(name)
+            self.require_weights(spec.name)
             if not spec.target.is_tiny:
                 # One real pair in memory at a time: a 1.5B fp32 pair is ~10 GB, a 7B one more.
                 for other in [k for k in self._loaded if not models.get_pair(k.pair).target.is_tiny]:
                     del self._loaded[other]
                 gc.collect()
-            self._loaded[key] = engines.load(
-                spec, engine=engine, execution_provider=provider, weights_dir=self.weights_dir, **settings
-            )
+            self._loaded[key] = engines.load(spec, key, weights_dir=self.weights_dir)
         return self._loaded[key]
 
     def clear(self) -> None:

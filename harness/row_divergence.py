@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m harness.row_divergence``: the per-op row-divergence table of a registered target."""
     import argparse
 
-    from harness import models, tasks
+    from harness import models, setup, tasks
 
     parser = argparse.ArgumentParser(prog="python -m harness.row_divergence", description=main.__doc__)
     parser.add_argument(
@@ -157,13 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for prec in args.precisions.split(","):
         for kernels in args.kernels.split(","):
-            pair = models.load_pair(
-                args.model_name,
-                target_precision=prec,
-                with_draft=False,
-                weights_dir=args.weights_dir,
-                target_kernels=kernels,
-            )
+            spec = models.get_pair(args.model_name)
+            run = setup.resolve(spec, target_precision=prec, target_kernels=kernels, with_draft=False)
+            pair = models.load_pair(spec, run, weights_dir=args.weights_dir)
             ids = list(pair.tokenizer(text)["input_ids"])
             for m in (int(x) for x in args.m.split(",")):
                 results.append((prec, kernels, row_divergence(pair.target, ids, m)))

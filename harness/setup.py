@@ -290,12 +290,26 @@ def resolve(
     """
     if engine not in ENGINES:
         raise HarnessError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    if engine != "transformers" and target_backend != "onnxruntime":
-        raise HarnessError(f"engine {engine} runs an ONNX Runtime target: pass target_backend='onnxruntime'")
+    if engine != "transformers":
+        if target_backend != "onnxruntime":
+            raise HarnessError(
+                f"engine {engine} runs an ONNX Runtime target: pass target_backend='onnxruntime'"
+            )
+        given = dict(draft_precision=draft_precision, draft_vocab=draft_vocab, draft_kernels=draft_kernels)
+        for name, value in {**given, "target_kernels": target_kernels}.items():
+            if value is not None:
+                raise HarnessError(
+                    f"--{name} applies to --engine transformers; {engine} runs the builder's exports "
+                    "(set their precision with --target_precision int4|fp32 and --ort_*)"
+                )
     if target_backend == "onnxruntime":
+        if target_kernels not in (None, "stock"):
+            raise HarnessError(
+                "--target_kernels applies to the torch target only; ONNX Runtime runs its own kernels"
+            )
         ort = OrtSettings(
             target_precision or "int4", ort_block_size, ort_accuracy_level, provider or DEFAULT_PROVIDER
-        )
+        ).validate()
         target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device, engine)
     else:
         target = Target(
@@ -304,7 +318,10 @@ def resolve(
             device=target_device,
         )
     draft = None
-    if with_draft:
+    if with_draft and engine != "transformers":
+        # The engine's draft is exported beside the target, at the target's settings.
+        draft = Draft(target.precision)
+    elif with_draft:
         registered = spec.draft_setup
         draft = Draft(
             draft_precision or registered.precision,
@@ -312,13 +329,15 @@ def resolve(
             registered.vocab if draft_vocab is None else (draft_vocab or None),
             draft_device,
         )
-    decoding = decoding or GenerationSettings()
     decoding = replace(
-        decoding,
+        decoding or GenerationSettings(),
         num_assistant_tokens=spec.decoding.num_assistant_tokens
         if num_assistant_tokens is None
         else num_assistant_tokens,
-        assistant_schedule=assistant_schedule or spec.decoding.assistant_schedule,
+        # An engine of its own drafts a constant K whatever a pair registers for transformers' loop.
+        assistant_schedule="constant"
+        if engine != "transformers"
+        else assistant_schedule or spec.decoding.assistant_schedule,
     )
     return RunSetup(spec.name, target, draft, decoding)
 

@@ -79,7 +79,11 @@ class RandomModel(Strategy):
         config = copy.deepcopy(pair.target.config)
         _keep_layers(config, 1)
         # An exported target has no torch class to instantiate; the config's own class is the one.
-        cls = AutoModelForCausalLM.from_config if pair.target_backend == "onnxruntime" else type(pair.target)
+        cls = (
+            AutoModelForCausalLM.from_config
+            if pair.target_setup.backend == "onnxruntime"
+            else type(pair.target)
+        )
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)
             model = cls(config)
@@ -165,7 +169,7 @@ def truncated_target(pair: LoadedPair) -> PreTrainedModel:
     """The target with only its first half of layers (for the tiny stand-ins that is their
     registered draft). An exported target is truncated from the Hugging Face folder it was exported
     from, in fp32 torch."""
-    if pair.target_backend == "onnxruntime":
+    if pair.target_setup.backend == "onnxruntime":
         config = copy.deepcopy(pair.target.config)
         _keep_layers(config, max(1, config.num_hidden_layers // 2))
         model = AutoModelForCausalLM.from_pretrained(

@@ -52,7 +52,7 @@ from harness import (
     tiny,
     vocab,
 )
-from harness.configs import GENAI, ORT, SweepConfig, group_configs, plain_label
+from harness.configs import GENAI, SweepConfig, group_configs, plain_label
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.results import Row, append_row, read_rows
@@ -126,34 +126,29 @@ def load_target_group(
     (prompt lookup only) the single pair, keyed None, has no draft.
     """
     drafts = list(dict.fromkeys(_draft_key(d) for d in draft_precisions))
-    if target_kernels == GENAI:
-        pair = engines.load(
-            pair_name,
-            engine=engines.GENAI,
-            target_precision=target_precision,
-            with_draft=bool(drafts),
-            weights_dir=weights_dir,
-            verify=verify,
-        )
-        # One draft at the target's settings serves every assisted configuration of this target.
-        return {key: pair for key in drafts} if drafts else {None: pair}
-    ort = target_kernels == ORT
-    first = models.load_pair(
-        pair_name,
-        target_backend="onnxruntime" if ort else "torch",
-        target_precision=target_precision,
-        draft_precision=drafts[0][0] if drafts else None,
-        with_draft=bool(drafts),
-        target_device=target_device,
-        draft_device=draft_device,
-        weights_dir=weights_dir,
-        # 0, not None: a configuration without dv scores the whole vocabulary, whatever the pair's
-        # registered default.
-        draft_vocab=(drafts[0][1] or 0) if drafts else None,
-        draft_kernels=drafts[0][2] if drafts and len(drafts[0]) > 2 else "stock",
-        target_kernels=None if ort else target_kernels,
-        verify=verify,
+    spec = models.get_pair(pair_name)
+    # The group's first configuration as the run it loads: the sweep's spelling read once
+    # (``SweepConfig.of``), on the devices the command line gave.
+    first_draft = (*drafts[0], "stock")[:3] if drafts else (None, None, "stock")
+    config = SweepConfig.of(
+        target_precision,
+        first_draft[0],
+        target_kernels=target_kernels,
+        draft_vocab=first_draft[1],
+        draft_kernels=first_draft[2],
     )
+    target = config.target
+    if target.backend == "torch":
+        target = dataclasses.replace(target, device=target_device)
+    draft = dataclasses.replace(config.draft, device=draft_device) if config.draft is not None else None
+    if target.engine == GENAI and draft is not None:
+        # The engine's draft is exported beside the target, at the target's settings.
+        draft = setup.Draft(target.precision)
+    run = setup.RunSetup(spec.name, target, draft, GenerationSettings())
+    first = engines.load(spec, run, weights_dir=weights_dir, verify=verify)
+    if target.engine == GENAI:
+        # One draft at the target's settings serves every assisted configuration of this target.
+        return {key: first for key in drafts} if drafts else {None: first}
     if not drafts:
         return {None: first}
     pairs: dict[DraftKey | None, models.LoadedPair] = {drafts[0]: first}

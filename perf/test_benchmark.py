@@ -77,21 +77,9 @@ def real_case(pair_name: str, which: str) -> bench.BenchCase:
 
 
 def load(pairs, case: bench.BenchCase) -> models.LoadedPair:
-    # Ask for the registered precision as None, so the session cache shares the pair with other tests.
-    spec = models.get_pair(case.pair)
-    if case == registered_case(spec) or case == tiny_case(case.pair):
-        return pairs.get(case.pair)
-    target, draft = case.run.target, case.run.draft
-    if target.backend == "onnxruntime":
-        return pairs.get(case.pair, target_backend=(target.backend, target.provider), engine=target.engine)
-    return pairs.get(
-        case.pair,
-        target.precision,
-        draft.precision,
-        target_kernels=target.kernels,
-        draft_vocab=draft.vocab or 0,
-        draft_kernels=draft.kernels,
-    )
+    # The case's run is the cache's key: a case of the registered configuration shares its pair with
+    # the other suites' tests of the pair.
+    return pairs.load(models.get_pair(case.pair), case.run)
 
 
 def check_machinery(m: bench.CaseMeasurement, exact_outputs: bool) -> None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from harness import equivalence, genai, humaneval, strategies, tasks, tiny
+from harness import equivalence, genai, humaneval, setup, strategies, tasks, tiny
 from harness.backends import OrtSettings
 from harness.errors import UnsupportedError
 from harness.generation import generate, generation_config
@@ -219,8 +219,8 @@ def sampling_pair(request, selected_target_backends) -> LoadedPair:
     source = tiny.saved_folder("tiny-sampling", target, tokenizer)
     if request.param == "onnxruntime-genai":
         folders = {"target": source, "draft": tiny.saved_folder("tiny-sampling-draft", draft, tokenizer)}
-        engine_pair, _ = genai.prepare(pair.spec, settings, with_draft=True, folders=folders)
-        return engine_pair
+        run = setup.resolve(pair.spec, target_backend="onnxruntime", provider=provider, engine=setup.GENAI)
+        return genai.GenaiEngine.load(pair.spec, run, folders=folders)
     exported = load_ort_target("tiny-sampling", source, settings)
     exported.generation_config = target.generation_config
     return dataclasses.replace(
@@ -249,7 +249,7 @@ def _sample_plain(pair: LoadedPair, s: GenerationSettings, n: int, seed: int) ->
     """The target's own samples: n independent rows of one batched ``generate`` call (each row draws
     its own multinomial samples), n times cheaper than n calls and the same distribution. An
     engine's pair (no torch target) samples one seed per call, as its speculative runs do."""
-    if pair.decoder is not None:
+    if pair.engine is not None:
         return _sample_tokens(pair, s, range(seed * n, seed * n + n))[0]
     ids = torch.tensor([SAMPLE_PROMPT] * n)
     torch.manual_seed(seed)
@@ -365,16 +365,16 @@ def _tier_check(
 ):
     s = strategies.get("draft").settings(5, "constant", new_tokens)
     engine = pair.target_setup.engine
-    ort = f"{'onnxruntime' if engine == 'transformers' else engine} {pair.execution_provider}"
-    runs_on = pair.target_kernels if pair.target_backend == "torch" else ort
-    label = f"{pair.target_precision} / {runs_on}"
+    ort = f"{'onnxruntime' if engine == 'transformers' else engine} {pair.target_setup.provider}"
+    runs_on = pair.target_setup.kernels if pair.target_setup.backend == "torch" else ort
+    label = f"{pair.target_setup.precision} / {runs_on}"
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
     cases = []
     for p in prompts:
         if p.label in done:
             row = done[p.label]
             table.add_recorded(label, row)
-            assert row["identical"] or (row["near_tie"] and pair.target_kernels != "invariant"), row
+            assert row["identical"] or (row["near_tie"] and pair.target_setup.kernels != "invariant"), row
             continue
         # Counted (and written, with --divergence-out) as each prompt finishes, not at the end.
         cases.append(equality.case(pair, p.text, "draft", s, max_prompt_tokens=max_tokens))
@@ -382,8 +382,8 @@ def _tier_check(
     for case in cases:
         # fp32 must be token-exact; lower precisions on stock kernels may flip only a near-tied
         # argmax; on the batch-invariant kernels every precision must be token-exact.
-        assert case.acceptable, f"{pair.target_precision}/{pair.target_kernels}: {case.explain()}"
-        if pair.target_kernels == "invariant":
+        assert case.acceptable, f"{pair.target_setup.precision}/{pair.target_setup.kernels}: {case.explain()}"
+        if pair.target_setup.kernels == "invariant":
             assert case.identical, case.explain()
     assert not cases or sum(c.assisted.drafted for c in cases) > 0
 

@@ -81,7 +81,7 @@ def _check_identical(pair: LoadedPair, summary: dict, n: int) -> None:
     """Assisted completions are the plain ones token for token, where the target's kernels promise
     it (torch). An ONNX Runtime target is third-party: its one-token and batched kernels may flip a
     near-tied argmax (the decode suite checks each such flip is one), so there the gate is pass@1."""
-    if pair.target_backend == "torch":
+    if pair.target_setup.backend == "torch":
         assert summary["identical_completions"] == n, report.format_table(summary)
 
 
@@ -107,8 +107,8 @@ def test_humaneval_pass_at_1_equal_real(pairs, pair_name, target_backend, pytest
         pytest.skip("--humaneval-precision sets the torch target's precision; ONNX Runtime runs its export")
     pair = pairs.get(pair_name, target_backend=target_backend, **precisions)
     name = humaneval.rows_name(pair.spec.name, precisions)
-    if pair.target_backend != "torch":
-        name += f"-{pair.target_backend}-{pair.execution_provider}"
+    if pair.target_setup.backend != "torch":
+        name += f"-{pair.target_setup.backend}-{pair.target_setup.provider}"
     _pass_at_1_equal(pair, name, pytestconfig, tmp_path)
 
 
@@ -120,7 +120,7 @@ def test_humaneval_pass_at_1_equal_real_onnxruntime_genai(
     """onnxruntime-genai's own loop, plain and speculative (its draft model): pass@1 equal."""
     pair = pairs.get(pair_name, target_backend=target_backend, engine="onnxruntime-genai")
     _pass_at_1_equal(
-        pair, f"{pair.spec.name}-onnxruntime-genai-{pair.execution_provider}", pytestconfig, tmp_path
+        pair, f"{pair.spec.name}-onnxruntime-genai-{pair.target_setup.provider}", pytestconfig, tmp_path
     )
 
 

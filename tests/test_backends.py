@@ -4,10 +4,11 @@ and every error says what is available instead."""
 from __future__ import annotations
 
 import pytest
+from helpers import load_pair
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import backends, cli, models
+from harness import backends, cli
 from harness.backends import ACCURACY_LEVELS, OrtSettings
 from harness.errors import HarnessError, UnsupportedError
 from harness.results import read_rows
@@ -72,7 +73,7 @@ def test_bad_settings_are_refused(settings, match):
         ),
         (dict(name="tiny-qwen2", target_precision="int4"), "add --target_backend onnxruntime"),
         (
-            dict(name="tiny-qwen2", target_backend="onnxruntime", execution_provider="DmlExecutionProvider"),
+            dict(name="tiny-qwen2", target_backend="onnxruntime", provider="DmlExecutionProvider"),
             "'DmlExecutionProvider' is not available",
         ),
         (
@@ -88,7 +89,7 @@ def test_load_pair_refuses_before_loading(kwargs, match, monkeypatch):
     monkeypatch.setattr(onnx_export, "export", lambda *a, **k: pytest.fail("exported before refusing"))
     name = kwargs.pop("name")
     with pytest.raises(HarnessError, match=match):
-        models.load_pair(name, **kwargs)
+        load_pair(name, **kwargs)
 
 
 def test_cli_names_available_providers(capsys):

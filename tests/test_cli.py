@@ -177,12 +177,9 @@ def test_printed_commands_are_valid_and_show_only_what_changed(
     parser = cli.build_parser()
     args = parser.parse_args(argv[2:])
     cli._check_flags(args)
-    settings = cli._settings(args, models.get_pair(args.model_name))
-    settings.validate()
-    reference = cli._settings(parser.parse_args([*TINY, *extra]), models.get_pair("tiny-llama"))
-    assert settings.num_assistant_tokens == reference.num_assistant_tokens
-    assert settings.assistant_schedule == reference.assistant_schedule
-    assert settings.assistant_confidence_threshold == reference.assistant_confidence_threshold
+    run = cli._run_setup(args, models.get_pair(args.model_name), cli._modes(args))
+    given = parser.parse_args([*TINY, "--limit", "1", "--assisted_generation", *extra])
+    assert run == cli._run_setup(given, models.get_pair("tiny-llama"), cli._modes(given))
 
 
 def test_plain_and_assisted_runs_into_one_file_are_not_paired(

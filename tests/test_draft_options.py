@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import load_pair
 
-from harness import configs, models, sweep, vocab
+from harness import configs, sweep, vocab
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.setup import GenerationSettings
@@ -16,8 +17,8 @@ IDS = list(range(3, 40))
 
 @pytest.mark.parametrize("draft_precision", ["fp32", "w8af32"])
 def test_restricted_draft_keeps_output_and_still_drafts(draft_precision):
-    full = models.load_pair("tiny-qwen2", draft_precision=draft_precision)
-    cut = models.load_pair("tiny-qwen2", draft_precision=draft_precision, draft_vocab=100)
+    full = load_pair("tiny-qwen2", draft_precision=draft_precision)
+    cut = load_pair("tiny-qwen2", draft_precision=draft_precision, draft_vocab=100)
     s = GenerationSettings(mode="assisted", max_new_tokens=16, ignore_eos=True)
     plain = generate(full, IDS, GenerationSettings(max_new_tokens=16, ignore_eos=True))
     a, b = generate(full, IDS, s), generate(cut, IDS, s)
@@ -27,7 +28,7 @@ def test_restricted_draft_keeps_output_and_still_drafts(draft_precision):
 
 
 def test_restricted_draft_never_scores_a_dropped_token():
-    pair = models.load_pair("tiny-llama", draft_vocab=50)
+    pair = load_pair("tiny-llama", draft_vocab=50)
     with torch.inference_mode():
         logits = pair.draft(torch.tensor([IDS])).logits[0]
     size = int(pair.target.config.vocab_size)
@@ -39,7 +40,7 @@ def test_restricted_draft_never_scores_a_dropped_token():
 
 
 def test_special_tokens_stay_proposable():
-    pair = models.load_pair("tiny-llama")
+    pair = load_pair("tiny-llama")
     draft = vocab.restrict_draft_vocab(pair.draft, 40, specials_from=500)
     with torch.inference_mode():
         logits = draft(torch.tensor([IDS])).logits[0]
@@ -50,7 +51,7 @@ def test_special_tokens_stay_proposable():
 @pytest.mark.parametrize("keep", [-5, 10**6])
 def test_bad_draft_vocab_is_a_clear_error(keep):
     with pytest.raises(HarnessError, match="--draft_vocab"):
-        models.load_pair("tiny-qwen2", draft_vocab=keep)
+        load_pair("tiny-qwen2", draft_vocab=keep)
 
 
 def test_sweep_spec_takes_dv():
@@ -67,7 +68,7 @@ def test_sweep_loads_a_restricted_draft_beside_a_full_one():
         "tiny-qwen2", target_precision="fp32", draft_precisions=[("fp32", None), ("fp32", 64)]
     )
     assert set(pairs) == {("fp32", None), ("fp32", 64)}
-    assert pairs[("fp32", 64)].draft_vocab == 64
+    assert pairs[("fp32", 64)].draft_setup.vocab == 64
     assert isinstance(pairs[("fp32", 64)].draft.get_output_embeddings(), vocab.VocabSubsetHead)
     assert pairs[("fp32", None)].target is pairs[("fp32", 64)].target
 
@@ -75,9 +76,7 @@ def test_sweep_loads_a_restricted_draft_beside_a_full_one():
 def test_draft_on_the_harness_kernels_keeps_output():
     from harness import invariant
 
-    pair = models.load_pair(
-        "tiny-qwen2", draft_precision="w8af32", draft_kernels="invariant", draft_vocab=100
-    )
+    pair = load_pair("tiny-qwen2", draft_precision="w8af32", draft_kernels="invariant", draft_vocab=100)
     assert any(isinstance(m, invariant.InvariantLinear) for m in pair.draft.modules())
     assert not any(isinstance(m, invariant.InvariantLinear) for m in pair.target.modules())
     s = GenerationSettings(mode="assisted", max_new_tokens=16, ignore_eos=True)
@@ -85,7 +84,7 @@ def test_draft_on_the_harness_kernels_keeps_output():
     assisted = generate(pair, IDS, s)
     assert assisted.output_ids == plain.output_ids and assisted.drafted > 0
     with pytest.raises(HarnessError, match="--draft_kernels"):
-        models.load_pair("tiny-qwen2", draft_kernels="turbo")
+        load_pair("tiny-qwen2", draft_kernels="turbo")
 
 
 def test_sweep_spec_takes_dk():
@@ -94,12 +93,12 @@ def test_sweep_spec_takes_dk():
     pairs = sweep.load_target_group(
         "tiny-qwen2", target_precision="fp32", draft_precisions=[config.draft_key]
     )
-    assert pairs[config.draft_key].draft_kernels == "invariant"
+    assert pairs[config.draft_key].draft_setup.kernels == "invariant"
     with pytest.raises(HarnessError, match="dk"):
         configs.parse_configs("t=fp32,d=fp32,dk=fast")
 
 
 def test_draft_vocab_zero_means_the_whole_vocabulary():
-    pair = models.load_pair("tiny-qwen2", draft_vocab=0)
-    assert pair.draft_vocab is None
+    pair = load_pair("tiny-qwen2", draft_vocab=0)
+    assert pair.draft_setup.vocab is None
     assert not isinstance(pair.draft.get_output_embeddings(), vocab.VocabSubsetHead)

@@ -2,27 +2,43 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from harness import engines, models
+from harness import engines, models, setup
 from harness.errors import HarnessError
 from harness.pytest_plugin import PairCache
-from harness.setup import GenerationSettings
 
 
 def test_an_unknown_engine_is_refused_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(models, "load_pair", lambda *a, **k: pytest.fail("loaded"))
+    spec = models.get_pair("tiny-llama")
+    run = setup.resolve(spec)
     with pytest.raises(HarnessError, match="transformers, onnxruntime-genai"):
-        engines.load("tiny-llama", engine="vllm")
+        engines.load(spec, dataclasses.replace(run, target=dataclasses.replace(run.target, engine="vllm")))
     with pytest.raises(HarnessError, match="choose one of"):
-        engines.check_settings("vllm", GenerationSettings())
+        setup.resolve(spec, engine="vllm")
 
 
-@pytest.mark.parametrize("setting", engines.NOT_FOR_GENAI)
+def test_every_engine_name_offered_is_registered() -> None:
+    assert set(setup.ENGINES) == set(engines.REGISTRY)
+    for name in engines.REGISTRY:
+        assert engines.engine_class(name).name == name
+
+
+@pytest.mark.parametrize("setting", ["draft_precision", "draft_vocab", "draft_kernels", "target_kernels"])
 def test_the_engine_refuses_settings_of_transformers_loop(setting: str) -> None:
     value = 64 if setting == "draft_vocab" else "fp32"
+    spec = models.get_pair("tiny-qwen2")
     with pytest.raises(HarnessError, match=f"--{setting} applies to --engine transformers"):
-        engines.load("tiny-qwen2", engine=engines.GENAI, **{setting: value})
+        setup.resolve(spec, target_backend="onnxruntime", engine=engines.GENAI, **{setting: value})
+
+
+def test_a_run_of_one_pair_does_not_load_another() -> None:
+    run = setup.resolve(models.get_pair("tiny-llama"))
+    with pytest.raises(HarnessError, match="cannot load pair tiny-qwen2"):
+        engines.load("tiny-qwen2", run)
 
 
 def test_two_spellings_of_one_configuration_share_one_load() -> None:

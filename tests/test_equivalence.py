@@ -7,13 +7,14 @@ import json
 
 import pytest
 import torch
+from helpers import load_pair
 
-from harness import equivalence, models
+from harness import equivalence
 from harness.setup import GenerationSettings
 
 
 def test_divergence_rows_are_written_as_cases_finish(tmp_path):
-    pair = models.load_pair("tiny-llama")
+    pair = load_pair("tiny-llama")
     settings = GenerationSettings(mode="assisted", num_assistant_tokens=3, max_new_tokens=6, ignore_eos=True)
     path = tmp_path / "out" / "divergence.jsonl"
     table = equivalence.DivergenceTable(rows_path=path)

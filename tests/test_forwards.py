@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import load_pair
 
 from harness import forwards
 from harness.errors import HarnessError
@@ -51,9 +52,8 @@ def test_onnxruntime_target_is_timed_beside_torch():
 def test_bytes_read_and_the_bandwidth_bound():
     """The weights a token reads: every weight once, an untied embedding one row per token; the
     table puts M = 1 beside the time those bytes take at the given bandwidth."""
-    from harness import models
 
-    target = models.load_pair("tiny-qwen2", with_draft=False).target
+    target = load_pair("tiny-qwen2", with_draft=False).target
     tensors = {id(t): t for t in (*target.parameters(), *target.buffers())}
     everything = sum(t.numel() * t.element_size() for t in tensors.values())
     emb = target.get_input_embeddings().weight

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from helpers import load_pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kquants import layer
@@ -104,9 +105,8 @@ def _logits_batched(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_the_loaded_pair_is_fused_on_the_invariant_kernels_only(ext):
-    from harness import models
 
-    pair = models.load_pair("tiny-qwen2", target_kernels="invariant", draft_kernels="stock")
+    pair = load_pair("tiny-qwen2", target_kernels="invariant", draft_kernels="stock")
     assert all(isinstance(layer, fused.FusedLayer) for layer in pair.target.model.layers)
     assert not any(isinstance(layer, fused.FusedLayer) for layer in pair.draft.model.layers)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_pair
 from transformers import GenerationConfig
 
 from harness import models, tiny
@@ -24,12 +25,12 @@ PROMPT = [tiny.BOS_ID, *range(40, 59)]  # 20 tokens
 
 @pytest.fixture(scope="module")
 def llama() -> models.LoadedPair:
-    return models.load_pair("tiny-llama")
+    return load_pair("tiny-llama")
 
 
 @pytest.fixture(scope="module")
 def opt() -> models.LoadedPair:
-    return models.load_pair("tiny-opt")
+    return load_pair("tiny-opt")
 
 
 def assisted(**kw) -> GenerationSettings:
@@ -243,7 +244,7 @@ def test_checkpoint_shipped_generation_defaults_do_not_change_output(
     clean_assisted = generate(llama, PROMPT, assisted(num_assistant_tokens=3))
     # Shipped defaults chosen to bite: an EOS the output reaches, a suppressed first token.
     _save_with_shipped_defaults(tmp_path, eos=clean_plain.output_ids[3], suppressed=clean_plain.output_ids[0])
-    shipped = models.load_pair(models.local_pair(tmp_path / "llama-2-7b", tmp_path / "llama-160m"))
+    shipped = load_pair(models.local_pair(tmp_path / "llama-2-7b", tmp_path / "llama-160m"))
     assert generate(shipped, PROMPT, plain()).output_ids == clean_plain.output_ids
     got = generate(shipped, PROMPT, assisted(num_assistant_tokens=3))
     assert got.output_ids == clean_assisted.output_ids
@@ -307,7 +308,7 @@ def test_bad_settings_are_rejected_with_a_clear_message(
 
 
 def test_assisting_without_a_draft_or_a_prompt_is_rejected(llama: models.LoadedPair) -> None:
-    no_draft = models.load_pair("tiny-llama", with_draft=False)
+    no_draft = load_pair("tiny-llama", with_draft=False)
     with pytest.raises(HarnessError, match="without a draft"):
         generate(no_draft, PROMPT, assisted())
     with pytest.raises(HarnessError, match="empty prompt"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import load_pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -205,8 +206,8 @@ def test_invariant_path_keeps_the_stock_weight_values(ext):
 
 
 def test_load_pair_with_invariant_kernels(ext):
-    pair = models.load_pair("tiny-qwen2", target_precision="w8abf16", target_kernels="invariant")
-    assert pair.target_kernels == "invariant"
+    pair = load_pair("tiny-qwen2", target_precision="w8abf16", target_kernels="invariant")
+    assert pair.target_setup.kernels == "invariant"
     kinds = {m.kind for m in pair.target.modules() if isinstance(m, invariant.InvariantLinear)}
     assert kinds == {"i8"}
     assert not any(isinstance(m, torch.nn.Linear) for m in pair.target.modules())
@@ -216,11 +217,11 @@ def test_load_pair_with_invariant_kernels(ext):
 
 def test_bad_kernel_settings_fail_clearly(monkeypatch):
     with pytest.raises(HarnessError, match="choose one of stock, invariant"):
-        models.load_pair("tiny-qwen2", target_kernels="fast")
+        load_pair("tiny-qwen2", target_kernels="fast")
     # As if this machine had a GPU: the device passes its own check, the kernels refuse it.
     monkeypatch.setattr(models.devices, "check_device", lambda name: torch.device(name))
     with pytest.raises(UnsupportedError, match="CPU only"):
-        models.load_pair("tiny-qwen2", target_kernels="invariant", target_device="cuda")
+        load_pair("tiny-qwen2", target_kernels="invariant", target_device="cuda")
 
 
 def test_attention_refuses_batches(ext):

@@ -6,6 +6,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from helpers import load_pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -282,23 +283,21 @@ def test_q4k_precision_on_a_model(tmp_path, monkeypatch):
 
 
 def test_block_precisions_need_the_invariant_kernels():
-    from harness import models
 
     for name in ("gguf", "q4k"):
         with pytest.raises(kquants.UnsupportedError, match="--draft_kernels invariant"):
-            models.load_pair("tiny-qwen2", draft_precision=name, draft_kernels="stock")
+            load_pair("tiny-qwen2", draft_precision=name, draft_kernels="stock")
 
 
 # --------------------------------------------------------------------------- a model on its file's blocks
 
 
 def test_gguf_precision_needs_a_file_and_its_own_kernels():
-    from harness import models
 
     with pytest.raises(kquants.UnsupportedError, match="has none"):
-        models.load_pair("tiny-qwen2", target_precision="gguf", target_kernels="invariant", with_draft=False)
+        load_pair("tiny-qwen2", target_precision="gguf", target_kernels="invariant", with_draft=False)
     with pytest.raises(kquants.UnsupportedError, match="--target_kernels invariant"):
-        models.load_pair("tiny-qwen2", target_precision="gguf", target_kernels="stock", with_draft=False)
+        load_pair("tiny-qwen2", target_precision="gguf", target_kernels="stock", with_draft=False)
 
 
 @pytest.mark.real
@@ -341,7 +340,7 @@ def test_draft_blocks_without_a_kernel_are_refused(pairs):
 
     pairs.require_weights(models.DEFAULT_PAIR)
     with pytest.raises(kquants.UnsupportedError, match="Q5_0"):
-        models.load_pair(models.DEFAULT_PAIR, draft_precision="gguf", draft_kernels="invariant")
+        load_pair(models.DEFAULT_PAIR, draft_precision="gguf", draft_kernels="invariant")
 
 
 def test_packed_blocks_cache_round_trips_and_refuses_stale_or_damaged_files(tmp_path):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_pair
 
 from harness import cli, models, setup, tiny
 from harness.errors import HarnessError
@@ -38,7 +39,7 @@ def test_a_local_pair_is_described_from_its_configs(folders):
     assert spec.target.path == str(target) and spec.draft.path == str(draft)
     assert spec.target.family == "llama"
     assert spec.target.vocab_size == json.loads((target / "config.json").read_text())["vocab_size"]
-    pair = models.load_pair(spec)
+    pair = load_pair(spec)
     assert pair.spec is spec and pair.origins == {"target": str(target), "draft": str(draft)}
 
 
@@ -96,7 +97,7 @@ def test_a_folder_found_for_a_registered_name_must_be_that_model(folders, tmp_pa
     for role in (spec.target, spec.draft):
         (tmp_path / role.name).symlink_to(target)
     with pytest.raises(HarnessError, match="registered with 50272"):
-        models.load_pair("opt-6.7b", weights_dir=str(tmp_path))
+        load_pair("opt-6.7b", weights_dir=str(tmp_path))
 
 
 def test_help_shows_defaults_and_both_spellings(capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import load_pair
 
 from harness import cli, gguf_convert, models, packaged, tiny, weights
 from harness.errors import HarnessError, UnknownModelError, UnsupportedError, VocabMismatchError
@@ -32,7 +33,7 @@ def no_loading(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.mark.parametrize("name", TINY_PAIRS)
 def test_every_tiny_family_loads_and_runs_a_forward(name: str) -> None:
-    pair = models.load_pair(name)
+    pair = load_pair(name)
     spec = models.get_pair(name)
     assert pair.spec is spec and pair.draft is not None
     ids = torch.tensor([[tiny.BOS_ID, 40, 41, 42, 43]])
@@ -59,13 +60,13 @@ def test_names_match_case_insensitively(typed: str, registered: str | None) -> N
 
 
 def test_tiny_pair_loads_under_an_upper_case_name() -> None:
-    pair = models.load_pair("TINY-LLAMA", with_draft=False)
+    pair = load_pair("TINY-LLAMA", with_draft=False)
     assert pair.spec.name == "tiny-llama" and pair.draft is None
 
 
 def test_unknown_name_lists_the_known_ones(no_loading: list[str]) -> None:
     with pytest.raises(UnknownModelError) as info:
-        models.load_pair("llama-3-70b")
+        load_pair("llama-3-70b")
     message = str(info.value)
     assert "llama-3-70b" in message
     for pair in models.list_pairs():
@@ -89,14 +90,14 @@ def test_bad_precision_or_device_fails_before_loading(
     name: str, kwargs: dict, expected: str, no_loading: list[str]
 ) -> None:
     with pytest.raises(UnsupportedError, match=expected):
-        models.load_pair(name, **kwargs)
+        load_pair(name, **kwargs)
     assert no_loading == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_on_a_cpu_build_fails_before_loading(no_loading: list[str]) -> None:
     with pytest.raises(UnsupportedError, match="(?i)cuda") as info:
-        models.load_pair("llama-2-7b", target_device="cuda")
+        load_pair("llama-2-7b", target_device="cuda")
     assert "cpu" in str(info.value)  # says what to use instead
     assert no_loading == []
 
@@ -121,18 +122,18 @@ def test_irreconcilable_vocabularies_fail_before_loading(
         models.ModelSpec("d", "llama", "org/d", vocab_size=draft_vocab),
     )
     with pytest.raises(VocabMismatchError) as info:
-        models.load_pair(name)
+        load_pair(name)
     message = str(info.value)
     assert str(target_vocab) in message and str(draft_vocab) in message
     assert "--list-models" in message  # what to do about it
     assert no_loading == []
     # Without a draft there is nothing to reconcile: the same pair gets as far as finding weights.
     with pytest.raises(AssertionError, match="weights.resolve was called"):
-        models.load_pair(name, with_draft=False)
+        load_pair(name, with_draft=False)
 
 
 def test_codellama_draft_is_padded_to_the_target_vocabulary() -> None:
-    pair = models.load_pair("tiny-codellama")
+    pair = load_pair("tiny-codellama")
     assert pair.spec.target.vocab_size == 32016 and pair.spec.draft.vocab_size == 32000
     prompt = torch.tensor([[tiny.BOS_ID, 100, 200, 300, 31999]])
     with torch.inference_mode():
@@ -156,7 +157,7 @@ def test_padded_draft_never_proposes_a_target_only_token_when_sampling() -> None
     from harness.generation import generate
     from harness.setup import GenerationSettings
 
-    pair = models.load_pair("tiny-codellama")
+    pair = load_pair("tiny-codellama")
     settings = GenerationSettings(
         mode="assisted", max_new_tokens=24, do_sample=True, temperature=3.0, ignore_eos=True, seed=5
     )
@@ -181,7 +182,7 @@ def test_offline_pair_loads_from_the_cache_and_runs(monkeypatch: pytest.MonkeyPa
     # Asserted directly rather than by a load-time bound: how long the load takes depends on the
     # host and on the precision step (the invariant kernels quantize and pack every layer).
     monkeypatch.setattr(gguf_convert, "build_hf_folder", no_conversion)
-    pair = models.load_pair(models.DEFAULT_PAIR)
+    pair = load_pair(models.DEFAULT_PAIR)
     ids = pair.tokenizer("def fib(n):", return_tensors="pt")["input_ids"]
     with torch.inference_mode():
         logits = pair.target(ids).logits

@@ -273,7 +273,7 @@ def test_onnxruntime_target_in_a_sweep():
         "tiny-qwen2", target_precision="int4", draft_precisions=("fp32",), target_kernels="onnxruntime"
     )
     pair = pairs[("fp32", None)]
-    assert (pair.target_backend, pair.target_precision) == ("onnxruntime", "ort-int4-b32-aint8")
+    assert (pair.target_setup.backend, pair.target_setup.precision) == ("onnxruntime", "ort-int4-b32-aint8")
 
 
 def test_group_pairs_share_one_target():
@@ -281,7 +281,7 @@ def test_group_pairs_share_one_target():
     fp32, w8 = ("fp32", None), ("w8af32", None)
     assert set(pairs) == {fp32, w8}
     assert pairs[fp32].target is pairs[w8].target
-    assert (pairs[fp32].draft_precision, pairs[w8].draft_precision) == ("fp32", "w8af32")
+    assert (pairs[fp32].draft_setup.precision, pairs[w8].draft_setup.precision) == ("fp32", "w8af32")
     assert pairs[fp32].draft is not pairs[w8].draft
     assert sweep.load_target_group(PAIR, target_precision="fp32", draft_precisions=())[None].draft is None
 

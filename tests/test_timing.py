@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import load_pair
 
-from harness import models, timing, tiny
+from harness import timing, tiny
 from harness.generation import generate
 from harness.setup import GenerationSettings
 
@@ -37,7 +38,7 @@ def test_hooks_are_removed_when_the_block_raises() -> None:
 
 
 def test_forwards_record_tokens_cache_and_ids() -> None:
-    pair = models.load_pair("tiny-llama")
+    pair = load_pair("tiny-llama")
     prompt = [tiny.BOS_ID, 30, 31, 32, 33]
     m = generate(pair, prompt, GenerationSettings(mode="plain", max_new_tokens=4, ignore_eos=True))
     target = [f for f in m.forwards if f.role == "target"]
@@ -58,7 +59,7 @@ def test_instrumentation_costs_under_one_percent_of_a_run() -> None:
     measured on a do-nothing module watched the way the target is watched (ids kept, a KV cache
     read), times the number of forwards this run made, over the run's wall time.
     """
-    pair = models.load_pair("tiny-llama")
+    pair = load_pair("tiny-llama")
     prompt = [tiny.BOS_ID, *range(3, 130)]  # 128 tokens: a short real prompt
     settings = GenerationSettings(mode="assisted", max_new_tokens=32, ignore_eos=True)
     generate(pair, prompt, settings)  # warm-up

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import load_pair
 
-from harness import baselines, bench, cli, models, onnx_export, results, timing
+from harness import baselines, bench, cli, onnx_export, results, timing
 from harness.report import NOT_TIMED, seed_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,7 +258,7 @@ def test_ctrl_c_stops_a_run_started_with_sigint_ignored(tmp_path) -> None:
 
 def test_a_host_kind_without_a_baseline_is_held_to_the_nearest_platform(tmp_path) -> None:
     case = bench.case("tiny-llama", 16, 8, num_assistant_tokens=3)
-    pair = models.load_pair("tiny-llama")
+    pair = load_pair("tiny-llama")
     m = bench.measure_case(pair, case, 4, platform="amd-epyc-2c-avx512")
     root = tmp_path / "baselines"
     for platform in ("amd-epyc-2c-avx512", "stx"):

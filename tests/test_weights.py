@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_pair
 
 from harness import models, packaged, tiny, weights
 from harness.errors import VocabMismatchError, WeightsNotFoundError
@@ -174,12 +175,12 @@ def save_tiny_pair(root: Path, target_name: str = "llama-2-7b", draft_name: str 
 
 def test_resolved_folders_load_through_load_pair(tmp_path: Path) -> None:
     save_tiny_pair(tmp_path)
-    pair = models.load_pair(
+    pair = load_pair(
         tiny_llama_2_7b(), target_precision="fp32", draft_precision="fp32", weights_dir=str(tmp_path)
     )
     assert pair.origins == {"target": str(tmp_path / "llama-2-7b"), "draft": str(tmp_path / "llama-160m")}
     # The same weights as the in-memory tiny pair, so the same greedy output in both modes.
-    reference = models.load_pair("tiny-llama")
+    reference = load_pair("tiny-llama")
     prompt = [tiny.BOS_ID, 50, 60, 70, 80]
     for mode in ("plain", "assisted"):
         settings = GenerationSettings(mode=mode, max_new_tokens=8, ignore_eos=True)
@@ -201,7 +202,7 @@ def test_vocab_mismatch_in_saved_configs_fails_before_loading_models(
 
     monkeypatch.setattr(models, "_load_hf", no_load)
     with pytest.raises(VocabMismatchError, match="1024"):
-        models.load_pair(
+        load_pair(
             tiny_llama_2_7b(draft_vocab=1024), target_precision="fp32", draft_precision="fp32",
             weights_dir=str(tmp_path),
         )  # fmt: skip
@@ -209,17 +210,13 @@ def test_vocab_mismatch_in_saved_configs_fails_before_loading_models(
 
 def test_load_pair_reports_missing_weights_for_a_registered_pair(tmp_path: Path) -> None:
     with pytest.raises(WeightsNotFoundError, match="llama-2-7b"):
-        models.load_pair(
-            "llama-2-7b", target_precision="fp32", draft_precision="fp32", weights_dir=str(tmp_path)
-        )
+        load_pair("llama-2-7b", target_precision="fp32", draft_precision="fp32", weights_dir=str(tmp_path))
 
 
 def test_weights_dir_from_env_var_reaches_load_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save_tiny_pair(tmp_path, "Llama-2-7b-hf", "JackFram--llama-160m")
     monkeypatch.setenv(weights.WEIGHTS_ENV, str(tmp_path))
-    pair = models.load_pair(
-        tiny_llama_2_7b(), target_precision="fp32", draft_precision="fp32", with_draft=True
-    )
+    pair = load_pair(tiny_llama_2_7b(), target_precision="fp32", draft_precision="fp32", with_draft=True)
     assert pair.origins["target"].endswith("Llama-2-7b-hf")
     assert pair.origins["draft"].endswith("JackFram--llama-160m")
     with torch.inference_mode():

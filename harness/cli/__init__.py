@@ -156,8 +156,11 @@ def _check_ignored(args: argparse.Namespace) -> None:
         )
 
 
-def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.GenerationSettings:
+def _run_setup(args: argparse.Namespace, spec: models.PairSpec, modes: Sequence[str]) -> setup.RunSetup:
+    """The run the flags ask for, resolved once (its mode the last of ``modes``: the one that may
+    need a draft)."""
     decoding = setup.GenerationSettings(
+        mode=modes[-1],
         # Without --max_new_tokens each prompt's own budget applies (the runner replaces this per
         # prompt); the placeholder only has to pass validation.
         max_new_tokens=args.max_new_tokens
@@ -176,14 +179,33 @@ def _settings(args: argparse.Namespace, spec: models.PairSpec) -> setup.Generati
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
-    return setup.resolve(
+    run = setup.resolve(
         spec,
+        target_precision=args.target_precision,
+        target_kernels=args.target_kernels,
+        # onnxruntime-genai runs the ONNX Runtime target whatever --target_backend says.
+        target_backend="onnxruntime" if args.engine == setup.GENAI else args.target_backend,
+        provider=args.execution_provider,
+        ort_block_size=backends.OrtSettings.block_size
+        if args.ort_block_size is None
+        else args.ort_block_size,
+        ort_accuracy_level=backends.OrtSettings.accuracy_level
+        if args.ort_accuracy_level is None
+        else args.ort_accuracy_level,
+        target_device=args.target_device,
+        engine=args.engine,
+        draft_precision=args.draft_precision,
+        draft_kernels=args.draft_kernels,
+        draft_vocab=args.draft_vocab,
+        draft_device=args.draft_device,
+        with_draft="assisted" in modes,
         decoding=decoding,
         num_assistant_tokens=args.num_assistant_tokens,
-        # onnxruntime-genai drafts a constant K whatever a pair registers for transformers' loop, and
-        # its rows say so.
-        assistant_schedule="constant" if args.engine == setup.GENAI else args.assistant_schedule,
-    ).decoding
+        assistant_schedule=args.assistant_schedule,
+    )
+    for mode in modes:
+        dataclasses.replace(run.decoding, mode=mode).validate()
+    return run
 
 
 def _use_threads(threads: int | None) -> None:
@@ -273,9 +295,7 @@ def run(args: argparse.Namespace) -> int:
     spec = _pair_spec(args)
     modes = _modes(args)
     _check_flags(args)
-    settings = _settings(args, spec)
-    for mode in modes:
-        dataclasses.replace(settings, mode=mode).validate()
+    run = _run_setup(args, spec, modes)
     # Read before loading: a typo in the path should not cost a model load.
     from_file = (
         tasks.load_prompts_file(args.prompts, args.max_new_tokens or PROMPTS_FILE_NEW_TOKENS)
@@ -289,30 +309,7 @@ def run(args: argparse.Namespace) -> int:
         )
     models.offline_env()
     _use_threads(args.threads)
-    for mode in modes:
-        engines.check_settings(args.engine, dataclasses.replace(settings, mode=mode))
-    pair = engines.load(
-        spec,
-        engine=args.engine,
-        target_precision=args.target_precision,
-        draft_precision=args.draft_precision,
-        target_device=args.target_device,
-        draft_device=args.draft_device,
-        with_draft="assisted" in modes,
-        weights_dir=args.weights_dir,
-        target_kernels=args.target_kernels,
-        draft_vocab=args.draft_vocab,
-        draft_kernels=args.draft_kernels,
-        target_backend=args.target_backend,
-        execution_provider=args.execution_provider,
-        ort_block_size=backends.OrtSettings.block_size
-        if args.ort_block_size is None
-        else args.ort_block_size,
-        ort_accuracy_level=backends.OrtSettings.accuracy_level
-        if args.ort_accuracy_level is None
-        else args.ort_accuracy_level,
-        verify=args.verify,
-    )
+    pair = engines.load(spec, run, weights_dir=args.weights_dir, verify=args.verify)
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name
     defaults = setup.defaults(pair.spec)
@@ -320,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         rows = runner.run_prompts(
             pair,
             prompts,
-            settings,
+            run.decoding,
             modes=modes,
             task=args.task,
             json_path=args.json,
@@ -333,12 +330,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"interrupted{where}", file=sys.stderr)
         return 130
     command = reproduce(args, rows[-1], defaults)
+    target, draft = pair.target_setup, pair.draft_setup
     for mode in modes:
         mode_rows = [r for r in rows if r.mode == mode]
         print(
-            f"\n## {mode} ({pair.spec.name}, target {pair.target_precision}"
-            + (f" on onnxruntime {pair.execution_provider}" if pair.target_backend == "onnxruntime" else "")
-            + (f", draft {pair.draft_precision}" if mode == "assisted" else "")
+            f"\n## {mode} ({pair.spec.name}, target {target.precision}"
+            + (f" on onnxruntime {target.provider}" if target.backend == "onnxruntime" else "")
+            + (f", draft {draft.precision}" if mode == "assisted" and draft else "")
             + ")\n"
         )
         print(f"```{command}```\n")
@@ -382,7 +380,7 @@ _NOT_FOR_SWEEP = (
 )
 
 
-def _sweep_configs(args: argparse.Namespace) -> list[sweep_spec.SweepConfig]:
+def _sweep_configs(args: argparse.Namespace, spec: models.PairSpec) -> list[sweep_spec.SweepConfig]:
     """Check every sweep flag and configuration before any model loads."""
     if args.task != "sweep":
         raise HarnessError(f"--sweep is used with --task sweep, not --task {args.task}; add --task sweep")
@@ -414,7 +412,7 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep_spec.SweepConfig]:
         else:
             precision.check_precision(config.target_precision, args.target_device)
         if engine:
-            engines.check_settings(engines.GENAI, config.settings(2))
+            engines.check(spec, config.run(spec.name, 2))
         elif config.draft_precision is not None and config.mode == "assisted":
             precision.check_precision(config.draft_precision, args.draft_device)
     return configs
@@ -422,8 +420,8 @@ def _sweep_configs(args: argparse.Namespace) -> list[sweep_spec.SweepConfig]:
 
 def run_sweep(args: argparse.Namespace) -> int:
     """``--task sweep``: measure every --sweep configuration, print the table, write .md/.png and rows."""
-    configs = _sweep_configs(args)
     spec = _pair_spec(args)
+    configs = _sweep_configs(args, spec)
     bench_binary = llamacpp.find(args.llama_bench)
     new_tokens = args.max_new_tokens or sweep.DEFAULT_NEW_TOKENS
     limit = args.limit or sweep.DEFAULT_LIMIT
