@@ -118,10 +118,6 @@ def alpha_mle(accepted: int, rejected: int) -> float | None:
     return accepted / trials if trials else None
 
 
-def mean_ms(forwards: Sequence[Forward]) -> float:
-    return statistics.fmean(f.ms for f in forwards) if forwards else math.nan
-
-
 def decode_totals(m: Measurement, role: str) -> tuple[float, int]:
     """(ms, count) of ``role``'s decode-step forwards in one run: from its per-forward records, or
     from its engine's own books (``step_costs``) where it keeps no records."""
@@ -204,16 +200,6 @@ def optimal_k(alpha: float, c: float, v_of_k: Callable[[int], float] | None = No
         if s > best + 1e-12:  # strict, so ties go to the smaller (cheaper) K
             best_k, best = k, s
     return best_k
-
-
-def acceptance_from_counts(accepted: int, drafted: int) -> float | None:
-    """accepted / drafted; None when nothing was drafted (an undefined rate, not zero)."""
-    if accepted < 0 or drafted < 0 or accepted > drafted:
-        raise HarnessError(
-            f"acceptance counts must satisfy 0 <= accepted <= drafted, got accepted={accepted}, "
-            f"drafted={drafted}; the candidate generator's counters are inconsistent"
-        )
-    return None if drafted == 0 else accepted / drafted
 
 
 # --------------------------------------------------------------------------- an engine's own books

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from harness import files
+from harness import files, setup
 from harness.analysis import leviathan_speedup_verify
 from harness.errors import HarnessError
 from harness.stats import (
@@ -96,7 +96,10 @@ class CaseKey:
     draft_vocab: int | None = None  # the draft scored only this many leading token ids
     draft_kernels: str = "stock"  # the draft's kernels ("invariant": the harness's, for speed)
     execution_provider: str | None = None  # the execution provider of an ONNX Runtime target
-    engine: str = "transformers"  # what runs the decoding loop (harness.setup.ENGINES)
+    engine: str = "transformers"  # what runs the decoding loop (harness.engines.REGISTRY)
+    # Identity settings of ``setup.FIELDS`` beyond the fields above (a setting added since), as
+    # (column, value), only where a case's value is not the setting's default.
+    more: tuple[tuple[str, Any], ...] = ()
 
     @property
     def sampling(self) -> str:
@@ -139,10 +142,14 @@ class CaseKey:
             parts.append(f"dk_{_part(self.draft_kernels)}")
         if self.draft is not None:
             parts.append(f"draft_{_part(self.draft)}")
+        parts += [f"{_part(column)}_{_part(str(value))}" for column, value in self.more]
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.more:
+            del data["more"]  # files of cases without a newer setting read as they always have
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseKey:
@@ -151,11 +158,14 @@ class CaseKey:
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown case fields {sorted(unknown)}")
-        return cls(**data)
+        more = tuple((str(column), value) for column, value in data.pop("more", ()))
+        return cls(**data, more=more)
 
 
 # The key's fields that are run-setting columns (all but where the case runs and a seed's named draft).
-CASE_COLUMNS = tuple(f.name for f in fields(CaseKey) if f.name not in ("task", "prompt_tokens", "draft"))
+CASE_COLUMNS = tuple(
+    f.name for f in fields(CaseKey) if f.name not in ("task", "prompt_tokens", "draft", "more")
+)
 
 
 def case_key(columns: dict[str, Any], task: str, prompt_tokens: int | None) -> CaseKey:
@@ -164,7 +174,15 @@ def case_key(columns: dict[str, Any], task: str, prompt_tokens: int | None) -> C
     # Columns an older row lacks, or that a plain or torch setup leaves None, read as the defaults.
     given.update({c: getattr(CaseKey, c) for c in ("target_backend", "target_kernels", "draft_kernels",
                                                    "engine") if given[c] is None})  # fmt: skip
-    return CaseKey(task=task, prompt_tokens=prompt_tokens, **given)
+    more = tuple(
+        (f.column, columns.get(f.column))
+        for f in setup.FIELDS
+        if f.identity
+        and f.column not in CASE_COLUMNS
+        and columns.get(f.column) is not None
+        and columns.get(f.column) != f.default
+    )
+    return CaseKey(task=task, prompt_tokens=prompt_tokens, **given, more=more)
 
 
 @dataclass
@@ -346,23 +364,6 @@ def list_baselines(root: str | os.PathLike[str], platform: str | None = None) ->
     if not base.is_dir():
         return []
     return sorted(p for p in base.rglob("*.json") if not p.name.startswith("."))
-
-
-def migrate(root: str | os.PathLike[str]) -> list[Path]:
-    """Rewrite every measured baseline file under ``root`` written by an older schema in this one
-    (same case, same case id, same numbers; only the field names and schema change). Returns the
-    files rewritten. The seeds' imported tables are rewritten by ``python -m harness.seeds``."""
-    rewritten = []
-    for path in list_baselines(root):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("schema") == SCHEMA or not str(data.get("source", "")).startswith("measured"):
-            continue
-        record = read_baseline_file(path)
-        if baseline_path(root, path.relative_to(root).parts[0], record.case) != path:
-            raise HarnessError(f"{path}: its case id is {record.case.case_id}; not migrated")
-        save_baseline(root, path.relative_to(root).parts[0], record.case, record)
-        rewritten.append(path)
-    return rewritten
 
 
 def _baseline_samples(entry: dict[str, Any] | None, key: str) -> list[float] | float | None:

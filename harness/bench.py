@@ -442,7 +442,7 @@ def _check_pair(pair: LoadedPair, case: BenchCase) -> None:
     # Devices are where the case runs, not what it is.
     differ = [
         c
-        for c in setup.COLUMNS
+        for c in setup.column_names()
         if c not in ("model", "target_device", "draft_device") and wanted[c] != got[c]
     ]
     if differ:

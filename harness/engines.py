@@ -6,8 +6,8 @@ class per draft strategy. ``transformers``: transformers' ``generate`` over a to
 Runtime target behind an adapter (``models.load_pair``, ``generation``). ``onnxruntime-genai``: that
 library's own Generator, plain and speculative, over the model builder's exports (``harness.genai``).
 
-Adding an engine is a module with such a class and one line in ``REGISTRY`` (and its name in
-``setup.ENGINES``, which the CLI's ``--engine`` offers). Everything above loads through ``load``.
+Adding an engine is a module with such a class and one line in ``REGISTRY`` (the CLI's ``--engine``
+offers its names). Everything above loads through ``load``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any, ClassVar, Protocol
 
 from harness import generation, models
 from harness.errors import HarnessError
-from harness.setup import ENGINES, GENAI, RunSetup
+from harness.setup import GENAI, RunSetup
 from harness.timing import Measurement
 
-__all__ = ["ENGINES", "GENAI", "Engine", "REGISTRY", "check", "engine_class", "load"]
+__all__ = ["GENAI", "Engine", "REGISTRY", "check", "engine_class", "load"]
 
 
 class Engine(Protocol):

@@ -301,19 +301,6 @@ def score(
 # ------------------------------------------------------------------------------------------ results
 
 
-_OWN_KEYS = (
-    "benchmark",
-    "task_id",
-    "mode",
-    "prompt_style",
-    "completion",
-    "passed",
-    "status",
-    "result",
-    "sandbox_s",
-)
-
-
 def make_row(
     task_id: str,
     mode: str,

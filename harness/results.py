@@ -43,33 +43,15 @@ ACCEPTANCE_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 @dataclass
-class Row:
-    """One prompt decoded once in one mode, with every setting needed to reproduce it."""
+class Measured:
+    """A row's fields besides its settings: what ran, what was measured, where and with what."""
 
     # What was run
     example: int
-    mode: str  # "plain", "assisted" (draft model) or "prompt_lookup"
     assisted: bool
     task: str
-    model: str  # registry pair name, e.g. "qwen2.5-coder-1.5b"
     target_model: str
     draft_model: str | None
-    target_precision: str
-    draft_precision: str | None
-    target_device: str
-    draft_device: str | None
-    # Settings pinned for this run (see harness.setup.GenerationSettings)
-    num_assistant_tokens: int | None
-    assistant_schedule: str | None
-    assistant_confidence_threshold: float | None
-    prompt_lookup_num_tokens: int | None
-    do_sample: bool
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    seed: int | None
-    max_new_tokens: int
-    min_new_tokens: int | None
     # Measurements
     prompt_tokens: int
     new_tokens: int
@@ -90,12 +72,6 @@ class Row:
     output_ids: list[int]
     # Where and with what
     platform: str = ""
-    target_kernels: str = "stock"  # "invariant": batch-invariant target kernels (harness.invariant)
-    draft_vocab: int | None = None  # the draft scored only this many leading token ids (+ specials)
-    draft_kernels: str | None = None  # the draft's kernels (speed only); None: no draft or not recorded
-    target_backend: str = "torch"  # "onnxruntime": target_precision then names the export's settings
-    execution_provider: str | None = None  # ONNX Runtime's provider for the target
-    engine: str = "transformers"  # what ran the decoding loop (harness.setup.ENGINES)
     prompt_label: str = ""
     prompt_sha: str = ""  # setup.prompt_digest of the prompt's token ids: part of the resume key
     versions: dict[str, str] = field(default_factory=dict)
@@ -113,11 +89,31 @@ class Row:
         extra = {k: v for k, v in data.items() if k not in names}
         row = cls(**known)
         row.extra.update(extra)
-        return row
+        return row  # type: ignore[return-value]
 
     def key(self) -> tuple[Any, ...]:
         """Identity of a row for resuming: same run, prompt and settings means already done."""
         return setup.row_key(self)
+
+
+def _row_class() -> type[Measured]:
+    # The setting columns are ``setup.FIELDS``' own (model, mode, precisions, kernels, devices,
+    # engine, K and schedule, sampling, budget), so a new setting is a column of every row without a
+    # second list here; a column a row written before it existed lacks reads the field's ``missing``.
+    settings = [(f.column, Any, field(default=f.missing)) for f in setup.FIELDS]
+    return dataclasses.make_dataclass(
+        "Row",
+        settings,
+        bases=(Measured,),
+        namespace={
+            "__doc__": "One prompt decoded once in one mode, with every setting needed to reproduce it "
+            "(its columns: ``Measured``'s and one per ``setup.FIELDS`` entry).",
+            "__module__": __name__,
+        },
+    )
+
+
+Row = _row_class()
 
 
 RUNS_ENV = "ASSISTED_GENERATION_RUNS"

@@ -82,8 +82,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -375,14 +373,6 @@ def run_untrusted(
         python_guard=python_guard,
         check=check,
     )
-
-
-def run_many(programs: Sequence[str], *, workers: int = 2, **options: object) -> list[SandboxResult]:
-    """Run several programs, `workers` at a time (threads only wait on children), in input order."""
-    if workers < 1:
-        raise HarnessError(f"workers must be at least 1, got {workers}")
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda p: run_untrusted(p, **options), programs))  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------ the run's cgroup

@@ -30,7 +30,6 @@ MODES = ("plain", "assisted", "prompt_lookup")
 # What runs the decoding loop: transformers' generate (torch or ONNX Runtime target behind an
 # adapter), or onnxruntime-genai's own Generator with its own speculative decoding (harness.genai).
 GENAI = "onnxruntime-genai"
-ENGINES = ("transformers", GENAI)
 # User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
 # "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
 # second prompt of a run would not start from the K the user set.
@@ -109,7 +108,7 @@ class Target:
     backend: str = "torch"
     provider: str | None = None  # ONNX Runtime's execution provider; None on torch
     device: str = "cpu"
-    engine: str = "transformers"  # what runs the decoding loop: transformers' generate, or ENGINES
+    engine: str = "transformers"  # what runs the decoding loop (``engines.REGISTRY``)
 
 
 @dataclass(frozen=True)
@@ -140,10 +139,21 @@ class RunSetup:
 
 @dataclass(frozen=True)
 class Field:
+    """One run setting as everything downstream sees it: a row's column, a CLI flag, a reproduce
+    command's word, part of a resume key, a run id and (``identity``) a baseline's case."""
+
     column: str  # the row column (and ``Row`` attribute) that carries it
     flag: str | None  # the CLI flag that sets it (None: set by the task or mode)
     side: str  # "target", "draft", "sampling" or "budget"
     get: Callable[[RunSetup], Any]
+    # The value of a run that does not set it: a reproduce command and a case id leave it out. A
+    # setting of ``GenerationSettings`` takes its default from there, its CLI flag its type.
+    default: Any = None
+    # What a row written before the column existed reads.
+    missing: Any = None
+    # Part of a baseline's case (``baselines.CaseKey``): two runs that differ in it are two cases.
+    # Off for where a case runs (devices) and what a benchmark case fixes itself.
+    identity: bool = True
 
 
 def _draft(get: Callable[[Draft], Any]) -> Callable[[RunSetup], Any]:
@@ -159,16 +169,16 @@ def _sampled(get: Callable[[GenerationSettings], Any]) -> Callable[[RunSetup], A
 FIELDS: tuple[Field, ...] = (
     Field("model", "--model_name", "target", lambda s: s.pair),
     Field("target_precision", "--target_precision", "target", lambda s: s.target.precision),
-    Field("target_kernels", "--target_kernels", "target", lambda s: s.target.kernels),
-    Field("target_backend", "--target_backend", "target", lambda s: s.target.backend),
+    Field("target_kernels", "--target_kernels", "target", lambda s: s.target.kernels, "stock", "stock"),
+    Field("target_backend", "--target_backend", "target", lambda s: s.target.backend, "torch", "torch"),
     Field("execution_provider", "--execution_provider", "target", lambda s: s.target.provider),
-    Field("target_device", "--target_device", "target", lambda s: s.target.device),
-    Field("engine", "--engine", "target", lambda s: s.target.engine),
-    Field("mode", None, "draft", lambda s: s.decoding.mode),
+    Field("target_device", "--target_device", "target", lambda s: s.target.device, "cpu", identity=False),
+    Field("engine", "--engine", "target", lambda s: s.target.engine, "transformers", "transformers"),
+    Field("mode", None, "draft", lambda s: s.decoding.mode, identity=False),
     Field("draft_precision", "--draft_precision", "draft", _draft(lambda d: d.precision)),
-    Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels)),
+    Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels), "stock"),
     Field("draft_vocab", "--draft_vocab", "draft", _draft(lambda d: d.vocab)),
-    Field("draft_device", "--draft_device", "draft", _draft(lambda d: d.device)),
+    Field("draft_device", "--draft_device", "draft", _draft(lambda d: d.device), "cpu", identity=False),
     Field(
         "num_assistant_tokens",
         "--num_assistant_tokens",
@@ -192,23 +202,30 @@ FIELDS: tuple[Field, ...] = (
             if s.uses_draft and s.decoding.assistant_schedule == "dynamic"
             else None
         ),
+        identity=False,
     ),
     Field(
         "prompt_lookup_num_tokens",
         "--prompt_lookup",
         "draft",
         lambda s: s.decoding.prompt_lookup_num_tokens if s.decoding.mode == "prompt_lookup" else None,
+        identity=False,
     ),
     Field("do_sample", "--do_sample", "sampling", lambda s: s.decoding.do_sample),
     Field("temperature", "--temperature", "sampling", _sampled(lambda d: d.temperature)),
     Field("top_p", "--top_p", "sampling", _sampled(lambda d: d.top_p)),
     Field("top_k", "--top_k", "sampling", _sampled(lambda d: d.top_k)),
-    Field("seed", "--seed", "sampling", lambda s: s.decoding.seed),
+    Field("seed", "--seed", "sampling", lambda s: s.decoding.seed, identity=False),
     Field("max_new_tokens", "--max_new_tokens", "budget", lambda s: s.decoding.max_new_tokens),
-    Field("min_new_tokens", "--min_new_tokens", "budget", lambda s: s.decoding.min_new_tokens),
+    Field(
+        "min_new_tokens", "--min_new_tokens", "budget", lambda s: s.decoding.min_new_tokens, 0, identity=False
+    ),
 )
 
-COLUMNS = tuple(f.column for f in FIELDS)
+
+def column_names() -> tuple[str, ...]:
+    """Every setting's row column, in ``FIELDS``' order."""
+    return tuple(f.column for f in FIELDS)
 
 
 def _values(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
@@ -232,7 +249,7 @@ def prompt_digest(content: Sequence[int] | str) -> str:
 def row_key(row: Any) -> tuple[Any, ...]:
     """A finished row's identity within its run: the same prompt decoded with the same settings is
     the same result (a rerun skips it)."""
-    return _values(row, (*_WHERE, *COLUMNS))
+    return _values(row, (*_WHERE, *column_names()))
 
 
 def pairing_key(row: Any) -> tuple[Any, ...]:
@@ -251,7 +268,14 @@ def run_id(
     measures several arms on one target); ``extra`` holds what else the caller's run depends on (its
     modes, thread count, prompt set)."""
     blob = json.dumps(
-        [{c: columns.get(c) for c in COLUMNS if c in columns}, task, platform, host, code, list(extra)],
+        [
+            {c: columns.get(c) for c in column_names() if c in columns},
+            task,
+            platform,
+            host,
+            code,
+            list(extra),
+        ],
         sort_keys=True,
         default=str,
     )
@@ -288,8 +312,7 @@ def resolve(
     the target's precision is the export's label, and its kernels are the runtime's own ("stock");
     ``engine`` onnxruntime-genai runs such a target in its own loop.
     """
-    if engine not in ENGINES:
-        raise HarnessError(f"engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    # The engine's name is checked where it is looked up (``engines.engine_class``).
     if engine != "transformers":
         if target_backend != "onnxruntime":
             raise HarnessError(
@@ -398,7 +421,8 @@ def _ort_target(get: Callable[[str], Any], _d: Mapping[str, Any]) -> list[str]:
     return args
 
 
-def _spell(column: str, flag: str, get: Callable[[str], Any], d: Mapping[str, Any]) -> list[str]:
+def _spell(field: Field, get: Callable[[str], Any], d: Mapping[str, Any]) -> list[str]:
+    column, flag = field.column, str(field.flag)
     value = get(column)
     ort = get("target_backend") == "onnxruntime"
     if column.startswith("draft_") and get("engine") not in (None, "transformers"):
@@ -416,12 +440,11 @@ def _spell(column: str, flag: str, get: Callable[[str], Any], d: Mapping[str, An
         if get("mode") != "assisted" or (value or 0) == d.get(column, 0):
             return []
         return [flag, str(value or 0)]
-    # Kernels, devices and the new-token floor compare with what the CLI does when not told, so a
-    # command that leaves the flag out still reproduces the row.
-    fallback = {"target_kernels": "stock", "draft_kernels": "stock", "target_device": "cpu",
-                "draft_device": "cpu", "min_new_tokens": 0, "engine": "transformers"}  # fmt: skip
-    if column in fallback:
-        return [flag, str(value)] if value is not None and value != d.get(column, fallback[column]) else []
+    # A setting with a default (kernels, devices, the new-token floor, a new setting) compares with
+    # what the CLI does when not told, so a command that leaves the flag out still reproduces the row.
+    if field.default is not None:
+        changed = value is not None and value != d.get(column, field.default)
+        return [flag, _number(value)] if changed else []
     if value is None or (column in d and d[column] == value):
         return []
     return [flag, _number(value)]
@@ -447,5 +470,5 @@ def command(row: Any, defaults: Mapping[str, Any] | None = None) -> str:
     for f in FIELDS:
         # The model and task lead; each prompt's new-token budget comes from its task.
         if f.flag is not None and f.column not in ("model", "max_new_tokens"):
-            args += _spell(f.column, f.flag, get, d)
+            args += _spell(f, get, d)
     return shlex.join(args)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from harness import engines, models, setup
+from harness import cli, engines, models, setup
 from harness.errors import HarnessError
 from harness.pytest_plugin import PairCache
 
@@ -18,13 +18,15 @@ def test_an_unknown_engine_is_refused_before_loading(monkeypatch: pytest.MonkeyP
     with pytest.raises(HarnessError, match="transformers, onnxruntime-genai"):
         engines.load(spec, dataclasses.replace(run, target=dataclasses.replace(run.target, engine="vllm")))
     with pytest.raises(HarnessError, match="choose one of"):
-        setup.resolve(spec, engine="vllm")
+        engines.check(spec, dataclasses.replace(run, target=dataclasses.replace(run.target, engine="vllm")))
 
 
-def test_every_engine_name_offered_is_registered() -> None:
-    assert set(setup.ENGINES) == set(engines.REGISTRY)
+def test_every_registered_engine_is_a_class_of_that_name_and_offered() -> None:
     for name in engines.REGISTRY:
         assert engines.engine_class(name).name == name
+    assert set(cli.build_parser().parse_args(["--engine", name]).engine for name in engines.REGISTRY) == set(
+        engines.REGISTRY
+    )
 
 
 @pytest.mark.parametrize("setting", ["draft_precision", "draft_vocab", "draft_kernels", "target_kernels"])

@@ -66,4 +66,4 @@ def test_a_row_carries_every_identity_column():
 
     from harness import setup
 
-    assert set(setup.COLUMNS) <= {f.name for f in dataclasses.fields(results.Row)}
+    assert set(setup.column_names()) <= {f.name for f in dataclasses.fields(results.Row)}

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from harness.analysis import (
-    acceptance_from_counts,
     expected_tokens_per_forward,
     leviathan_speedup,
     leviathan_speedup_verify,
@@ -87,16 +86,6 @@ def test_theory_rejects_bad_input():
         leviathan_speedup(0.5, -1, 0.1)
     with pytest.raises(HarnessError):
         leviathan_speedup_verify(0.5, 2, 0.1, 0.0)
-
-
-def test_acceptance_from_counts():
-    assert acceptance_from_counts(3, 4) == 0.75
-    assert acceptance_from_counts(0, 0) is None
-    with pytest.raises(HarnessError, match="accepted <= drafted"):
-        acceptance_from_counts(5, 4)
-
-
-# --- Confidence intervals ---
 
 
 def test_speedup_ci_covers_the_true_speedup():

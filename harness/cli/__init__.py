@@ -159,25 +159,30 @@ def _check_ignored(args: argparse.Namespace) -> None:
 def _run_setup(args: argparse.Namespace, spec: models.PairSpec, modes: Sequence[str]) -> setup.RunSetup:
     """The run the flags ask for, resolved once (its mode the last of ``modes``: the one that may
     need a draft)."""
+    # Every decoding setting that has a flag of its own name (sampling, the new-token floor, any
+    # setting added to FIELDS and GenerationSettings), as given.
+    names = {f.name for f in dataclasses.fields(setup.GenerationSettings)}
+    given = {
+        f.column: getattr(args, f.column)
+        for f in setup.FIELDS
+        if f.flag == f"--{f.column}" and f.column in names and getattr(args, f.column, None) is not None
+    }
     decoding = setup.GenerationSettings(
-        mode=modes[-1],
-        # Without --max_new_tokens each prompt's own budget applies (the runner replaces this per
-        # prompt); the placeholder only has to pass validation.
-        max_new_tokens=args.max_new_tokens
-        if args.max_new_tokens is not None
-        else max(1, args.min_new_tokens),
-        min_new_tokens=args.min_new_tokens,
-        assistant_confidence_threshold=setup.DEFAULT_CONFIDENCE_THRESHOLD
-        if args.assistant_confidence_threshold is None
-        else args.assistant_confidence_threshold,
-        # Not `value or default`: an explicit 0 must reach validation and fail, not become the default.
-        prompt_lookup_num_tokens=10 if args.prompt_lookup is None else args.prompt_lookup,
-        do_sample=args.do_sample,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        ignore_eos=args.ignore_eos,
+        **{
+            **given,
+            "mode": modes[-1],
+            # Without --max_new_tokens each prompt's own budget applies (the runner replaces this per
+            # prompt); the placeholder only has to pass validation.
+            "max_new_tokens": args.max_new_tokens
+            if args.max_new_tokens is not None
+            else max(1, args.min_new_tokens),
+            "assistant_confidence_threshold": setup.DEFAULT_CONFIDENCE_THRESHOLD
+            if args.assistant_confidence_threshold is None
+            else args.assistant_confidence_threshold,
+            # Not `value or default`: an explicit 0 must reach validation and fail, not the default.
+            "prompt_lookup_num_tokens": 10 if args.prompt_lookup is None else args.prompt_lookup,
+            "ignore_eos": args.ignore_eos,
+        }
     )
     run = setup.resolve(
         spec,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness import backends, invariant, llamacpp, models, precision, setup, sweep, tasks
+from harness import backends, engines, invariant, llamacpp, models, precision, setup, sweep, tasks
 from harness import configs as sweep_spec
 
 EXIT_USAGE = 2
@@ -119,7 +119,7 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
         "engine": (
             "models",
             dict(
-                choices=setup.ENGINES,
+                choices=tuple(engines.REGISTRY),
                 default="transformers",
                 help="what runs the decoding loop: transformers' generate (torch or ONNX Runtime target), "
                 "or onnxruntime-genai's own Generator and speculative decoding (target and draft "
@@ -402,6 +402,18 @@ def build_parser() -> argparse.ArgumentParser:
     options = setting_flags()
     for f in setup.FIELDS:
         if f.flag is not None:
-            group, kw = options[f.column]
+            group, kw = options.get(f.column) or _generic(f)
             _add(groups[group], f.flag, **kw)
     return p
+
+
+def _generic(f: setup.Field) -> tuple[str, dict[str, Any]]:
+    """The flag of a setting ``setting_flags`` has no entry for: typed by its default, in the group
+    of its side (a new setting works from its ``FIELDS`` entry alone; an entry here adds its help)."""
+    group = {"target": "models", "draft": "assistance"}.get(
+        f.side, "sampling" if f.side == "sampling" else "run"
+    )
+    if isinstance(f.default, bool):
+        return group, dict(action="store_true", help=f"the run setting {f.column}")
+    kind = type(f.default) if f.default is not None else str
+    return group, dict(type=kind, help=f"the run setting {f.column} (default {f.default})")
