@@ -30,7 +30,7 @@ from harness import analysis, baselines, experiment, platforms, runner, setup, s
 from harness.errors import HarnessError
 from harness.generation import generate
 from harness.models import LoadedPair
-from harness.results import append_row, runs_dir
+from harness.results import runs_dir
 from harness.setup import GenerationSettings, RunSetup
 from harness.timing import Measurement
 
@@ -488,6 +488,7 @@ def measure_arms(
     path = Path(rows_path) if rows_path is not None else default_rows_path(platform)
     prompt = tasks.benchmark_prompts(pair.tokenizer, (case.prompt_tokens,), (case.new_tokens,))[0]
     ids = list(prompt.input_ids or ())
+    digest = setup.prompt_digest(ids)
     names = list(arms)
     run_ids = {a: _run_id(pair, case, platform, a) for a in names}
     got: dict[str, dict[str, list[Measurement]]] = {a: {"plain": [], "assisted": []} for a in names}
@@ -509,7 +510,8 @@ def measure_arms(
             m = once(job.arm, mode)
             got[job.arm][mode].append(m)
             if write_rows:
-                row = runner.make_row(
+                runner.record(
+                    path,
                     pair,
                     m,
                     case.settings(mode),
@@ -518,23 +520,21 @@ def measure_arms(
                     label=prompt.label,
                     platform=platform,
                     run_id=run_ids[job.arm],
-                    prompt_sha=setup.prompt_digest(ids),
+                    prompt_sha=digest,
+                    extra={
+                        "bench": {
+                            "case_id": case.case_id,
+                            "repetition": job.index,
+                            "order": "-".join(modes),
+                            "arm": job.arm,
+                            "inject_slowdown": arms[job.arm],
+                        }
+                    },
                 )
-                row.extra["bench"] = {
-                    "case_id": case.case_id,
-                    "repetition": job.index,
-                    "order": "-".join(modes),
-                    "arm": job.arm,
-                    "inject_slowdown": arms[job.arm],
-                }
-                append_row(path, row)
 
-    # One round per repetition runs every arm, the arms' order rotating from round to round. Run
-    # here, not through experiment.run (nothing to resume or show): under pytest that layer measured
-    # the registered case's assisted decoding 12% slower, reproducibly (1.08x vs 1.23x; not outside
-    # pytest, cause not found), and a benchmark must not carry an unexplained cost.
-    for job in experiment.interleave(range(repetitions), names):
-        measure(job)
+    # One round per repetition runs every arm, the arms' order rotating from round to round: the
+    # measurement loop every experiment shares (nothing to resume: each measurement is its own run).
+    experiment.run(experiment.interleave(range(repetitions), names), measure, progress=False)
     return {
         arm: CaseMeasurement(
             case=case,

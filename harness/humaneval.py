@@ -357,11 +357,6 @@ def named_precisions(stem: str) -> list[str]:
     return []
 
 
-def record(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
-    """Append one row and flush it to disk (an interrupted run keeps every finished row)."""
-    append_row(path, dict(row))
-
-
 def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """HumanEval rows of a JSONL file (``results.read_records``: a torn last line is ignored)."""
     try:
@@ -407,7 +402,7 @@ def run_mode(
         completion = extract_completion(problem, generated, style)
         (outcome,) = run_scored([(problem, completion)], timeout_s=timeout, **sandbox_options)
         row = make_row(problem["task_id"], mode, completion, outcome, style=style, measurements=measurements)
-        record(path, row)
+        append_row(path, dict(row))
         written.append(row)
     return written
 

@@ -552,6 +552,25 @@ def load_pair(
     )
 
 
+def prepare_packaged(*, export_target: bool = False, export_draft: bool = False) -> None:
+    """The packaged pair's weights converted (once; file-locked, so parallel workers share it), and
+    its target's (and draft's) ONNX export made at the default settings, where asked."""
+    for key in packaged.PACKAGED:
+        model = packaged.get_model(key)
+        if packaged.parts_status(model).complete and not packaged.is_converted(model):
+            packaged.ensure_converted(key)
+    spec = get_pair(DEFAULT_PAIR)
+    roles = [spec.target] if export_target else []
+    roles += [spec.draft] if export_draft else []
+    for role in roles:
+        model = packaged.get_model(role.packaged_key)
+        if packaged.is_converted(model):
+            import gc
+
+            gc.collect()  # whatever a conversion or export just left behind, before the next exporter
+            export_ort_target(role.name, packaged.converted_dir(model), OrtSettings())
+
+
 def offline_env() -> None:
     """Make any accidental hub access fail fast instead of hanging on a closed network."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -19,7 +19,6 @@ not crossed with it.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import backends, engines, equivalence, models, platforms, precision, results, setup
+from harness import backends, equivalence, models, platforms, precision, results, suite
 from harness.errors import HarnessError
 
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
@@ -140,9 +139,25 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     models.offline_env()
-    _register_local_pairs(config)
+    local = _register_local_pairs(config)
     _check_options(config)
-    config.stash[THREADS] = _threads_for_real_models()
+    out = config.getoption("--divergence-out")
+    config.stash[SESSION] = suite.SuiteSession(
+        weights_dir=config.getoption("--weights_dir"),
+        platform=config.getoption("--platform"),
+        real_pairs=_real_selected(config, local),
+        local_pairs=local,
+        target_backends=target_backends(config),
+        divergence_out=Path(out) if out else None,
+    )
+
+
+# The session's state and work (harness.suite); the plugin keeps only this.
+SESSION = pytest.StashKey[suite.SuiteSession]()
+
+
+def session_of(config: pytest.Config) -> suite.SuiteSession:
+    return config.stash[SESSION]
 
 
 def _check_options(config: pytest.Config) -> None:
@@ -230,27 +245,16 @@ def humaneval_precisions(value: str | None) -> dict[str, str]:
     )
 
 
-THREADS = pytest.StashKey[int]()
-
-
-def _threads_for_real_models() -> int:
-    # Two cores: more threads than that only adds contention. Under xdist each worker gets one, so
-    # workers do not fight over cores (OpenMP spin-waits make oversubscription very slow).
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(1, min(2, os.cpu_count() or 1) // workers)
-
-
 @pytest.fixture(autouse=True)
 def _torch_threads(request: pytest.FixtureRequest) -> None:
     """Tiny models run fastest on one thread (their matmuls are too small to split, and a second
     thread only spins); real models get the cores."""
     real = request.node.get_closest_marker("real") is not None
-    torch.set_num_threads(request.config.stash[THREADS] if real else 1)
+    torch.set_num_threads(session_of(request.config).threads if real else 1)
 
 
-def _real_selected(config: pytest.Config) -> list[str]:
+def _real_selected(config: pytest.Config, local: list[str]) -> list[str]:
     wanted = config.getoption("--real-pairs")
-    local = config.stash.get(LOCAL_PAIRS, [])
     if wanted.strip().lower() == "all":
         return REAL + local
     names = {w.strip().lower() for w in wanted.split(",") if w.strip()}
@@ -259,7 +263,7 @@ def _real_selected(config: pytest.Config) -> list[str]:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """What a run with a local pair will also do, said before it starts."""
-    local = config.stash.get(LOCAL_PAIRS, [])
+    local = session_of(config).local_pairs
     if local and "onnxruntime" in dict(target_backends(config)):
         return [
             f"local pair(s) {', '.join(local)}: their ONNX Runtime cases export each target once (about "
@@ -276,17 +280,13 @@ def real_pairs_left_out(config: pytest.Config) -> list[str]:
 
     words = {w for w in re.findall(r"[\w.\-]+", (config.getoption("keyword") or "").lower())}
     words -= {"and", "or", "not"}
-    selected = {n.lower() for n in _real_selected(config)}
+    selected = {n.lower() for n in session_of(config).real_pairs}
     return [n for n in REAL if n.lower() not in selected and any(w in n.lower() for w in words)]
 
 
-LOCAL_PAIRS = pytest.StashKey[list]()
-
-
-def _register_local_pairs(config: pytest.Config) -> None:
+def _register_local_pairs(config: pytest.Config) -> list[str]:
     """``--local-pair NAME=TARGET[,DRAFT]``: pairs of the user's own folders, registered under NAME
     for this run (their configs are read now: a wrong folder is a usage error, not 40 failed tests)."""
-    import dataclasses
 
     names = []
     for text in config.getoption("--local-pair"):
@@ -300,7 +300,7 @@ def _register_local_pairs(config: pytest.Config) -> None:
         except HarnessError as exc:
             raise pytest.UsageError(f"--local-pair {text!r}: {exc}") from None
         names.append(name)
-    config.stash[LOCAL_PAIRS] = names
+    return names
 
 
 def pair_params(config: pytest.Config, *, tiny: bool = True, real: bool = True) -> list:
@@ -308,7 +308,8 @@ def pair_params(config: pytest.Config, *, tiny: bool = True, real: bool = True) 
     params = [pytest.param(n, id=n) for n in TINY] if tiny else []
     if real:
         params += [
-            pytest.param(n, id=n, marks=[pytest.mark.real, pytest.mark.slow]) for n in _real_selected(config)
+            pytest.param(n, id=n, marks=[pytest.mark.real, pytest.mark.slow])
+            for n in session_of(config).real_pairs
         ]
     return params
 
@@ -357,87 +358,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize("pair_name", params)
 
 
-class PairCache:
-    """Load each (pair, precisions, draft) once per session; skip cleanly when weights are absent."""
-
-    def __init__(self, weights_dir: str | None) -> None:
-        self.weights_dir = weights_dir
-        self._loaded: dict[setup.RunSetup, models.LoadedPair] = {}
-
-    def require_weights(self, name: str) -> None:
-        spec = models.get_pair(name)
-        for role, model in (("target", spec.target), ("draft", spec.draft)):
-            where = models.locate_model(model, self.weights_dir)
-            if not where.present:
-                pytest.skip(
-                    f"{role} weights for {spec.name} not present here ({where.detail}); "
-                    "see README 'Model pairs' for where weights are looked for"
-                )
-
-    def get(
-        self,
-        name: str,
-        target_precision: str | None = None,
-        draft_precision: str | None = None,
-        with_draft: bool = True,
-        target_kernels: str | None = None,
-        draft_vocab: int | None = None,
-        draft_kernels: str | None = None,
-        target_backend: tuple[str, str | None] = ("torch", None),
-        engine: str = "transformers",
-    ) -> models.LoadedPair:
-        """``target_backend``: (backend, execution provider), as the ``target_backend`` fixture gives;
-        ``engine="onnxruntime-genai"``: the pair as that engine runs it (the builder's exports)."""
-        backend, provider = target_backend
-        spec = models.get_pair(name)
-        run = setup.resolve(
-            spec,
-            target_precision=target_precision,
-            draft_precision=draft_precision,
-            with_draft=with_draft,
-            target_kernels=target_kernels,
-            draft_vocab=draft_vocab,
-            draft_kernels=draft_kernels,
-            target_backend=backend,
-            provider=provider,
-            engine=engine,
-        )
-        return self.load(spec, run)
-
-    def load(self, spec: models.PairSpec, run: setup.RunSetup) -> models.LoadedPair:
-        """The pair loaded for ``run`` (its decoding settings aside): the run's target and draft are
-        the cache's key, so two spellings of one configuration (a default given or left out) share
-        one load."""
-        key = dataclasses.replace(run, decoding=setup.GenerationSettings())
-        if key not in self._loaded:
-            self.require_weights(spec.name)
-            if not spec.target.is_tiny:
-                # One real pair in memory at a time: a 1.5B fp32 pair is ~10 GB, a 7B one more.
-                for other in [k for k in self._loaded if not models.get_pair(k.pair).target.is_tiny]:
-                    del self._loaded[other]
-                gc.collect()
-            self._loaded[key] = engines.load(spec, key, weights_dir=self.weights_dir)
-        return self._loaded[key]
-
-    def clear(self) -> None:
-        self._loaded.clear()
-
-
 @pytest.fixture(scope="session")
-def pairs(pytestconfig: pytest.Config) -> Iterator[PairCache]:
-    cache = PairCache(pytestconfig.getoption("--weights_dir"))
-    yield cache
-    cache.clear()
+def pairs(pytestconfig: pytest.Config) -> Iterator[suite.PairCache]:
+    session = session_of(pytestconfig)
+    yield session.pairs
+    session.close()
 
 
 @pytest.fixture(scope="session")
 def selected_target_backends(pytestconfig: pytest.Config) -> list[tuple[str, str | None]]:
-    return target_backends(pytestconfig)
+    return session_of(pytestconfig).target_backends
 
 
 @pytest.fixture(scope="session")
 def platform_name(pytestconfig: pytest.Config) -> str:
-    return pytestconfig.getoption("--platform") or platforms.detect().name
+    return session_of(pytestconfig).platform_name
 
 
 @pytest.fixture(scope="session")
@@ -446,8 +381,6 @@ def real_prompts(pytestconfig: pytest.Config) -> int:
 
 
 # --------------------------------------------------------------------------- timed benchmarks (harness.bench)
-
-BENCH_RESULTS = pytest.StashKey[list]()
 
 
 def under_xdist(config: pytest.Config) -> bool:
@@ -465,28 +398,26 @@ def _perf_runs_serially(request: pytest.FixtureRequest) -> None:
 @pytest.fixture(scope="session")
 def bench_results(pytestconfig: pytest.Config) -> list:
     """(CaseMeasurement, gate verdict) of every benchmark case; printed as one table at the end."""
-    return pytestconfig.stash.setdefault(BENCH_RESULTS, [])
+    return session_of(pytestconfig).bench_results
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ARG001
-    _divergence_summary(terminalreporter, config)
+    session = config.stash.get(SESSION, None)
+    if session is None:  # the options were refused at configure time
+        return
     left_out = real_pairs_left_out(config)
     if left_out:
         terminalreporter.section("real pairs not collected")
         terminalreporter.write_line(
             f"-k {config.getoption('keyword')!r} names real pairs this run did not collect: "
             f"{', '.join(left_out)} (real cases run for --real-pairs only, here "
-            f"{', '.join(_real_selected(config)) or 'none'}); add --real-pairs {','.join(left_out)} and "
+            f"{', '.join(session.real_pairs) or 'none'}); add --real-pairs {','.join(left_out)} and "
             "--weights_dir DIR (where their weights are; see README 'Model pairs') to include them"
         )
-    entries = config.stash.get(BENCH_RESULTS, None)
-    if entries:
-        from harness import platforms
-        from harness.report import bench as bench_report
-
-        terminalreporter.section("benchmark: plain vs assisted decoding")
-        terminalreporter.write_line(f"machine: {platforms.detect().describe()}")
-        terminalreporter.write_line(bench_report.summary_table(entries))
+    for title, lines in session.summaries():
+        terminalreporter.section(title)
+        for line in lines:
+            terminalreporter.write_line(line)
     if config.getoption("--regen-tables") and not under_xdist(config):
         from harness import report, results
 
@@ -507,55 +438,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _convert_packaged_weights(request: pytest.FixtureRequest) -> None:
-    """On a fresh machine, convert the packaged pair once before any real test runs, so tests that
-    check "loads from the cache in seconds" or skip when unconverted see the state after set-up."""
-    if not any(item.get_closest_marker("real") for item in request.session.items):
-        return
-    from harness import packaged
-
-    for key in packaged.PACKAGED:
-        model = packaged.get_model(key)
-        if packaged.parts_status(model).complete and not packaged.is_converted(model):
-            packaged.ensure_converted(key)  # file-locked: safe under xdist workers too
-    _export_onnx_targets(request.config, request.session.items)
-
-
-def _export_onnx_targets(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Export the offline pair for the ONNX Runtime tests now, before any test holds a model: the
-    exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs in 24 GB. The draft is
-    exported too when the onnxruntime-genai engine's tests run (its speculation needs both)."""
-    from harness import packaged
-    from harness.backends import OrtSettings
-
-    spec = models.get_pair(models.DEFAULT_PAIR)
-    roles = [spec.target] if "onnxruntime" in dict(target_backends(config)) else []
-    if any("onnxruntime_genai" in item.nodeid for item in items):
-        roles = [spec.target, spec.draft]
-    for role in roles:
-        model = packaged.get_model(role.packaged_key)
-        if packaged.is_converted(model):
-            gc.collect()  # whatever a conversion or export just left behind, before the next exporter
-            models.export_ort_target(
-                role.name, packaged.converted_dir(model), OrtSettings(provider=backends.DEFAULT_PROVIDER)
-            )
+def _prepare_weights(request: pytest.FixtureRequest) -> None:
+    """On a fresh machine, convert the packaged pair (and make its exports) once before any real test
+    runs, so tests that check "loads from the cache in seconds" see the state after set-up."""
+    items = request.session.items
+    if any(item.get_closest_marker("real") for item in items):
+        session_of(request.config).prepare_weights([item.nodeid for item in items])
 
 
 # --------------------------------------------------------------------------- divergence table
-
-DIVERGENCE = pytest.StashKey[equivalence.DivergenceTable]()
 
 
 @pytest.fixture(scope="session")
 def divergence_table(pytestconfig: pytest.Config) -> equivalence.DivergenceTable:
     """Collects every precision-tier case; the table is printed in the terminal summary."""
-    out = pytestconfig.getoption("--divergence-out")
-    table = equivalence.DivergenceTable(rows_path=Path(out) if out else None)
-    return pytestconfig.stash.setdefault(DIVERGENCE, table)
-
-
-def _divergence_summary(terminalreporter, config: pytest.Config) -> None:
-    table = config.stash.get(DIVERGENCE, None)
-    if table is not None and table.counts:
-        terminalreporter.section("divergence of assisted from plain greedy output, per target precision")
-        terminalreporter.write_line(table.markdown())
+    return session_of(pytestconfig).divergence_table()

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -149,6 +151,40 @@ def make_row(
     )
 
 
+def record(
+    path: str | os.PathLike[str] | None,
+    pair: LoadedPair,
+    m: Measurement,
+    settings: GenerationSettings,
+    *,
+    example: int,
+    task: str,
+    label: str,
+    platform: str,
+    run_id: str,
+    prompt_sha: str,
+    extra: Mapping[str, Any] | None = None,
+) -> Row:
+    """A measured decode as a row (``make_row``, plus the caller's own ``extra`` sections: a
+    benchmark's round, a sweep's configuration), appended to ``path`` and flushed before the next
+    decode starts. The CLI's runs, the benchmark's rounds and the sweep all write rows through here."""
+    row = make_row(
+        pair,
+        m,
+        settings,
+        example=example,
+        task=task,
+        label=label,
+        platform=platform,
+        run_id=run_id,
+        prompt_sha=prompt_sha,
+    )
+    row.extra.update(extra or {})
+    if path is not None:
+        append_row(path, row)
+    return row
+
+
 def run_prompts(
     pair: LoadedPair,
     prompts: Sequence[Prompt],
@@ -202,10 +238,10 @@ def run_prompts(
 
         def measure(job: experiment.Job[Prompt, str]) -> Row:
             s = settings_of(job)
-            m = decode(pair, ids_of[job.index - 1], s)
-            row = make_row(
+            row = record(
+                json_path,
                 pair,
-                m,
+                decode(pair, ids_of[job.index - 1], s),
                 s,
                 example=job.index,
                 task=task,
@@ -214,8 +250,6 @@ def run_prompts(
                 run_id=run_id,
                 prompt_sha=digests[job.index - 1],
             )
-            if json_path is not None:
-                append_row(json_path, row)
             if on_row is not None:
                 on_row(row)
             return row

@@ -382,7 +382,19 @@ def _measure_group(
         arm = plain_label(*target_key) if config is None else config.label
         settings = settings_for(config, new_tokens)
         m = generate(pair, runner.prompt_ids(pair, prompt), settings)
-        row = runner.make_row(
+        sha = _prompt_digest(prompt)
+        sweep_fields = {
+            "config": arm,
+            "target_kernels": kernels,
+            "prompt": prompt.label,
+            "prompt_sha": sha,
+            "example": example,
+            "position": position,  # place of this arm in the prompt's rotated order
+            "threads": threads,
+            **_forward_numbers(m),
+        }
+        row = runner.record(
+            rows_path,
             pair,
             m,
             settings,
@@ -391,19 +403,9 @@ def _measure_group(
             label=prompt.label,
             platform=platform,
             run_id=run_id,
-            prompt_sha=_prompt_digest(prompt),
+            prompt_sha=sha,
+            extra={"sweep": sweep_fields},
         )
-        row.extra["sweep"] = {
-            "config": arm,
-            "target_kernels": kernels,
-            "prompt": prompt.label,
-            "prompt_sha": row.prompt_sha,
-            "example": example,
-            "position": position,  # place of this arm in the prompt's rotated order
-            "threads": threads,
-            **_forward_numbers(m),
-        }
-        append_row(rows_path, row)
         written[_key(run_id, arm, example, row.extra["sweep"]["prompt_sha"])] = row
         bar.update(1)
         bar.set_postfix(arm=arm, tok_s=f"{row.tokens_per_s:.2f}")

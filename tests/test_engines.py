@@ -8,7 +8,7 @@ import pytest
 
 from harness import cli, engines, models, setup
 from harness.errors import HarnessError
-from harness.pytest_plugin import PairCache
+from harness.suite import PairCache
 
 
 def test_an_unknown_engine_is_refused_before_loading(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from harness import humaneval as he
+from harness import results
 from harness.errors import HarnessError
 from harness.report import humaneval as he_report
 from harness.sandbox import SandboxResult
@@ -247,9 +248,9 @@ def test_rows_say_which_versions_scored_them() -> None:
 def test_rows_resume_skips_finished_tasks(tmp_path: Path) -> None:
     path = tmp_path / "he.jsonl"
     assert he.completed_task_ids(path, "plain") == set()
-    he.record(path, he.make_row("HumanEval/0", "plain", "    return 1\n", _outcome(True)))
-    he.record(path, he.make_row("HumanEval/1", "plain", "    return 2\n", _outcome(False)))
-    he.record(path, he.make_row("HumanEval/0", "assisted", "    return 1\n", _outcome(True)))
+    results.append_row(path, he.make_row("HumanEval/0", "plain", "    return 1\n", _outcome(True)))
+    results.append_row(path, he.make_row("HumanEval/1", "plain", "    return 2\n", _outcome(False)))
+    results.append_row(path, he.make_row("HumanEval/0", "assisted", "    return 1\n", _outcome(True)))
     with path.open("a") as fh:  # a run killed mid-write leaves a torn last line
         fh.write('{"benchmark": "humaneval", "task_id": "HumanEval/1", "mo')
     assert he.completed_task_ids(path, "plain") == {"HumanEval/0", "HumanEval/1"}
@@ -269,7 +270,7 @@ def test_rows_carry_the_callers_measurements(tmp_path: Path) -> None:
         "HumanEval/4", "assisted", "    pass\n", _outcome(True), measurements={"total_s": 2.5, "accepted": 7}
     )
     assert row["total_s"] == 2.5 and row["accepted"] == 7 and row["mode"] == "assisted"
-    he.record(tmp_path / "r.jsonl", row)
+    results.append_row(tmp_path / "r.jsonl", row)
     line = json.loads((tmp_path / "r.jsonl").read_text())
     assert line["total_s"] == 2.5 and line["task_id"] == "HumanEval/4"
     with pytest.raises(HarnessError, match="rename"):

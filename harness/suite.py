@@ -1,0 +1,151 @@
+"""The state and work of one pytest session of the suite, under its plugin (``pytest_plugin``).
+
+As pytest-benchmark keeps its plugin to options and hooks over a session object, the plugin here
+reads options, checks them and parametrises tests; a ``SuiteSession`` holds what the session keeps
+(the loaded pairs, the benchmark verdicts, the divergence table), prepares the weights before the
+first real test, and says the end-of-run summaries. The plugin keeps one of these in one stash key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import engines, equivalence, models, platforms, setup
+
+
+class PairCache:
+    """Load each (pair, precisions, draft) once per session; skip cleanly when weights are absent."""
+
+    def __init__(self, weights_dir: str | None) -> None:
+        self.weights_dir = weights_dir
+        self._loaded: dict[setup.RunSetup, models.LoadedPair] = {}
+
+    def require_weights(self, name: str) -> None:
+        spec = models.get_pair(name)
+        for role, model in (("target", spec.target), ("draft", spec.draft)):
+            where = models.locate_model(model, self.weights_dir)
+            if not where.present:
+                pytest.skip(
+                    f"{role} weights for {spec.name} not present here ({where.detail}); "
+                    "see README 'Model pairs' for where weights are looked for"
+                )
+
+    def get(
+        self,
+        name: str,
+        target_precision: str | None = None,
+        draft_precision: str | None = None,
+        with_draft: bool = True,
+        target_kernels: str | None = None,
+        draft_vocab: int | None = None,
+        draft_kernels: str | None = None,
+        target_backend: tuple[str, str | None] = ("torch", None),
+        engine: str = "transformers",
+    ) -> models.LoadedPair:
+        """A test's spelling of a run, resolved once: ``target_backend`` is (backend, execution
+        provider), as the ``target_backend`` fixture gives; ``engine="onnxruntime-genai"``: the pair
+        as that engine runs it (the builder's exports)."""
+        backend, provider = target_backend
+        spec = models.get_pair(name)
+        run = setup.resolve(
+            spec,
+            target_precision=target_precision,
+            draft_precision=draft_precision,
+            with_draft=with_draft,
+            target_kernels=target_kernels,
+            draft_vocab=draft_vocab,
+            draft_kernels=draft_kernels,
+            target_backend=backend,
+            provider=provider,
+            engine=engine,
+        )
+        return self.load(spec, run)
+
+    def load(self, spec: models.PairSpec, run: setup.RunSetup) -> models.LoadedPair:
+        """The pair loaded for ``run`` (its decoding settings aside): the run's target and draft are
+        the cache's key, so two spellings of one configuration (a default given or left out) share
+        one load."""
+        key = dataclasses.replace(run, decoding=setup.GenerationSettings())
+        if key not in self._loaded:
+            self.require_weights(spec.name)
+            if not spec.target.is_tiny:
+                # One real pair in memory at a time: a 1.5B fp32 pair is ~10 GB, a 7B one more.
+                for other in [k for k in self._loaded if not models.get_pair(k.pair).target.is_tiny]:
+                    del self._loaded[other]
+                gc.collect()
+            self._loaded[key] = engines.load(spec, key, weights_dir=self.weights_dir)
+        return self._loaded[key]
+
+    def clear(self) -> None:
+        self._loaded.clear()
+
+
+def threads_for_real_models() -> int:
+    # Two cores: more threads than that only adds contention. Under xdist each worker gets one, so
+    # workers do not fight over cores (OpenMP spin-waits make oversubscription very slow).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, min(2, os.cpu_count() or 1) // workers)
+
+
+@dataclass
+class SuiteSession:
+    """One pytest session of the suite: its settings, as the plugin read them, and its state."""
+
+    weights_dir: str | None
+    platform: str | None  # --platform; None: this machine's detected kind
+    real_pairs: list[str]  # the real pairs this session collects (--real-pairs, --local-pair)
+    local_pairs: list[str]
+    target_backends: list[tuple[str, str | None]]
+    divergence_out: Path | None = None
+    threads: int = field(default_factory=threads_for_real_models)
+    pairs: PairCache = field(init=False)
+    bench_results: list[Any] = field(default_factory=list)  # (CaseMeasurement, gate verdict)
+    _divergence: equivalence.DivergenceTable | None = None
+
+    def __post_init__(self) -> None:
+        self.pairs = PairCache(self.weights_dir)
+
+    @property
+    def platform_name(self) -> str:
+        return self.platform or platforms.detect().name
+
+    def divergence_table(self) -> equivalence.DivergenceTable:
+        """Collects every precision-tier case; the table is said at the end of the session."""
+        if self._divergence is None:
+            self._divergence = equivalence.DivergenceTable(rows_path=self.divergence_out)
+        return self._divergence
+
+    def prepare_weights(self, node_ids: list[str]) -> None:
+        """Before any real test: the packaged pair converted, and its ONNX exports made while no
+        model is loaded (the exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs
+        in 24 GB). The draft is exported too when the onnxruntime-genai engine's tests run."""
+        ort = "onnxruntime" in dict(self.target_backends)
+        engine = any("onnxruntime_genai" in node for node in node_ids)
+        models.prepare_packaged(export_target=ort or engine, export_draft=engine)
+
+    def summaries(self) -> list[tuple[str, list[str]]]:
+        """The end-of-run sections: (title, lines)."""
+        sections = []
+        table = self._divergence
+        if table is not None and table.counts:
+            title = "divergence of assisted from plain greedy output, per target precision"
+            sections.append((title, [table.markdown()]))
+        if self.bench_results:
+            from harness.report import bench as bench_report
+
+            lines = [
+                f"machine: {platforms.detect().describe()}",
+                bench_report.summary_table(self.bench_results),
+            ]
+            sections.append(("benchmark: plain vs assisted decoding", lines))
+        return sections
+
+    def close(self) -> None:
+        self.pairs.clear()
