@@ -26,8 +26,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import backends, equivalence, models, platforms, precision, results, suite
-from harness.errors import HarnessError
+from harness import suite
+from harness.base import backends, platforms
+from harness.base.errors import HarnessError
+from harness.experiments import equivalence
+from harness.pairs import models
+from harness.settings import precision, results
 
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
 REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
@@ -380,7 +384,7 @@ def real_prompts(pytestconfig: pytest.Config) -> int:
     return pytestconfig.getoption("--real-prompts")
 
 
-# --------------------------------------------------------------------------- timed benchmarks (harness.bench)
+# ------------------------------------------------------------ timed benchmarks (harness.experiments.bench)
 
 
 def under_xdist(config: pytest.Config) -> bool:
@@ -419,7 +423,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         for line in lines:
             terminalreporter.write_line(line)
     if config.getoption("--regen-tables") and not under_xdist(config):
-        from harness import report, results
+        from harness import report
+        from harness.settings import results
 
         # After the tests, so rows this session wrote are in the tables; no model is run here.
         terminalreporter.section("regenerated tables (--regen-tables)")

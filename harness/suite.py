@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 
-from harness import engines, equivalence, models, platforms, setup
+from harness.base import platforms
+from harness.decoding import engines
+from harness.experiments import equivalence
+from harness.pairs import models
+from harness.settings import setup
 
 
 class PairCache:

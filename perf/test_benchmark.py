@@ -16,8 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import backends, baselines, bench, models, report, stats
-from harness.results import read_rows, runs_dir
+from harness import report
+from harness.base import backends
+from harness.experiments import bench
+from harness.pairs import models
+from harness.settings import baselines
+from harness.settings.results import read_rows, runs_dir
+from harness.theory import stats
 
 pytestmark = pytest.mark.perf
 

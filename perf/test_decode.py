@@ -19,12 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from harness import equivalence, genai, humaneval, setup, strategies, tasks, tiny
-from harness.backends import OrtSettings
-from harness.errors import UnsupportedError
-from harness.generation import generate, generation_config
-from harness.models import LoadedPair, get_pair, load_ort_target
-from harness.setup import Draft, GenerationSettings, Target
+from harness.base import tasks
+from harness.base.backends import OrtSettings
+from harness.base.errors import UnsupportedError
+from harness.decoding import genai, strategies
+from harness.decoding.generation import generate, generation_config
+from harness.experiments import equivalence, humaneval
+from harness.pairs.models import LoadedPair, get_pair, load_ort_target
+from harness.settings import setup
+from harness.settings.setup import Draft, GenerationSettings, Target
+from harness.weights import tiny
 
 KS = (1, 2, 5, 8)
 SCHEDULES = ("constant", "dynamic")

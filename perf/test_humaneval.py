@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import experiment, humaneval
-from harness.generation import generate
-from harness.models import LoadedPair
+from harness.decoding.generation import generate
+from harness.experiments import experiment, humaneval
+from harness.pairs.models import LoadedPair
 from harness.pytest_plugin import humaneval_precisions
 from harness.report import humaneval as report
-from harness.setup import GenerationSettings
+from harness.settings.setup import GenerationSettings
 
 # Floor on the CI subset's pass@1 (HumanEval/0-1). Qwen2.5-Coder-1.5B-Instruct's published HumanEval
 # score is about 70%; measured here, fp32 greedy with the completion prompt: HumanEval/0 passes and

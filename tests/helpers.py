@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import engines, models, setup
+from harness.decoding import engines
+from harness.pairs import models
+from harness.settings import setup
 
 
 def load_pair(name: str | models.PairSpec = models.DEFAULT_PAIR, **settings: Any) -> models.LoadedPair:

@@ -8,10 +8,11 @@ from helpers import load_pair
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import backends, cli
-from harness.backends import ACCURACY_LEVELS, OrtSettings
-from harness.errors import HarnessError, UnsupportedError
-from harness.results import read_rows
+from harness import cli
+from harness.base import backends
+from harness.base.backends import ACCURACY_LEVELS, OrtSettings
+from harness.base.errors import HarnessError, UnsupportedError
+from harness.settings.results import read_rows
 
 
 def test_unknown_backend_lists_the_known_ones():
@@ -84,7 +85,7 @@ def test_bad_settings_are_refused(settings, match):
 )
 def test_load_pair_refuses_before_loading(kwargs, match, monkeypatch):
     # Nothing may be built or exported before the error: make any export fail loudly.
-    from harness import onnx_export
+    from harness.weights import onnx_export
 
     monkeypatch.setattr(onnx_export, "export", lambda *a, **k: pytest.fail("exported before refusing"))
     name = kwargs.pop("name")

@@ -5,8 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness import analysis
-from harness.baselines import (
+from harness.base.errors import HarnessError
+from harness.settings.baselines import (
     BaselineRecord,
     CaseKey,
     MissingBaselineError,
@@ -19,7 +19,7 @@ from harness.baselines import (
     read_baseline_file,
     save_baseline,
 )
-from harness.errors import HarnessError
+from harness.theory import analysis
 
 CASE = CaseKey(
     model="qwen2.5-coder-1.5b",
@@ -343,7 +343,7 @@ def test_a_schema_1_baseline_loads_unchanged(tmp_path):
 
 
 def test_the_case_fields_are_run_setting_columns():
-    from harness import baselines, setup
+    from harness.settings import baselines, setup
 
     # The case's fields are exactly the settings marked as part of a result's identity: a setting
     # added later reaches the key through ``CaseKey.more`` (tests/test_one_setting.py).

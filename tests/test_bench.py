@@ -1,4 +1,5 @@
-"""harness.bench: case identity, acceptance analysis, the injected slowdown, and the measurement's wiring.
+"""harness.experiments.bench: case identity, acceptance analysis, the injected slowdown, and the
+measurement's wiring.
 
 Timing-free except for lower bounds that only noise can raise (a busy-wait waits at least as long as
 asked), so these run anywhere, in parallel, in seconds.
@@ -13,13 +14,16 @@ import time
 import pytest
 import torch
 
-from harness import analysis, baselines, bench, setup, stats, strategies
-from harness.errors import HarnessError
-from harness.generation import generate
+from harness.base.errors import HarnessError
+from harness.decoding import strategies
+from harness.decoding.generation import generate
+from harness.experiments import bench
 from harness.report import bench as bench_report
-from harness.results import read_rows
-from harness.setup import GenerationSettings
-from harness.timing import Forward, record_forwards
+from harness.settings import baselines, setup
+from harness.settings.results import read_rows
+from harness.settings.setup import GenerationSettings
+from harness.theory import analysis, stats
+from harness.theory.timing import Forward, record_forwards
 
 SMALL = bench.case("tiny-llama", 24, 12, num_assistant_tokens=4)
 
@@ -76,7 +80,7 @@ def _verify(ids: list[int], cached: int) -> Forward:
 
 
 def test_acceptance_steps_tells_rejections_from_budget_cuts():
-    from harness.timing import Measurement
+    from harness.theory.timing import Measurement
 
     prompt = [1, 2, 3]
     out = [10, 11, 12, 13, 14, 15]
@@ -312,7 +316,7 @@ def test_an_inconclusive_gate_measures_more_rounds_until_it_can_answer(tiny):
 def test_a_stalled_round_does_not_move_the_forward_costs():
     """c and v (and so the gate's host adjustment) read each round's mean step and take the median
     over rounds: one round on a stalled host, its steps 2.6x slower, leaves them where they were."""
-    from harness.timing import Measurement
+    from harness.theory.timing import Measurement
 
     def run(step_ms: float) -> Measurement:
         return Measurement(

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, models, results
+from harness import cli
+from harness.pairs import models
+from harness.settings import results
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED_HEADERS = [name for name, _ in results.SEED_COLUMNS]
@@ -413,7 +415,7 @@ def test_json_refuses_a_file_that_is_not_rows_and_leaves_it_untouched(
 def test_prompt_past_the_context_is_refused_and_a_budget_past_it_is_cut(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness import runner
+    from harness.experiments import runner
 
     long = tmp_path / "long.txt"
     long.write_text("def f(): return 1 " * 3000 + "\n")
@@ -468,8 +470,8 @@ def test_every_run_setting_flag_is_built_from_the_fields():
     """The run settings' flags come from ``setup.FIELDS`` (the columns rows carry and the reproduce
     command spells): one option entry per field with a flag, and the parser offers each of them in
     both spellings."""
-    from harness import setup
     from harness.cli import parser
+    from harness.settings import setup
 
     flagged = [f for f in setup.FIELDS if f.flag is not None]
     assert set(parser.setting_flags()) == {f.column for f in flagged}

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from harness.devices import available_devices, check_device, place
-from harness.errors import HarnessError, UnsupportedError
-from harness.precision import apply_precision
+from harness.base.devices import available_devices, check_device, place
+from harness.base.errors import HarnessError, UnsupportedError
+from harness.settings.precision import apply_precision
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -85,7 +85,7 @@ def test_place_refuses_cpu_only_quantized_layers_on_cuda():
 )
 def test_cpu_only_layers_are_detected_for_every_quantized_precision(precision, cpu_only):
     # What `place` refuses to move off the CPU; checked directly because this machine has no GPU.
-    from harness.devices import _cpu_only_modules
+    from harness.base.devices import _cpu_only_modules
 
     model = apply_precision(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)), precision)
     assert len(_cpu_only_modules(model)) == cpu_only

@@ -7,10 +7,12 @@ import pytest
 import torch
 from helpers import load_pair
 
-from harness import configs, sweep, vocab
-from harness.errors import HarnessError
-from harness.generation import generate
-from harness.setup import GenerationSettings
+from harness.base import vocab
+from harness.base.errors import HarnessError
+from harness.decoding.generation import generate
+from harness.experiments import sweep
+from harness.settings import configs
+from harness.settings.setup import GenerationSettings
 
 IDS = list(range(3, 40))
 
@@ -74,7 +76,7 @@ def test_sweep_loads_a_restricted_draft_beside_a_full_one():
 
 
 def test_draft_on_the_harness_kernels_keeps_output():
-    from harness import invariant
+    from harness.kernels import invariant
 
     pair = load_pair("tiny-qwen2", draft_precision="w8af32", draft_kernels="invariant", draft_vocab=100)
     assert any(isinstance(m, invariant.InvariantLinear) for m in pair.draft.modules())

@@ -6,8 +6,11 @@ import dataclasses
 
 import pytest
 
-from harness import cli, engines, models, setup
-from harness.errors import HarnessError
+from harness import cli
+from harness.base.errors import HarnessError
+from harness.decoding import engines
+from harness.pairs import models
+from harness.settings import setup
 from harness.suite import PairCache
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import load_pair
 
-from harness import equivalence
-from harness.setup import GenerationSettings
+from harness.experiments import equivalence
+from harness.settings.setup import GenerationSettings
 
 
 def test_divergence_rows_are_written_as_cases_finish(tmp_path):
@@ -41,7 +41,7 @@ def test_divergence_rows_are_written_as_cases_finish(tmp_path):
 def test_each_strategy_states_the_acceptance_it_implies() -> None:
     """What a test's summed acceptance must be, per strategy, stated once (transformers' test_utils
     states the same expectations: the same model accepts all, a random one none)."""
-    from harness import strategies
+    from harness.decoding import strategies
 
     def ok(name: str, drafted: int, accepted: int, vocab: int = 151936, whole: bool = True) -> bool:
         return strategies.get(name).acceptance_problem(drafted, accepted, vocab, whole) is None

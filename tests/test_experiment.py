@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness import experiment
+from harness.experiments import experiment
 
 
 @given(st.integers(1, 12), st.integers(1, 5))
@@ -42,7 +42,7 @@ def test_run_measures_in_rotated_order_returns_in_arm_order_and_skips_stored(cap
 def test_each_arm_is_warmed_up_before_the_clock_and_the_preparation_is_said(capsys) -> None:
     """One-time costs (kernel builds, caches, first touch) land in an unmeasured run of each arm's
     first pending job, before any measured one, and the time they took is printed."""
-    from harness import experiment
+    from harness.experiments import experiment
 
     events: list[tuple[str, int, str]] = []
     jobs = experiment.interleave(["p1", "p2"], ["plain", "assisted"])

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from harness import files
+from harness.base import files
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_a_record_of_sizes_only_is_still_read(folder):
 def test_an_onnx_export_whose_file_changed_is_not_used(tmp_path):
     import json
 
-    from harness import onnx_export
+    from harness.weights import onnx_export
 
     for name in ("model.onnx", "model.onnx.data"):
         (tmp_path / name).write_bytes(name.encode() * 50)
@@ -77,7 +77,7 @@ def test_an_onnx_export_whose_file_changed_is_not_used(tmp_path):
 
 
 def test_a_damaged_tiny_model_folder_is_saved_again_not_exported(tmp_path):
-    from harness import onnx_export, tiny
+    from harness.weights import onnx_export, tiny
 
     target, tokenizer = tiny.build_target("tiny-llama"), tiny.build_tokenizer()
     folder = tiny.saved_folder("tiny-llama", target, tokenizer, root=str(tmp_path))

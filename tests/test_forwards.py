@@ -1,12 +1,12 @@
-"""``harness.forwards``: per-forward cost by M, the measurement behind c and v."""
+"""``harness.experiments.forwards``: per-forward cost by M, the measurement behind c and v."""
 
 from __future__ import annotations
 
 import pytest
 from helpers import load_pair
 
-from harness import forwards
-from harness.errors import HarnessError
+from harness.base.errors import HarnessError
+from harness.experiments import forwards
 
 
 def test_measure_times_every_precision_kernels_and_m():
@@ -74,8 +74,8 @@ def test_bytes_read_and_the_bandwidth_bound():
 def test_json_rows_feed_the_results_page(tmp_path, capsys):
     """``--json`` keeps every cost with its machine, bandwidth and command, and the results page
     draws the same table from those rows."""
-    from harness import results
     from harness.report import page
+    from harness.settings import results
 
     rows_file = tmp_path / "results" / "some-machine" / "forwards" / "tiny.jsonl"
     argv = ["--model_name", "tiny-qwen2", "--precisions", "fp32", "--kernels", "stock"]
@@ -101,7 +101,7 @@ def test_json_rows_feed_the_results_page(tmp_path, capsys):
 
 
 def test_the_llama_cpp_reference_is_a_line_of_the_table():
-    from harness import llamacpp
+    from harness.base import llamacpp
 
     ref = llamacpp.Reference(
         tokens_per_s=40.0, tokens_per_s_std=1.0, threads=2, new_tokens=64, build="b1 (x)"

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from test_kquants import layer
 from transformers.models.qwen2 import modeling_qwen2
 
-from harness import fused, invariant, kquants, row_divergence, tiny
+from harness.experiments import row_divergence
+from harness.kernels import fused, invariant, kquants
+from harness.weights import tiny
 
 FUSABLE_FAMILIES = ("tiny-llama", "tiny-codellama", "tiny-qwen2")
 
@@ -115,7 +117,7 @@ def test_the_loaded_pair_is_fused_on_the_invariant_kernels_only(ext):
 
 
 def _q4k(name: str) -> torch.nn.Module:
-    from harness import models
+    from harness.pairs import models
 
     return models._apply_precision(tiny.build_target(name), "q4k", "invariant", None)
 
@@ -167,7 +169,7 @@ def test_only_k_quant_layers_run_as_two_calls(ext):
 
 
 def test_the_layer_module_is_rebuilt_when_a_kernel_file_it_includes_changes(tmp_path):
-    from harness import cppext
+    from harness.kernels import cppext
 
     included = tmp_path / "kernels.cpp"
     included.write_text("int f() { return 1; }")

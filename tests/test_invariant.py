@@ -11,8 +11,12 @@ from helpers import load_pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import invariant, models, precision, row_divergence, tiny
-from harness.errors import HarnessError, UnsupportedError
+from harness.base.errors import HarnessError, UnsupportedError
+from harness.experiments import row_divergence
+from harness.kernels import invariant
+from harness.pairs import models
+from harness.settings import precision
+from harness.weights import tiny
 
 PRECISIONS = ("fp32", "bf16", "w8abf16", "w4abf16", "w8af32")
 FAMILIES = ("tiny-opt", "tiny-llama", "tiny-codellama", "tiny-qwen2")
@@ -270,7 +274,8 @@ def test_a_second_checkout_of_the_same_kernels_does_not_rebuild_them(tmp_path) -
     import sys
     from pathlib import Path
 
-    from harness import cppext, packaged
+    from harness.kernels import cppext
+    from harness.weights import packaged
 
     invariant.extension()  # built (or found) from this checkout
     folder = packaged.cache_root() / "kernels" / f"torch-{torch.__version__}"
@@ -279,7 +284,7 @@ def test_a_second_checkout_of_the_same_kernels_does_not_rebuild_them(tmp_path) -
     shutil.copytree(Path(invariant._SOURCE).parent, moved)
     assert cppext.build_key(moved / "invariant.cpp") == cppext.build_key(invariant._SOURCE)
     code = (
-        "import sys; from pathlib import Path; from harness import cppext; "
+        "import sys; from pathlib import Path; from harness.kernels import cppext; "
         "cppext.build('assisted_generation_invariant', Path(sys.argv[1]))"
     )
     subprocess.run([sys.executable, "-c", code, str(moved / "invariant.cpp")], check=True, timeout=300)

@@ -10,7 +10,7 @@ from helpers import load_pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import kquants
+from harness.kernels import kquants
 
 KINDS = ("Q4_K", "Q6_K")
 
@@ -241,7 +241,10 @@ def test_q4k_precision_on_a_model(tmp_path, monkeypatch):
     """A float model on Q4_K blocks: every linear layer replaced, logits within the precision's
     tolerance of fp32, verification rows exact; the blocks cached beside the weights file and read
     back on the next load (no quantization), made again when the weights file changes."""
-    from harness import models, precision, row_divergence, tiny
+    from harness.experiments import row_divergence
+    from harness.pairs import models
+    from harness.settings import precision
+    from harness.weights import tiny
 
     def build():
         return tiny.build_target("tiny-qwen2")
@@ -306,7 +309,8 @@ def test_real_target_runs_the_files_blocks_exactly(pairs):
     """Every linear layer holds its GGUF tensor's blocks (their values are the converted float
     weights, which were dequantized from the same file), and a 4-token verification computes
     each row exactly as a one-token step does."""
-    from harness import models, row_divergence
+    from harness.experiments import row_divergence
+    from harness.pairs import models
 
     pair = pairs.get(models.DEFAULT_PAIR, target_precision="gguf", with_draft=False)
     layers = {n: m for n, m in pair.target.named_modules() if isinstance(m, kquants.KQuantLinear)}
@@ -314,7 +318,7 @@ def test_real_target_runs_the_files_blocks_exactly(pairs):
     assert {m.kind for m in layers.values()} == {"Q4_K", "Q6_K"}
     assert not any(type(m) is torch.nn.Linear for m in pair.target.modules())
     # the file's values: compare one layer of each kind with the float weights converted from it
-    from harness import packaged
+    from harness.weights import packaged
 
     folder = packaged.converted_dir(packaged.get_model(pair.spec.target.packaged_key))
     float_model = models._load_hf(folder)
@@ -336,7 +340,7 @@ def test_real_target_runs_the_files_blocks_exactly(pairs):
 
 @pytest.mark.real
 def test_draft_blocks_without_a_kernel_are_refused(pairs):
-    from harness import models
+    from harness.pairs import models
 
     pairs.require_weights(models.DEFAULT_PAIR)
     with pytest.raises(kquants.UnsupportedError, match="Q5_0"):

@@ -7,8 +7,9 @@ import stat
 
 import pytest
 
-from harness import forwards, llamacpp
-from harness.errors import HarnessError
+from harness.base import llamacpp
+from harness.base.errors import HarnessError
+from harness.experiments import forwards
 
 # The shape of llama-bench's `-o json` output (one object per test; fields it always writes).
 ROWS = [

@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 from helpers import load_pair
 
-from harness import cli, models, setup, tiny
-from harness.errors import HarnessError
+from harness import cli
+from harness.base.errors import HarnessError
+from harness.pairs import models
+from harness.settings import setup
+from harness.weights import tiny
 
 # A test of a user's own repository, using the plugin's fixtures (WHICH: the pairs it runs on).
 USER_TEST = Path(__file__).parent / "fixtures" / "user_test.py.txt"
@@ -130,7 +133,7 @@ def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
 
 def test_folders_with_generic_names_are_named_by_their_parents(tmp_path):
     """This cache's converted folders are all called "hf": a pair of them is named by the models."""
-    from harness import tiny
+    from harness.weights import tiny
 
     for name in ("big-coder", "small-coder"):
         tiny.build_target("tiny-llama").save_pretrained(tmp_path / name / "hf")

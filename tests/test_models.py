@@ -7,8 +7,10 @@ import pytest
 import torch
 from helpers import load_pair
 
-from harness import cli, gguf_convert, models, packaged, tiny, weights
-from harness.errors import HarnessError, UnknownModelError, UnsupportedError, VocabMismatchError
+from harness import cli
+from harness.base.errors import HarnessError, UnknownModelError, UnsupportedError, VocabMismatchError
+from harness.pairs import models
+from harness.weights import gguf_convert, packaged, tiny, weights
 
 TINY_PAIRS = ["tiny-opt", "tiny-llama", "tiny-codellama", "tiny-qwen2"]
 
@@ -154,8 +156,8 @@ def test_codellama_draft_is_padded_to_the_target_vocabulary() -> None:
 
 
 def test_padded_draft_never_proposes_a_target_only_token_when_sampling() -> None:
-    from harness.generation import generate
-    from harness.setup import GenerationSettings
+    from harness.decoding.generation import generate
+    from harness.settings.setup import GenerationSettings
 
     pair = load_pair("tiny-codellama")
     settings = GenerationSettings(

@@ -2,7 +2,7 @@
 flag, a row column, a place in the resume key, the baseline key and the reproduce command.
 
 The setting is added in a fresh interpreter before the rest of the suite is imported, as a change to
-``harness/setup.py`` would add it, and the real command line then decodes with it.
+``harness/settings/setup.py`` would add it, and the real command line then decodes with it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 ADD_A_SETTING = textwrap.dedent(
     """
     import dataclasses, json, sys
-    from harness import setup
+    from harness.settings import setup
 
     @dataclasses.dataclass(frozen=True)
     class Settings(setup.GenerationSettings):
@@ -28,7 +28,10 @@ ADD_A_SETTING = textwrap.dedent(
         setup.Field("probe_width", "--probe_width", "sampling", lambda s: s.decoding.probe_width, 7),
     )
 
-    from harness import baselines, bench, cli, models, results
+    from harness.settings import baselines, results
+    from harness.experiments import bench
+    from harness import cli
+    from harness.pairs import models
 
     rows_path = sys.argv[1]
     argv = ["--model_name", "tiny-llama", "--limit", "1", "--max_new_tokens", "4", "--no-progress",

@@ -12,9 +12,10 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from harness import models, onnx_export, onnx_model, tiny
-from harness.backends import OrtSettings
-from harness.errors import HarnessError, UnsupportedError
+from harness.base.backends import OrtSettings
+from harness.base.errors import HarnessError, UnsupportedError
+from harness.pairs import models
+from harness.weights import onnx_export, onnx_model, tiny
 
 FP32 = OrtSettings("fp32")
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from harness import genai, onnx_export, tiny
-from harness.analysis import engine_stats_problems
-from harness.backends import OrtSettings
-from harness.errors import HarnessError
+from harness.base.backends import OrtSettings
+from harness.base.errors import HarnessError
+from harness.decoding import genai
+from harness.theory.analysis import engine_stats_problems
+from harness.weights import onnx_export, tiny
 
 FP32 = OrtSettings("fp32")
 PROMPTS = [[1, 50, 60, 70, 80, 90], [1, 7, 7, 7, 7, 7, 7, 7, 7, 7], [1, 200, 300, 400, 5, 6, 7, 300, 400]]
@@ -154,7 +155,9 @@ def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
     statistics agree with its tokens."""
     from transformers import AutoTokenizer
 
-    from harness import equivalence, humaneval, models, packaged
+    from harness.experiments import equivalence, humaneval
+    from harness.pairs import models
+    from harness.weights import packaged
 
     spec = models.get_pair(models.DEFAULT_PAIR)
     pairs.require_weights(spec.name)
@@ -204,7 +207,9 @@ def test_the_cli_runs_the_engine_and_its_rows_say_so(tmp_path, capsys):
     import json
     import shlex
 
-    from harness import cli, models, setup
+    from harness import cli
+    from harness.pairs import models
+    from harness.settings import setup
 
     rows_path = tmp_path / "rows.jsonl"
     argv = ["--model_name", "tiny-qwen2", "--engine", "onnxruntime-genai", "--compare", "--limit", "2",

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import packaged
-from harness.errors import ChecksumError, HarnessError, UnknownModelError, WeightsNotFoundError
-from harness.packaged import PACKAGED, PackagedModel
+from harness.base.errors import ChecksumError, HarnessError, UnknownModelError, WeightsNotFoundError
+from harness.weights import packaged
+from harness.weights.packaged import PACKAGED, PackagedModel
 
 # ------------------------------------------------------------------------------------------ fixtures
 
@@ -300,7 +300,7 @@ def test_half_written_folder_is_removed_and_rebuilt(fake, tmp_path, caplog):
     leftover = final.parent / "hf.partial-dead"
     leftover.mkdir()
     assert not packaged.is_converted(model, cache)
-    with caplog.at_level(logging.INFO, logger="harness.packaged"):
+    with caplog.at_level(logging.INFO, logger="harness.weights.packaged"):
         folder = packaged.ensure_converted(model, cache, builder=_touch_builder())
     assert folder == final and packaged.is_converted(model, cache)
     assert sorted(p.name for p in final.iterdir()) == ["COMPLETE", "model.safetensors"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import platforms
+from harness.base import platforms
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ def test_plugin_registers_the_markers(pytestconfig, marker):
 
 
 def test_humaneval_precision_names_both_models_on_the_invariant_kernels():
-    from harness.errors import HarnessError
+    from harness.base.errors import HarnessError
     from harness.pytest_plugin import humaneval_precisions
 
     assert humaneval_precisions(None) == {}

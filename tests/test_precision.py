@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig, OPTConfig, Qwen2Config
 
-from harness.errors import HarnessError, UnsupportedError
-from harness.precision import (
+from harness.base.errors import HarnessError, UnsupportedError
+from harness.settings.precision import (
     DEFAULT_GROUP_SIZE,
     INT4_GROUP_SIZES,
     PRECISIONS,
@@ -275,10 +275,12 @@ def test_apply_precision_rejects_unknown_name_before_touching_model():
 
 @pytest.fixture(scope="module")
 def real_draft():
-    packaged = pytest.importorskip("harness.packaged")
+    packaged = pytest.importorskip("harness.weights.packaged")
     model = packaged.get_model("qwen2.5-coder-0.5b")
     if not packaged.is_converted(model):
-        pytest.skip("converted Qwen2.5-Coder-0.5B folder not ready (harness.packaged.ensure_converted)")
+        pytest.skip(
+            "converted Qwen2.5-Coder-0.5B folder not ready (harness.weights.packaged.ensure_converted)"
+        )
     folder = packaged.converted_dir(model)
     from transformers import AutoTokenizer
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from harness import setup
 from harness.report import (
     MIN_TIMED_TOKENS,
     chosen_run,
@@ -20,7 +19,8 @@ from harness.report import (
     seed_table,
     summary_line,
 )
-from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
+from harness.settings import setup
+from harness.settings.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
 
 SEED_HEADER = (
     "|   Example# |   Prompt Length (tokens) |   New Tokens Generated |   Total Time (s) "
@@ -346,8 +346,9 @@ def _ort_row(**overrides: Any) -> Row:
 
 
 def test_reproduce_command_of_an_onnxruntime_row_parses_back_to_its_settings():
-    from harness import cli, models
-    from harness.backends import OrtSettings
+    from harness import cli
+    from harness.base.backends import OrtSettings
+    from harness.pairs import models
 
     row = _ort_row()
     command = setup.command(row, setup.defaults(models.get_pair("tiny-qwen2")))

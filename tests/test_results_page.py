@@ -61,7 +61,7 @@ def test_the_page_shows_each_kind_of_result():
 def test_the_gate_baselines_are_the_measured_files(tmp_path):
     """Each measured baseline is a line with the file's own numbers; the seeds' imported tables
     (source "seed:...") are not measurements of this suite and stay off the page."""
-    from harness import baselines
+    from harness.settings import baselines
 
     registered = next((ROOT / "baselines" / "amd-epyc-2c-avx512").rglob("*t_gguf-d_q4k*.json"))
     seed = next((ROOT / "baselines" / "phx").rglob("*.json"))
@@ -162,7 +162,9 @@ def test_each_benchmark_table_names_the_command_that_made_its_rows():
 
 
 def test_a_real_case_is_named_by_its_pytest_selection():
-    from harness import backends, bench, models
+    from harness.base import backends
+    from harness.experiments import bench
+    from harness.pairs import models
 
     spec, provider = models.get_pair(models.DEFAULT_PAIR), backends.DEFAULT_PROVIDER
     for case, words in (

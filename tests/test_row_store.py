@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from harness import equivalence, humaneval, results
-from harness.timing import Measurement
+from harness.experiments import equivalence, humaneval
+from harness.settings import results
+from harness.theory.timing import Measurement
 
 
 def _measurement(ids: list[int]) -> Measurement:
@@ -25,7 +26,7 @@ def test_a_humaneval_row_after_a_torn_line_is_not_glued_to_it(tmp_path):
     first = {"benchmark": humaneval.BENCHMARK, "task_id": "HumanEval/0", "mode": "plain"}
     _torn(path, first)
     second = {"benchmark": humaneval.BENCHMARK, "task_id": "HumanEval/1", "mode": "plain"}
-    humaneval.record(path, second)
+    results.append_row(path, second)
     assert humaneval.read_results(path) == [first, second]
     assert humaneval.completed_task_ids(path, "plain") == {"HumanEval/0", "HumanEval/1"}
 
@@ -64,6 +65,6 @@ def test_a_row_carries_every_identity_column():
     setting added there without a column here fails now rather than vanishing from the rows."""
     import dataclasses
 
-    from harness import setup
+    from harness.settings import setup
 
     assert set(setup.column_names()) <= {f.name for f in dataclasses.fields(results.Row)}

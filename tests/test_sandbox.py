@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import HarnessError, UnsupportedError
-from harness.humaneval import load_problems, program_for
-from harness.sandbox import (
+from harness.base.errors import HarnessError, UnsupportedError
+from harness.experiments.humaneval import load_problems, program_for
+from harness.sandbox.sandbox import (
     ISOLATIONS,
     SandboxResult,
     cgroup_available,
@@ -353,7 +353,7 @@ def test_no_host_path_is_writable(isolation: str, good_program: str) -> None:
 def test_userns_hides_the_callers_files_and_the_parents_nonce() -> None:
     """Running as the caller outside, the program still cannot read the project, the caller's home
     or the cache, nor reach its parent's open files (where the nonce is) through /proc."""
-    from harness import packaged
+    from harness.weights import packaged
 
     project, cache = Path(__file__).resolve().parents[1], str(packaged.cache_root())
     program = (
@@ -372,7 +372,7 @@ def test_userns_hides_the_callers_files_and_the_parents_nonce() -> None:
 
 
 def _problem(task: int) -> dict:
-    from harness.humaneval import load_problems
+    from harness.experiments.humaneval import load_problems
 
     return load_problems(task + 1)[task]
 
@@ -401,7 +401,7 @@ FORGERIES = {
 def test_a_forged_pass_is_not_scored(isolation: str, name: str) -> None:
     """The verdict is the check's, run on the trusted side on the values the program sent back:
     nothing the program does to its own process reaches it."""
-    from harness import humaneval as he
+    from harness.experiments import humaneval as he
 
     problem = _problem(int(name.split("@")[1]) if "@" in name else 0)
     (forged,) = he.run_scored([(problem, FORGERIES[name])], isolation=isolation)
@@ -507,7 +507,7 @@ def _available_kb() -> int:
 
 @pytest.mark.parametrize("isolation", KERNEL_LEVELS)
 def test_after_hostile_scoring_nothing_remains_and_memory_is_back(isolation: str) -> None:
-    from harness import humaneval as he
+    from harness.experiments import humaneval as he
 
     problem = _problem(0)
     hostile = [
@@ -527,8 +527,8 @@ def test_after_hostile_scoring_nothing_remains_and_memory_is_back(isolation: str
 
 NON_ROOT_CHECK = """
 import sys
-from harness import humaneval as he
-from harness.sandbox import available_isolation, run_untrusted
+from harness.experiments import humaneval as he
+from harness.sandbox.sandbox import available_isolation, run_untrusted
 assert available_isolation() == "userns", available_isolation()
 problem = he.load_problems(1)[0]
 forged = (
@@ -550,7 +550,7 @@ def test_the_unprivileged_level_holds_for_a_throwaway_user(tmp_path: Path) -> No
     import shutil
     import subprocess
 
-    from harness.sandbox import _hidden_ancestor, _interpreter
+    from harness.sandbox.sandbox import _hidden_ancestor, _interpreter
 
     python, prefix = _interpreter()
     hidden = _hidden_ancestor(prefix) or _hidden_ancestor(str(Path(__file__).resolve().parents[1]))
@@ -583,7 +583,7 @@ def _cmdline(proc: Path) -> str:
 def test_without_a_cgroup_a_run_holds_at_most_four_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where no cgroup can be made, the run's memory is bounded by fewer processes instead: at most
     four, each under RLIMIT_AS."""
-    from harness import sandbox
+    from harness.sandbox import sandbox
 
     monkeypatch.setattr(sandbox._Cgroup, "make", classmethod(lambda cls, tag, memory_mb: None))
     program = (

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.baselines import list_baselines, read_baseline_file
-from harness.errors import HarnessError
-from harness.seeds import (
+from harness.base.errors import HarnessError
+from harness.settings.baselines import list_baselines, read_baseline_file
+from harness.settings.seeds import (
     REPO_ROOT,
     import_seed_baselines,
     parse_command,

@@ -4,14 +4,14 @@ import statistics
 import numpy as np
 import pytest
 
-from harness.analysis import (
+from harness.base.errors import HarnessError
+from harness.theory.analysis import (
     expected_tokens_per_forward,
     leviathan_speedup,
     leviathan_speedup_verify,
     optimal_k,
 )
-from harness.errors import HarnessError
-from harness.stats import (
+from harness.theory.stats import (
     DEFAULT_ALPHA,
     DEFAULT_MARGIN,
     gate,
@@ -247,7 +247,7 @@ def test_gate_rejects_bad_input():
         gate([1.0, 2.0], 10.0, margin=1.5)
 
 
-# --- Calibration: the numbers quoted in harness/stats.py and the README ---
+# --- Calibration: the numbers quoted in harness/theory/stats.py and the README ---
 
 
 @pytest.mark.parametrize("baseline", ["samples", "mean"])

@@ -1,5 +1,6 @@
-"""harness.sweep and ``--task sweep``: spec parsing, one load per target, rows per run, resume, and the
-table, plot and command line, on the tiny qwen2 pair with a few HumanEval prompts and 8 new tokens.
+"""harness.experiments.sweep and ``--task sweep``: spec parsing, one load per target, rows per run,
+resume, and the table, plot and command line, on the tiny qwen2 pair with a few HumanEval prompts and
+8 new tokens.
 
 Timings are printed, never asserted: only the arithmetic that ties the columns together is checked.
 """
@@ -13,11 +14,14 @@ import weakref
 
 import pytest
 
-from harness import cli, humaneval, models, platforms, sweep
-from harness import configs as sweep_spec
-from harness.errors import HarnessError
+from harness import cli
+from harness.base import platforms
+from harness.base.errors import HarnessError
+from harness.experiments import humaneval, sweep
+from harness.pairs import models
 from harness.report import sweep as sweep_report
-from harness.results import read_records, read_rows
+from harness.settings import configs as sweep_spec
+from harness.settings.results import read_records, read_rows
 
 PAIR = "tiny-qwen2"
 NEW_TOKENS = 8

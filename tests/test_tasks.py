@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from harness.errors import HarnessError
-from harness.tasks import (
+from harness.base.errors import HarnessError
+from harness.base.tasks import (
     TASKS,
     Prompt,
     benchmark_prompts,

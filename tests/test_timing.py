@@ -6,9 +6,10 @@ import pytest
 import torch
 from helpers import load_pair
 
-from harness import timing, tiny
-from harness.generation import generate
-from harness.setup import GenerationSettings
+from harness.decoding.generation import generate
+from harness.settings.setup import GenerationSettings
+from harness.theory import timing
+from harness.weights import tiny
 
 
 def _hook_counts(module: torch.nn.Module) -> tuple[int, int]:

@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 from helpers import load_pair
 
-from harness import baselines, bench, cli, onnx_export, results, timing
+from harness import cli
+from harness.experiments import bench
 from harness.report import NOT_TIMED, seed_table
+from harness.settings import baselines, results
+from harness.theory import timing
+from harness.weights import onnx_export
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model_name", "tiny-llama", "--max_new_tokens", "8", "--no_progress"]
@@ -169,7 +173,7 @@ def test_a_rate_that_was_not_timed_prints_as_such(tmp_path, capsys) -> None:
 
 def _local_folder(tmp_path: Path, damage: str) -> Path:
     """A saved tiny model whose safetensors file is then cut short or replaced by random bytes."""
-    from harness import tiny
+    from harness.weights import tiny
 
     folder = tmp_path / f"model-{damage}"
     tiny.build_target("tiny-llama").save_pretrained(folder)
@@ -182,7 +186,7 @@ def _local_folder(tmp_path: Path, damage: str) -> Path:
 @pytest.mark.parametrize("damage", ["truncated", "random"])
 @pytest.mark.parametrize("flag", ["--model_name_or_path", "--assistant_model"])
 def test_a_damaged_safetensors_file_is_a_usage_error(tmp_path, capsys, damage, flag) -> None:
-    from harness import tiny
+    from harness.weights import tiny
 
     good = tmp_path / "good"
     tiny.build_target("tiny-llama").save_pretrained(good)
@@ -214,7 +218,7 @@ def test_every_file_of_a_cached_export_is_checked(tmp_path) -> None:
     folder.mkdir()
     for name, text in (("model.onnx", "graph"), ("model.onnx.data", "weights"), ("genai_config.json", "{}")):
         (folder / name).write_text(text)
-    from harness import files
+    from harness.base import files
 
     names = sorted(p.name for p in folder.iterdir())
     (folder / onnx_export.MARKER).write_text(json.dumps({"files": files.record(folder, names)}))

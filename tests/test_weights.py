@@ -11,10 +11,11 @@ import pytest
 import torch
 from helpers import load_pair
 
-from harness import models, packaged, tiny, weights
-from harness.errors import VocabMismatchError, WeightsNotFoundError
-from harness.generation import generate
-from harness.setup import GenerationSettings
+from harness.base.errors import VocabMismatchError, WeightsNotFoundError
+from harness.decoding.generation import generate
+from harness.pairs import models
+from harness.settings.setup import GenerationSettings
+from harness.weights import packaged, tiny, weights
 
 LLAMA = ("llama-2-7b", "meta-llama/Llama-2-7b-hf", None)  # name, hf_id, packaged_key
 QWEN = ("qwen2.5-coder-1.5b", "Qwen/Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-1.5b")
@@ -49,7 +50,7 @@ def fake_hf_cache(hub: Path, hf_id: str, commit: str = "0123abcd") -> Path:
 
 
 def fake_converted(key: str) -> Path:
-    """A packaged model's converted folder as harness.packaged marks it complete."""
+    """A packaged model's converted folder as harness.weights.packaged marks it complete."""
     model = packaged.get_model(key)
     folder = fake_model_dir(packaged.converted_dir(model))
     files = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}

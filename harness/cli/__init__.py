@@ -16,26 +16,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness import (
-    backends,
-    devices,
-    engines,
-    humaneval,
-    llamacpp,
-    models,
-    platforms,
-    precision,
-    report,
-    results,
-    runner,
-    setup,
-    sweep,
-    tasks,
-)
-from harness import configs as sweep_spec
+from harness import report
+from harness.base import backends, devices, llamacpp, platforms, tasks
+from harness.base.errors import HarnessError
 from harness.cli.parser import EXIT_USAGE, HUMANEVAL_NEW_TOKENS, PROMPTS_FILE_NEW_TOKENS, build_parser
-from harness.errors import HarnessError
+from harness.decoding import engines
+from harness.experiments import humaneval, runner, sweep
+from harness.pairs import models
 from harness.report import sweep as sweep_report
+from harness.settings import configs as sweep_spec
+from harness.settings import precision, results, setup
 
 
 def _prompts(

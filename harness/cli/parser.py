@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from harness import backends, engines, invariant, llamacpp, models, precision, setup, sweep, tasks
-from harness import configs as sweep_spec
+from harness.base import backends, llamacpp, tasks
+from harness.decoding import engines
+from harness.experiments import sweep
+from harness.kernels import invariant
+from harness.pairs import models
+from harness.settings import configs as sweep_spec
+from harness.settings import precision, setup
 
 EXIT_USAGE = 2
 # HumanEval budget: the humaneval module's measurements used 384 new tokens per problem.

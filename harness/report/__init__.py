@@ -17,8 +17,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-from harness import files, setup
-from harness.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
+from harness.base import files
+from harness.settings import setup
+from harness.settings.results import ACCEPTANCE_COLUMNS, SEED_COLUMNS, Row
 
 _COMPARE_HEADERS = (
     "Example#",
@@ -515,7 +516,7 @@ def regen_results(
 def pairs_table(pairs: Sequence[Any], weights_dir: str | None, wide: bool = False) -> str:
     """``--list-models``: every registered pair, its precisions and whether its weights are here;
     ``wide`` adds the models' ids and where the weights were found (long paths)."""
-    from harness import models
+    from harness.pairs import models
 
     table = []
     for pair in pairs:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from harness.bench import CaseMeasurement
+from harness.experiments.bench import CaseMeasurement
 
 SUMMARY_HEADERS = (
     "Case",

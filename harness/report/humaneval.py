@@ -1,5 +1,5 @@
 """HumanEval's table and figure: pass@1 per mode with the per-problem lines, and the speedup per
-problem beside its distribution (the scoring and its rows are ``harness.humaneval``'s)."""
+problem beside its distribution (the scoring and its rows are ``harness.experiments.humaneval``'s)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError
-from harness.humaneval import summarise
+from harness.base.errors import HarnessError
+from harness.experiments.humaneval import summarise
 
 
 def format_table(summary: Mapping[str, Any], *, per_problem: bool = True, tablefmt: str = "simple") -> str:

@@ -18,9 +18,11 @@ from typing import Any
 
 from tabulate import tabulate
 
-from harness import backends, baselines, bench, configs, files, forwards, results, setup, sweep
+from harness.base import backends, files
+from harness.experiments import bench, forwards, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
-from harness.results import Row
+from harness.settings import baselines, configs, results, setup
+from harness.settings.results import Row
 
 PAGE_NAME = "README.md"
 REGEN = "python assisted_generation.py --regen-tables"
@@ -327,7 +329,7 @@ def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]])
 
 def _humaneval_command(stem: str, tasks: int) -> str:
     """The run that writes rows file ``stem`` (named by ``humaneval.rows_name``)."""
-    from harness import humaneval
+    from harness.experiments import humaneval
 
     backend = "onnxruntime" if "-onnxruntime-" in stem.lower() else "torch"
     command = (
@@ -341,7 +343,7 @@ def _humaneval_command(stem: str, tasks: int) -> str:
 
 
 def humaneval_section(platform: str, records: list[dict[str, Any]], source: str) -> list[str]:
-    from harness import humaneval
+    from harness.experiments import humaneval
 
     summary = humaneval.summarise(records)
     modes = summary["modes"]
@@ -459,7 +461,7 @@ def _best_humaneval(
 ) -> tuple[str, dict[str, Any]] | None:
     """The HumanEval file of ``config``'s precisions (when one is named so), else of any, covering
     the most problems both ways, and its summary."""
-    from harness import humaneval as he
+    from harness.experiments import humaneval as he
 
     found = [(source, he.summarise(records)) for source, records in humaneval if records]
     if config is not None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from harness import files
-from harness.sweep import SweepResult
+from harness.base import files
+from harness.experiments.sweep import SweepResult
 
 TABLE_HEADERS = (
     "Config",

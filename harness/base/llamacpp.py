@@ -1,0 +1,157 @@
+"""llama.cpp as a measuring instrument: its plain decoding of the same GGUF, timed by llama-bench.
+
+Never a dependency: the binary is found only where the user points (``--llama-bench PATH`` or the
+environment variable below); without it the reference is absent with a one-line note. The README
+says how to build it from the llama-cpp-python sdist's vendored source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from harness.base.errors import HarnessError
+
+ENV = "ASSISTED_GENERATION_LLAMA_BENCH"
+# Before and after a run differing by more than this, the line says the host's speed moved.
+DRIFT_NOTE = 0.10
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """llama.cpp's plain decoding of one GGUF file on this machine."""
+
+    tokens_per_s: float
+    tokens_per_s_std: float
+    threads: int
+    new_tokens: int
+    build: str  # llama.cpp's build commit and number as llama-bench reports them
+    # Measured around a run (``around``): tokens/s just before and just after it; this is their mean.
+    before: float | None = None
+    after: float | None = None
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1000.0 / self.tokens_per_s
+
+
+def find(path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The llama-bench binary given by ``path`` or the environment; None when neither names one."""
+    given = path or os.environ.get(ENV)
+    if not given:
+        return None
+    found = shutil.which(str(given)) or (str(given) if Path(given).is_file() else None)
+    if found is None or not os.access(found, os.X_OK):
+        raise HarnessError(
+            f"llama-bench {given!r} is not an executable file; point --llama-bench (or {ENV}) at the "
+            "llama-bench binary of a llama.cpp build (README: 'llama.cpp as a reference')"
+        )
+    return Path(found)
+
+
+def absent_note() -> str:
+    return f"llama.cpp reference: not measured (no llama-bench given: --llama-bench PATH or {ENV})"
+
+
+def reference(
+    binary: Path | None, gguf: Path | None, model: str, *, threads: int, new_tokens: int = 64
+) -> tuple[Reference | None, str]:
+    """llama.cpp's plain decoding of ``gguf`` measured now and a line saying it, or None and a line
+    saying why there is none (no binary given, no GGUF file, llama-bench failed): never an error."""
+    if binary is None:
+        return None, absent_note()
+    if gguf is None:
+        return None, f"llama.cpp reference: not measured ({model} has no GGUF file here)"
+    try:
+        ref = measure(binary, gguf, threads=threads, new_tokens=new_tokens)
+    except HarnessError as exc:
+        return None, f"llama.cpp reference: failed ({exc})"
+    return ref, (
+        f"llama.cpp reference ({ref.build}, {gguf.name}, {ref.threads} threads, {ref.new_tokens} tokens): "
+        f"plain decoding {ref.tokens_per_s:.2f} tok/s (+-{ref.tokens_per_s_std:.2f}) "
+        f"= {ref.ms_per_token:.1f} ms/token"
+    )
+
+
+def around(
+    binary: Path | None,
+    gguf: Path | None,
+    model: str,
+    work: Callable[[], T],
+    *,
+    threads: int,
+    new_tokens: int = 64,
+) -> tuple[T, Reference | None, str]:
+    """``work()`` with llama.cpp's plain decoding measured just before and just after it.
+
+    Why both: a run of minutes on a shared 2-core VM sees the host's speed move by up to 25%, and
+    llama-bench cannot be interleaved with the harness's own rounds; the reference is the mean of
+    the two, and the line gives both (and says so when they differ by more than 10%), so a ratio to
+    it is read with the drift it carries. Without a binary or a GGUF file: ``work()`` and the note."""
+    before, line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens)
+    result = work()
+    if before is None:
+        return result, None, line
+    after, after_line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens)
+    if after is None:
+        return result, before, f"{line} (before this run; after it: {after_line})"
+    mean = dataclasses.replace(
+        before,
+        tokens_per_s=(before.tokens_per_s + after.tokens_per_s) / 2,
+        tokens_per_s_std=max(before.tokens_per_s_std, after.tokens_per_s_std),
+        before=before.tokens_per_s,
+        after=after.tokens_per_s,
+    )
+    line = (
+        f"llama.cpp reference ({mean.build}, {gguf.name}, {mean.threads} threads, {mean.new_tokens} tokens): "
+        f"plain decoding {before.tokens_per_s:.2f} tok/s before this run and {after.tokens_per_s:.2f} after, "
+        f"mean {mean.tokens_per_s:.2f} = {mean.ms_per_token:.1f} ms/token"
+    )
+    drift = abs(after.tokens_per_s - before.tokens_per_s) / mean.tokens_per_s
+    if drift > DRIFT_NOTE:
+        line += f"; the host's speed moved by {drift:.0%} during the run, and ratios to it carry that"
+    return result, mean, line
+
+
+def measure(
+    binary: Path, gguf: Path, *, threads: int, new_tokens: int = 64, repetitions: int = 3
+) -> Reference:
+    """Plain decoding of ``new_tokens`` tokens (no prompt), ``repetitions`` times, on ``threads``."""
+    cmd = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(new_tokens), "-t", str(threads)]
+    cmd += ["-r", str(repetitions), "-o", "json"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HarnessError(f"llama-bench could not run ({exc}); command: {' '.join(cmd)}") from exc
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise HarnessError(f"llama-bench failed (exit {done.returncode}): {' / '.join(tail)}")
+    return parse(done.stdout)
+
+
+def parse(text: str) -> Reference:
+    """The decode row of llama-bench's JSON output."""
+    start = text.find("[")
+    try:
+        rows = json.loads(text[start:]) if start >= 0 else []
+    except json.JSONDecodeError as exc:
+        raise HarnessError(f"llama-bench printed no JSON list ({exc}); was it run with -o json?") from exc
+    decode = [r for r in rows if isinstance(r, dict) and r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+    if not decode:
+        raise HarnessError("llama-bench's output has no decode row (n_gen > 0, n_prompt = 0)")
+    r = decode[0]
+    return Reference(
+        tokens_per_s=float(r["avg_ts"]),
+        tokens_per_s_std=float(r.get("stddev_ts", 0.0)),
+        threads=int(r.get("n_threads", 0)),
+        new_tokens=int(r["n_gen"]),
+        build=f"{r.get('build_commit', '?')} ({r.get('build_number', '?')})",
+    )

@@ -1,0 +1,166 @@
+"""Plain and assisted decoding through transformers' own ``generate``, with every setting pinned.
+
+Users ship ``generate(assistant_model=...)``, so that is what runs. What this module adds is
+control and measurement: every setting that changes speed or output is set explicitly on each call
+(transformers reads K, the schedule and the confidence threshold from the *assistant's*
+``generation_config``, ignores them when passed to the target's ``generate``, ships version-dependent
+defaults for them, and its "heuristic" schedule writes K back into the assistant between calls), and
+every forward of both models is timed (``harness.theory.timing``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from harness.base.errors import HarnessError
+from harness.pairs.models import LoadedPair
+from harness.settings.setup import SCHEDULES, GenerationSettings
+from harness.theory import timing
+from harness.theory.analysis import count_acceptance
+from harness.theory.timing import Measurement, record_forwards
+
+
+def generation_config(settings: GenerationSettings, pair: LoadedPair) -> GenerationConfig:
+    """The target's full generation config: nothing left to be filled from a checkpoint's defaults."""
+    eos = (
+        None
+        if settings.ignore_eos
+        else (settings.eos_token_id if settings.eos_token_id is not None else pair.eos_token_id)
+    )
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else pair.eos_token_id
+    kw: dict[str, Any] = dict(
+        max_new_tokens=settings.max_new_tokens,
+        min_new_tokens=settings.min_new_tokens,
+        do_sample=settings.do_sample,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+    )
+    if settings.do_sample:
+        kw.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    if settings.mode == "prompt_lookup":
+        kw.update(
+            prompt_lookup_num_tokens=settings.prompt_lookup_num_tokens,
+            max_matching_ngram_size=settings.max_matching_ngram_size,
+        )
+    return GenerationConfig(**kw)
+
+
+def pin_assistant(draft: torch.nn.Module, settings: GenerationSettings) -> None:
+    """Write K, schedule and threshold where transformers reads them: the draft's config."""
+    config = draft.generation_config
+    config.num_assistant_tokens = settings.num_assistant_tokens
+    config.num_assistant_tokens_schedule = SCHEDULES[settings.assistant_schedule]
+    # 0 turns the confidence stop off; transformers' default (0.4) would otherwise make every
+    # "constant" run silently dynamic.
+    config.assistant_confidence_threshold = settings.confidence_threshold_in_effect
+
+
+class _InternalDraftCall(logging.Filter):
+    """transformers' own assisted loop calls the draft's ``generate`` with a config and keyword
+    settings together, and then warns about it once per process: an internal call, nothing a user
+    passed, and printed in the middle of every first assisted run's progress bar. Dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "together with generation-related" not in record.getMessage()
+
+
+logging.getLogger("transformers.generation.utils").addFilter(_InternalDraftCall())
+
+
+class StopInNewText(StoppingCriteria):
+    """Stop a sequence once the text generated after the prompt contains any of ``stop_strings``.
+
+    Written here because transformers' StopStringCriteria only asks whether the sequence ENDS with
+    a stop string. That is enough when one token is added per step, but an assisted step appends
+    up to K+1 tokens, and a stop string inside them is never seen again: assisted runs went on to
+    the token budget (119 tokens where plain decoding stopped after 8, HumanEval/2). Searching the
+    whole new text stops both modes at the step that completes the first stop string.
+    """
+
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...] | list[str], prompt_len: int) -> None:
+        if not stop_strings or any(not s for s in stop_strings):
+            raise HarnessError("stop strings must be non-empty strings")
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
+        self.prompt_len = prompt_len
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None = None, **kwargs: Any
+    ) -> torch.BoolTensor:
+        done = [
+            any(s in self.tokenizer.decode(row[self.prompt_len :]) for s in self.stop_strings)
+            for row in input_ids
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def generate(
+    pair: LoadedPair, prompt_ids: list[int] | torch.Tensor, settings: GenerationSettings
+) -> Measurement:
+    """Decode one prompt once and measure it (through the pair's own engine when it has one)."""
+    settings.validate()
+    if pair.engine is not None:
+        return pair.engine.decode(pair, [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1)], settings)
+    if settings.mode == "assisted" and pair.draft is None:
+        raise HarnessError(f"{pair.spec.name} was loaded without a draft; load it with its draft to assist")
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1).to(pair.target.device)
+    if ids.shape[1] == 0:
+        raise HarnessError("empty prompt: give at least one token")
+    prompt_len = int(ids.shape[1])
+    config = generation_config(settings, pair)
+    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(ids), "generation_config": config}
+    if settings.stop_strings:
+        # As a criteria list, not config.stop_strings: the config is copied into the draft's own
+        # generate call, which has no tokenizer and would refuse it.
+        kwargs["stopping_criteria"] = StoppingCriteriaList(
+            [StopInNewText(pair.tokenizer, settings.stop_strings, prompt_len)]
+        )
+    watched = {"target": pair.target}
+    if settings.mode == "assisted":
+        pin_assistant(pair.draft, settings)
+        kwargs["assistant_model"] = pair.draft
+        watched["draft"] = pair.draft
+    torch.manual_seed(settings.seed)
+
+    with torch.inference_mode(), record_forwards(watched) as log:
+        start = time.perf_counter()
+        out = pair.target.generate(ids, **kwargs)
+        end = time.perf_counter()
+
+    output = out[0, prompt_len:].tolist()
+    target = log.of("target")
+    draft = log.of("draft")
+    first_end = target[0].end
+    new = len(output)
+    after_first_ms = (end - first_end) * 1000.0
+    tpt = timing.per_token_ms(after_first_ms, new)
+    drafted, accepted = count_acceptance(target, prompt_len, ids[0].tolist() + output)
+    total_ms = (end - start) * 1000.0
+    target_ms = sum(f.ms for f in target)
+    draft_ms = sum(f.ms for f in draft)
+    return Measurement(
+        prompt_tokens=prompt_len,
+        output_ids=output,
+        total_s=total_ms / 1000.0,
+        prefill_ms=(first_end - start) * 1000.0,
+        target_prefill_ms=target[0].ms,
+        time_per_token_ms=tpt,
+        tokens_per_s=timing.rate(tpt),
+        target_forwards=len(target),
+        draft_forwards=len(draft),
+        target_ms=target_ms,
+        draft_ms=draft_ms,
+        other_ms=total_ms - target_ms - draft_ms,
+        drafted=drafted,
+        accepted=accepted,
+        forwards=list(log.forwards),
+    )

@@ -1,0 +1,309 @@
+"""What one forward costs by M (tokens per forward): the numbers behind c and v.
+
+Assisted decoding pays one draft forward per proposed token (M = 1) and one target forward over
+K+1 tokens per step; plain decoding pays target forwards at M = 1. Whether assistance can pay on a
+machine is mostly these costs (Leviathan et al.: c = draft / target at M = 1, v = target at K+1 /
+target at M = 1), so they are measured directly, per precision and kernels, on a KV cache of a
+realistic length. ``python -m harness.forwards`` prints the table; with ``--json`` it also keeps
+each cost as a row (with the machine, versions, bandwidth and command), from which the results page
+draws the same table.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.base import llamacpp
+from harness.base.errors import HarnessError
+from harness.pairs import models
+from harness.settings import setup
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    role: str  # "target" or "draft"
+    precision: str
+    kernels: str
+    m: int
+    ms: float  # median over the repetitions
+    ms_min: float
+    bytes_read: int | None = None  # weights one forward streams (None: not a torch model)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ForwardCost:
+        return cls(**{f.name: record.get(f.name) for f in fields(cls)})
+
+
+def bytes_read(model: torch.nn.Module, m: int) -> int | None:
+    """Bytes of weights one forward of ``m`` tokens reads: every parameter and buffer once (packed
+    blocks as stored), the input embedding one row per token. The KV cache is left out (about 1% of
+    the target's weights at 200 tokens)."""
+    try:
+        embedding = model.get_input_embeddings()
+        output = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):  # an exported graph (ONNX Runtime): not torch weights
+        return None
+    # A tied output layer reads the whole shared matrix every forward.
+    tied = getattr(output, "weight", None) is getattr(embedding, "weight", False)
+    total, seen = 0, set()
+    for module in model.modules():
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            if module is embedding and not tied:
+                total += m * t[0].numel() * t.element_size()
+            else:
+                total += t.numel() * t.element_size()
+    return total
+
+
+def read_bandwidth_gbs(size_mib: int = 1024, repetitions: int = 3) -> float:
+    """This host's memory read bandwidth as one-token decoding meets it: a float32 sum over
+    ``size_mib`` MiB on torch's threads, best of ``repetitions`` (GB/s)."""
+    x = torch.ones(size_mib * 2**20 // 4, dtype=torch.float32)
+    float(x.sum())  # page the tensor in before timing
+    best = float("inf")
+    for _ in range(repetitions):
+        start = time.perf_counter()
+        float(x.sum())
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best / 1e9
+
+
+def time_forwards(
+    model: torch.nn.Module, ms: Sequence[int], cache_tokens: int = 200, repetitions: int = 5, seed: int = 0
+) -> dict[int, tuple[float, float]]:
+    """Median and best ms of one forward of M new tokens onto a ``cache_tokens`` KV cache, per M.
+
+    Every repetition rebuilds the cache (a prefill, not timed) so each timed forward sees the same
+    cache length. The Ms are interleaved within each repetition, as the benchmark's arms are: timed
+    one M after another, the first M measured a model still warming up (its one-token forward read
+    1.3x the two-token one) and every M a different phase of a host whose speed drifts. The first
+    repetition warms up and is dropped."""
+    from transformers import DynamicCache
+
+    if cache_tokens < 1 or repetitions < 1 or any(m < 1 for m in ms):
+        raise HarnessError("cache_tokens, repetitions and every M must be at least 1")
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g)
+    times: dict[int, list[float]] = {m: [] for m in ms}
+    with torch.inference_mode():
+        for _ in range(repetitions + 1):
+            for m in ms:
+                cache = DynamicCache()
+                model(prefix, past_key_values=cache, use_cache=True)
+                new = torch.randint(100, min(vocab, 20000), (1, m), generator=g)
+                start = time.perf_counter()
+                model(new, past_key_values=cache, use_cache=True)
+                times[m].append((time.perf_counter() - start) * 1000)
+    return {m: (statistics.median(t[1:]), min(t[1:])) for m, t in times.items()}
+
+
+def measure(
+    name: str,
+    role: str,
+    precisions: Sequence[str],
+    kernels: Sequence[str],
+    ms: Sequence[int],
+    *,
+    draft_vocab: int | None = None,
+    weights_dir: str | None = None,
+    cache_tokens: int = 200,
+    repetitions: int = 5,
+    on_row: Callable[[ForwardCost], None] | None = None,
+) -> list[ForwardCost]:
+    """Load the pair's ``role`` model once per (precision, kernels) and time its forwards by M;
+    ``on_row`` sees each cost as soon as it is measured (so a long run keeps what it finished)."""
+    if role not in ("target", "draft"):
+        raise HarnessError(f"role must be target or draft, not {role!r}")
+    rows = []
+    for prec in precisions:
+        for kern in kernels:
+            if kern == "onnxruntime":
+                # The target exported to ONNX Runtime (precision int4 or fp32, default settings):
+                # "kernels" is then the runtime's.
+                if role != "target":
+                    raise HarnessError("--kernels onnxruntime times the target (--role target)")
+                settings = {"target_precision": prec, "target_backend": "onnxruntime", "with_draft": False}
+            elif role == "target":
+                settings = {"target_precision": prec, "target_kernels": kern, "with_draft": False}
+            else:
+                settings = {"draft_precision": prec, "draft_kernels": kern, "draft_vocab": draft_vocab}
+            spec = models.get_pair(name)
+            pair = models.load_pair(spec, setup.resolve(spec, **settings), weights_dir=weights_dir)
+            model = getattr(pair, role)
+            for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
+                rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m)))
+                if on_row is not None:
+                    on_row(rows[-1])
+            del pair, model
+    return rows
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> str:
+    """Markdown: one line per (role, precision, kernels), one column per M (median ms), and the
+    cost of each M relative to M = 1 (what v is for K = M - 1). With the host's read bandwidth,
+    also the weights one token reads, the time reading them takes at that bandwidth (the bound a
+    one-token step cannot beat), and M = 1 over that bound."""
+    from tabulate import tabulate
+
+    ms = sorted({r.m for r in rows})
+    lines: dict[tuple[str, str, str], dict[int, ForwardCost]] = {}
+    for r in rows:
+        lines.setdefault((r.role, r.precision, r.kernels), {})[r.m] = r
+    body = []
+    for (role, prec, kern), by_m in lines.items():
+        one = by_m[1].ms if 1 in by_m else None
+        cells = [
+            _ms(by_m[m].ms) + (f" ({by_m[m].ms / one:.2f})" if one and m != 1 else "") if m in by_m else "-"
+            for m in ms
+        ]
+        bound = []
+        if bandwidth_gbs:
+            read = by_m[1].bytes_read if 1 in by_m else None
+            bound_ms = read / bandwidth_gbs / 1e6 if read else None
+            bound = [
+                f"{read / 1e9:.3f}" if read else "-",
+                _ms(bound_ms) if bound_ms else "-",
+                f"{one / bound_ms:.2f}" if one and bound_ms else "-",
+            ]
+        body.append([role, prec, kern, *cells, *bound])
+    extra = ["GB read (M=1)", "bound ms", "M=1 / bound"] if bandwidth_gbs else []
+    return tabulate(
+        body,
+        headers=["model", "precision", "kernels", *[f"M={m}" for m in ms], *extra],
+        tablefmt="github",
+        disable_numparse=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.forwards``: median ms of one forward by M, per precision and kernels."""
+    import argparse
+
+    from harness.base import platforms, tasks
+    from harness.settings import results
+
+    parser = argparse.ArgumentParser(prog="python -m harness.forwards", description=main.__doc__)
+    parser.add_argument("--model_name", default=models.DEFAULT_PAIR, help="registered pair")
+    parser.add_argument("--role", choices=("target", "draft"), default="target", help="which model to time")
+    parser.add_argument("--precisions", default="w8af32", help="comma-separated precisions")
+    parser.add_argument(
+        "--kernels",
+        default="stock,invariant",
+        help="comma-separated: stock, invariant, onnxruntime (the target exported to ONNX Runtime; "
+        "precisions int4 or fp32 there)",
+    )
+    parser.add_argument(
+        "--m", type=tasks.parse_int_list, default=(1, 2, 4, 6, 9), help="comma-separated tokens per forward"
+    )
+    parser.add_argument(
+        "--draft_vocab", type=int, default=None, help="draft only: score this many token ids (0: all)"
+    )
+    parser.add_argument(
+        "--cache_tokens", type=int, default=200, help="KV cache length before the timed forward"
+    )
+    parser.add_argument("--repetitions", type=int, default=5, help="timed forwards per M (median reported)")
+    parser.add_argument("--weights_dir", default=None, help="directory holding the weights (see README)")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="also append each cost as a JSON row to this file (the results page reads "
+        "results/<machine>/forwards/*.jsonl)",
+    )
+    parser.add_argument(
+        "--llama-bench",
+        "--llama_bench",
+        dest="llama_bench",
+        default=None,
+        help="llama.cpp's llama-bench binary: also time its plain decoding of the same GGUF "
+        f"(or set {llamacpp.ENV})",
+    )
+    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    info = platforms.detect()
+    bandwidth = read_bandwidth_gbs()
+    context = {
+        "pair": args.model_name,
+        "platform": info.name,
+        "threads": torch.get_num_threads(),
+        "cache_tokens": args.cache_tokens,
+        "repetitions": args.repetitions,
+        "bandwidth_gbs": round(bandwidth, 2),
+        "versions": platforms.library_versions(),
+        "command": shlex.join(["python", "-m", "harness.forwards", *given]),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    try:
+        models.get_pair(args.model_name)
+        bench_binary = llamacpp.find(args.llama_bench)
+        if args.json:
+            results.check_rows_path(Path(args.json))
+
+        def keep(cost: ForwardCost) -> None:
+            if args.json:
+                results.append_row(args.json, {**context, **asdict(cost)})
+
+        def run() -> list[ForwardCost]:
+            return measure(
+                args.model_name,
+                args.role,
+                [p.strip() for p in args.precisions.split(",") if p.strip()],
+                [k.strip() for k in args.kernels.split(",") if k.strip()],
+                args.m,
+                draft_vocab=args.draft_vocab,
+                weights_dir=args.weights_dir,
+                cache_tokens=args.cache_tokens,
+                repetitions=args.repetitions,
+                on_row=keep,
+            )
+
+        model, gguf = gguf_of(args.model_name, args.role)
+        rows, ref, line = llamacpp.around(bench_binary, gguf, model, run, threads=torch.get_num_threads())
+    except HarnessError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    print(
+        f"{args.model_name} {args.role}: one forward of M tokens onto a {args.cache_tokens}-token cache, "
+        f"median of {args.repetitions} (ms; in brackets: relative to M=1); {info.name}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}; read bandwidth {bandwidth:.1f} GB/s\n"
+    )
+    print(table([*rows, *([reference_cost(args.role, ref)] if ref else [])], bandwidth))
+    print(line)
+    if args.json and ref is not None:
+        results.append_row(
+            args.json, {**context, **asdict(reference_cost(args.role, ref)), "llama_cpp": line}
+        )
+    return 0
+
+
+def gguf_of(name: str, role: str) -> tuple[str, Path | None]:
+    """The pair's ``role`` model and its GGUF file (None: it has none here), for llama.cpp."""
+    pair = models.get_pair(name)
+    spec = pair.target if role == "target" else pair.draft
+    return spec.name, models.gguf_file(spec, None)
+
+
+def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
+    """llama.cpp's time per token as a line of the table (M = 1; its cache grows from empty, and its
+    time includes sampling), so its plain decoding stands beside the harness's one-token forward; the
+    mean of its runs just before and just after the harness's (``llamacpp.around``)."""
+    return ForwardCost(role, "llama.cpp", ref.build, 1, ref.ms_per_token, ref.ms_per_token, None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

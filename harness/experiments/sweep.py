@@ -1,0 +1,584 @@
+"""Configuration sweep: which precision, draft, K and schedule make assisted generation pay off here?
+
+One command measures several assisted-generation configurations on the same workload (greedy, the
+first N HumanEval prompts, a fixed number of new tokens with EOS ignored so every mode decodes the
+same tokens) and prints, per configuration, plain and assisted tokens/s, the paired speedup with its
+95% CI, acceptance, the speedup Leviathan et al.'s theory predicts from the measured acceptance and
+cost ratio, the share of time spent outside both models' forwards, and whether every assisted output
+equalled plain greedy.
+
+How it measures, and why:
+
+* Configurations are grouped by target (precision, kernels): each target is loaded once, all its
+  configurations run, and it is freed before the next target loads, so one real target is in memory
+  at a time. The drafts a group needs are loaded beside it (they are small).
+* For every prompt, plain decoding runs once per target and each configuration's assisted run
+  follows, the order of these arms rotating from prompt to prompt: a slow phase of a shared machine
+  then hits every arm alike instead of always the first one.
+* Every finished run is appended to a JSONL row file before the next starts; a rerun with the same
+  file skips finished runs (a target whose runs are all finished is not even loaded). The per-forward
+  numbers the summary needs (acceptance steps, decode-forward costs) are stored in the row, so
+  resumed rows summarise exactly like fresh ones.
+
+The configurations are written in ``harness.settings.configs``' key=value syntax (``--sweep``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from harness.base import files, llamacpp, platforms, vocab
+from harness.base.errors import HarnessError
+from harness.base.tasks import Prompt
+from harness.decoding import engines
+from harness.decoding.generation import generate
+from harness.experiments import experiment, runner
+from harness.pairs import models
+from harness.settings import setup
+from harness.settings.configs import GENAI, SweepConfig, group_configs, plain_label
+from harness.settings.results import Row, append_row, read_rows
+from harness.settings.setup import GenerationSettings
+from harness.theory import analysis, stats
+from harness.theory.timing import Measurement
+from harness.weights import tiny
+
+TASK = "sweep"
+DEFAULT_LIMIT = 20  # HumanEval prompts
+DEFAULT_NEW_TOKENS = 128
+# What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
+# quantized, and prompt lookup (no draft at all) on both targets.
+# Tokens of the unrecorded warm-up run of every arm after a target loads (the measurement loop's).
+WARMUP_TOKENS = experiment.WARMUP_TOKENS
+
+
+def _plain_settings(new_tokens: int) -> GenerationSettings:
+    return GenerationSettings(mode="plain", max_new_tokens=new_tokens, ignore_eos=True).validate()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+Loader = Callable[..., Mapping[str | None, models.LoadedPair]]
+
+
+# (draft precision, draft vocabulary restriction or None[, draft kernels when not stock])
+DraftKey = tuple[str, int | None] | tuple[str, int | None, str]
+
+
+def _extra_draft(pair: models.LoadedPair, key: DraftKey, weights_dir: str | None, device: str) -> Any:
+    """Another draft for a loaded pair, made the way ``load_pair`` makes one, without reloading the target."""
+    spec = pair.spec
+    if spec.draft.is_tiny:
+        # Tiny drafts are copied from the float target's first layers; rebuilding it takes milliseconds.
+        draft = tiny.build_draft(spec.name.lower())
+    else:
+        path = models.resolve_model(spec.draft, weights_dir)
+        draft = models._load_hf(path)
+    draft_precision, draft_vocab, draft_kernels = (*key, "stock")[:3]
+    return models.prepare_draft(
+        draft,
+        pair.tokenizer,
+        vocab.vocab_size(pair.target),
+        draft_precision,
+        device,
+        draft_vocab,
+        draft_kernels,
+    )
+
+
+def _draft_key(item: str | DraftKey) -> DraftKey:
+    return (item, None) if isinstance(item, str) else tuple(item)  # type: ignore[return-value]
+
+
+def load_target_group(
+    pair_name: str | models.PairSpec,
+    *,
+    target_precision: str,
+    draft_precisions: Sequence[str | DraftKey],
+    target_kernels: str = "stock",
+    weights_dir: str | None = None,
+    target_device: str = "cpu",
+    draft_device: str = "cpu",
+    verify: bool = False,
+) -> dict[DraftKey | None, models.LoadedPair]:
+    """Load one target once with every draft its configurations need (a draft precision, or a
+    (precision, draft vocabulary) pair).
+
+    Returns draft key -> pair; all pairs share the one target module. With no draft needed
+    (prompt lookup only) the single pair, keyed None, has no draft.
+    """
+    drafts = list(dict.fromkeys(_draft_key(d) for d in draft_precisions))
+    spec = models.get_pair(pair_name)
+    # The group's first configuration as the run it loads: the sweep's spelling read once
+    # (``SweepConfig.of``), on the devices the command line gave.
+    first_draft = (*drafts[0], "stock")[:3] if drafts else (None, None, "stock")
+    config = SweepConfig.of(
+        target_precision,
+        first_draft[0],
+        target_kernels=target_kernels,
+        draft_vocab=first_draft[1],
+        draft_kernels=first_draft[2],
+    )
+    target = config.target
+    if target.backend == "torch":
+        target = dataclasses.replace(target, device=target_device)
+    draft = dataclasses.replace(config.draft, device=draft_device) if config.draft is not None else None
+    if target.engine == GENAI and draft is not None:
+        # The engine's draft is exported beside the target, at the target's settings.
+        draft = setup.Draft(target.precision)
+    run = setup.RunSetup(spec.name, target, draft, GenerationSettings())
+    first = engines.load(spec, run, weights_dir=weights_dir, verify=verify)
+    if target.engine == GENAI:
+        # One draft at the target's settings serves every assisted configuration of this target.
+        return {key: first for key in drafts} if drafts else {None: first}
+    if not drafts:
+        return {None: first}
+    pairs: dict[DraftKey | None, models.LoadedPair] = {drafts[0]: first}
+    for key in drafts[1:]:
+        draft = _extra_draft(first, key, weights_dir, draft_device)
+        pairs[key] = dataclasses.replace(
+            first,
+            draft=draft,
+            draft_setup=dataclasses.replace(
+                first.draft_setup, precision=key[0], vocab=key[1], kernels=key[2] if len(key) > 2 else "stock"
+            ),
+        )
+    return pairs
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    """One configuration summarised over the prompts (each paired with its target's plain run)."""
+
+    config: SweepConfig
+    prompts: int
+    plain_tokens_per_s: float
+    assisted_tokens_per_s: float
+    speedup: stats.Estimate
+    vs_best_plain: float | None  # assisted tok/s over the fastest plain decoder of the sweep
+    acceptance_rate: float | None  # accepted / drafted, pooled over prompts
+    alpha: float | None  # per-token acceptance probability (analysis.alpha_mle)
+    c: float  # draft decode-forward ms / target one-token forward ms (0 for prompt lookup)
+    v: float  # target verify forward ms / target one-token forward ms
+    predicted_speedup: float | None  # Leviathan with v = 1 (memory-bound verify)
+    predicted_speedup_verify: float | None  # with the measured v (a CPU is compute-bound)
+    non_forward_share: float  # assisted wall time outside both models' forwards / total
+    identical: bool  # every assisted output equal to the plain greedy output of its prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["label"] = self.config.label
+        d["speedup"] = self.speedup.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Everything a sweep table and plot show: the machine, the workload and one result per config."""
+
+    pair: str
+    platform: str
+    machine: platforms.PlatformInfo
+    threads: int
+    versions: dict[str, str]
+    prompt_labels: tuple[str, ...]
+    new_tokens: int
+    rows_path: Path
+    results: tuple[ConfigResult, ...]
+    best_plain: tuple[str, float] | None  # (target label, mean plain tok/s) of the fastest target
+    command: str = ""
+
+    def result(self, label: str) -> ConfigResult:
+        for r in self.results:
+            if r.config.label == label:
+                return r
+        raise KeyError(label)
+
+
+def _sweep_extra(row: Row) -> dict[str, Any]:
+    return row.extra.get("sweep") or {}
+
+
+def _prompt_digest(prompt: Prompt) -> str:
+    # A prompt's identity without a tokenizer, so finished groups can be recognised before loading.
+    return setup.prompt_digest(prompt.input_ids if prompt.input_ids is not None else prompt.text)
+
+
+def _run_id(pair: str, config: SweepConfig, new_tokens: int, platform: str, threads: int) -> str:
+    # One id per target and workload: plain and assisted rows of a target share it (so report tables
+    # pair them), and a resumed run continues the same id. Thread count is part of it: rows measured
+    # with other threads are a different run and must not be mixed in.
+    plain = setup.RunSetup(pair, config.target, None, _plain_settings(new_tokens))
+    return setup.run_id(
+        plain.columns(),
+        task=TASK,
+        platform=platform,
+        host=platforms.host_id(),
+        code=platforms.code_version(),
+        extra=[threads],
+    )
+
+
+def _key(run_id: str, arm: str, example: int, digest: str) -> tuple[str, str, int, str]:
+    return (run_id, arm, example, digest)
+
+
+def _row_key(row: Row) -> tuple[str, str, int, str] | None:
+    s = _sweep_extra(row)
+    if row.task != TASK or not s:
+        return None
+    return _key(row.run_id, s.get("config", ""), int(s.get("example", row.example)), s.get("prompt_sha", ""))
+
+
+def _forward_numbers(m: Measurement) -> dict[str, float | int]:
+    """What the summary needs from a run's forwards, kept in its row so resumed rows carry it too."""
+    target_ms, target_n = analysis.decode_totals(m, "target")
+    draft_ms, draft_n = analysis.decode_totals(m, "draft")
+    accepted, rejected = analysis.acceptance_steps(m)
+    return {
+        "accepted_steps": accepted,
+        "rejected_steps": rejected,
+        "target_decode_ms": target_ms,
+        "target_decode_forwards": target_n,
+        "draft_decode_ms": draft_ms,
+        "draft_decode_forwards": draft_n,
+    }
+
+
+def _pooled_ms(rows: Sequence[Row], what: str) -> float:
+    # Pooled over all forwards of all runs (sum / count), as bench's per-forward means are.
+    total = sum(_sweep_extra(r).get(f"{what}_ms", 0.0) for r in rows)
+    count = sum(_sweep_extra(r).get(f"{what}_forwards", 0) for r in rows)
+    return total / count if count else math.nan
+
+
+def summarize(
+    config: SweepConfig, plain: Mapping[int, Row], assisted: Mapping[int, Row], best_plain: float | None
+) -> ConfigResult:
+    """One configuration's numbers from its rows and its target's plain rows (example -> row)."""
+    examples = sorted(set(plain) & set(assisted))
+    if not examples:
+        raise HarnessError(f"{config.label}: no prompt has both a plain and an assisted row to pair")
+    p = [plain[e] for e in examples]
+    a = [assisted[e] for e in examples]
+    plain_tps = [r.tokens_per_s for r in p]
+    assisted_tps = [r.tokens_per_s for r in a]
+    drafted = sum(r.drafted for r in a)
+    steps = [_sweep_extra(r) for r in a]
+    alpha = analysis.alpha_mle(
+        sum(s.get("accepted_steps", 0) for s in steps), sum(s.get("rejected_steps", 0) for s in steps)
+    )
+    target_ms = _pooled_ms(p, "target_decode")
+    # Prompt lookup has no draft model: its proposal cost is Python time, counted in the non-forward
+    # share, so its c is 0 rather than undefined.
+    c = 0.0 if config.mode == "prompt_lookup" else _pooled_ms(a, "draft_decode") / target_ms
+    v = _pooled_ms(a, "target_decode") / target_ms
+    assisted_mean = statistics.fmean(assisted_tps)
+    return ConfigResult(
+        config=config,
+        prompts=len(examples),
+        plain_tokens_per_s=statistics.fmean(plain_tps),
+        assisted_tokens_per_s=assisted_mean,
+        speedup=stats.speedup_ci(plain_tps, assisted_tps, paired=True),
+        vs_best_plain=assisted_mean / best_plain if best_plain else None,
+        acceptance_rate=sum(r.accepted for r in a) / drafted if drafted else None,
+        alpha=alpha,
+        c=c,
+        v=v,
+        predicted_speedup=analysis.predict_speedup(alpha, config.num_assistant_tokens, c, 1.0),
+        predicted_speedup_verify=analysis.predict_speedup(alpha, config.num_assistant_tokens, c, v),
+        non_forward_share=statistics.fmean(r.other_ms / (r.total_s * 1000.0) for r in a),
+        identical=all(list(plain[e].output_ids) == list(assisted[e].output_ids) for e in examples),
+    )
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _read_done(path: Path) -> dict[tuple[str, str, int, str], Row]:
+    try:
+        stored = read_rows(path)
+    except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
+        raise HarnessError(f"cannot resume from {path}: {exc}") from exc
+    done: dict[tuple[str, str, int, str], Row] = {}
+    for row in stored:
+        key = _row_key(row)
+        if key is not None:
+            done[key] = row  # a later row of the same run and arm wins, as in report tables
+    return done
+
+
+def _measure_group(
+    pair_name: str | models.PairSpec,
+    target_key: tuple[str, str],
+    jobs: Sequence[tuple[int, Prompt, SweepConfig | None, int]],
+    *,
+    loader: Loader,
+    new_tokens: int,
+    run_id: str,
+    platform: str,
+    threads: int,
+    rows_path: Path,
+    bar: Any,
+    warmup_tokens: int,
+) -> dict[tuple[str, str, int, str], Row]:
+    """Load one target, run its pending jobs (already in rotated order), write each row as it finishes.
+
+    A function of its own so every reference to the models dies when it returns and the caller can
+    free the target before loading the next.
+    """
+    target_precision, kernels = target_key
+    draft_keys = sorted(
+        {c.draft_key for _, _, c, _ in jobs if c is not None and c.mode == "assisted"},
+        key=lambda k: (str(k[0]), k[1] or 0, k[2] if len(k) > 2 else ""),
+    )
+    pairs = loader(
+        pair_name,
+        target_precision=target_precision,
+        draft_precisions=tuple(draft_keys),
+        target_kernels=kernels,
+    )
+    any_pair = next(iter(pairs.values()))
+
+    def pair_for(config: SweepConfig | None) -> models.LoadedPair:
+        if config is not None and config.mode == "assisted":
+            # Loaders keyed by precision alone (no vocabulary restriction) are accepted too.
+            key = config.draft_key
+            return pairs[key] if key in pairs else pairs[config.draft_precision]
+        return any_pair
+
+    def settings_for(config: SweepConfig | None, tokens: int) -> GenerationSettings:
+        return _plain_settings(tokens) if config is None else config.settings(tokens)
+
+    if warmup_tokens > 0 and jobs:
+        ids = runner.prompt_ids(any_pair, jobs[0][1])
+        for config in dict.fromkeys(c for _, _, c, _ in jobs):
+            generate(pair_for(config), ids, settings_for(config, min(warmup_tokens, new_tokens)))
+
+    written: dict[tuple[str, str, int, str], Row] = {}
+    for example, prompt, config, position in jobs:
+        pair = pair_for(config)
+        arm = plain_label(*target_key) if config is None else config.label
+        settings = settings_for(config, new_tokens)
+        m = generate(pair, runner.prompt_ids(pair, prompt), settings)
+        sha = _prompt_digest(prompt)
+        sweep_fields = {
+            "config": arm,
+            "target_kernels": kernels,
+            "prompt": prompt.label,
+            "prompt_sha": sha,
+            "example": example,
+            "position": position,  # place of this arm in the prompt's rotated order
+            "threads": threads,
+            **_forward_numbers(m),
+        }
+        row = runner.record(
+            rows_path,
+            pair,
+            m,
+            settings,
+            example=example,
+            task=TASK,
+            label=prompt.label,
+            platform=platform,
+            run_id=run_id,
+            prompt_sha=sha,
+            extra={"sweep": sweep_fields},
+        )
+        written[_key(run_id, arm, example, row.extra["sweep"]["prompt_sha"])] = row
+        bar.update(1)
+        bar.set_postfix(arm=arm, tok_s=f"{row.tokens_per_s:.2f}")
+    return written
+
+
+def run_sweep(
+    pair_name: str | models.PairSpec,
+    configs: Sequence[SweepConfig],
+    prompts: Sequence[Prompt],
+    new_tokens: int,
+    rows_path: str | Path,
+    loader: Loader = load_target_group,
+    progress: bool = True,
+    *,
+    platform: str | None = None,
+    warmup_tokens: int = WARMUP_TOKENS,
+    command: str = "",
+) -> SweepResult:
+    """Measure every configuration on every prompt (plain once per target and prompt) and summarise.
+
+    ``loader(pair_name, target_precision=, draft_precisions=, target_kernels=)`` returns draft
+    precision -> LoadedPair sharing one target (``load_target_group``); it is called once per target
+    that still has unfinished runs. Rows go to ``rows_path`` as each run finishes; rows already there
+    for the same run are reused, not re-measured.
+    """
+    spec = models.get_pair(pair_name)
+    configs = list(configs)
+    prompts = list(prompts)
+    if not configs:
+        raise HarnessError("a sweep needs at least one configuration")
+    labels = [c.label for c in configs]
+    if len(set(labels)) != len(labels):
+        raise HarnessError(f"configurations repeat a label ({', '.join(labels)}); remove the duplicates")
+    if not prompts:
+        raise HarnessError("a sweep needs at least one prompt")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 2:
+        # Tokens/s is measured after the first token, so it needs at least two.
+        raise HarnessError(f"new_tokens must be an integer of at least 2 (got {new_tokens!r})")
+    platform = platform or platforms.detect().name
+    threads = torch.get_num_threads()
+    rows_path = Path(rows_path)
+    done = _read_done(rows_path)
+    groups = group_configs(configs)
+    digests = [_prompt_digest(p) for p in prompts]
+
+    plans: list[tuple[tuple[str, str], str, list[tuple[int, Prompt, SweepConfig | None, int]]]] = []
+    for target_key, group in groups.items():
+        run_id = _run_id(spec.name, group[0], new_tokens, platform, threads)
+        jobs = []
+        for job in experiment.interleave(prompts, [None, *group]):
+            arm = plain_label(*target_key) if job.arm is None else job.arm.label
+            if _key(run_id, arm, job.index, digests[job.index - 1]) not in done:
+                jobs.append((job.index, job.item, job.arm, job.position))
+        plans.append((target_key, run_id, jobs))
+
+    total = len(prompts) * sum(len(group) + 1 for group in groups.values())
+    todo = sum(len(jobs) for _, _, jobs in plans)
+    print(f"resumed {total - todo} of {total} runs from {rows_path}", file=sys.stderr)
+    bar = tqdm(
+        total=todo,
+        desc=f"{spec.name} sweep",
+        unit="run",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    try:
+        for target_key, run_id, jobs in plans:
+            if not jobs:
+                continue  # everything of this target is in the rows already: do not even load it
+            bar.set_description(f"{spec.name} target {target_key[0]} ({target_key[1]} kernels)")
+            done.update(
+                _measure_group(
+                    spec.name,
+                    target_key,
+                    jobs,
+                    loader=loader,
+                    new_tokens=new_tokens,
+                    run_id=run_id,
+                    platform=platform,
+                    threads=threads,
+                    rows_path=rows_path,
+                    bar=bar,
+                    warmup_tokens=warmup_tokens,
+                )
+            )
+            # The group's models are unreachable now; collect them before the next target loads.
+            gc.collect()
+    finally:
+        bar.close()
+
+    def rows_of(run_id: str, arm: str) -> dict[int, Row]:
+        return {
+            i + 1: done[key]
+            for i in range(len(prompts))
+            if (key := _key(run_id, arm, i + 1, digests[i])) in done
+        }
+
+    plain_by_target: dict[tuple[str, str], dict[int, Row]] = {}
+    for target_key, run_id, _ in plans:
+        plain_by_target[target_key] = rows_of(run_id, plain_label(*target_key))
+    plain_means = {
+        key: statistics.fmean(r.tokens_per_s for r in rows.values())
+        for key, rows in plain_by_target.items()
+        if rows
+    }
+    best = max(plain_means.items(), key=lambda kv: kv[1]) if plain_means else None
+    run_ids = {target_key: run_id for target_key, run_id, _ in plans}
+    results = tuple(
+        summarize(
+            c,
+            plain_by_target[c.target_key],
+            rows_of(run_ids[c.target_key], c.label),
+            best[1] if best else None,
+        )
+        for c in configs
+    )
+    return SweepResult(
+        pair=spec.name,
+        platform=platform,
+        machine=platforms.detect(),
+        threads=threads,
+        versions=platforms.library_versions(),
+        prompt_labels=tuple(p.label for p in prompts),
+        new_tokens=new_tokens,
+        rows_path=rows_path,
+        results=results,
+        best_plain=(plain_label(*best[0]), best[1]) if best else None,
+        command=command,
+    )
+
+
+def default_rows_path(results_dir: str | Path, platform: str, pair: str) -> Path:
+    # In a folder of their own: --regen-tables reads results/rows/*.jsonl into the per-model tables,
+    # where a sweep's many configurations would add sections whose printed commands do not reproduce them.
+    return Path(results_dir) / "rows" / "sweep" / f"{files.file_name(pair)}-{files.file_name(platform)}.jsonl"
+
+
+# --------------------------------------------------------------------------- llama.cpp around a sweep
+
+
+def reference_path(rows_path: str | Path) -> Path:
+    """Where the llama.cpp references measured around the sweeps of ``rows_path`` are kept: a store
+    of their own beside it (the sweep's rows are all measured rows)."""
+    rows_path = Path(rows_path)
+    return rows_path.parent.parent / "llamacpp" / rows_path.name
+
+
+def write_reference(
+    rows_path: str | Path, ref: llamacpp.Reference, gguf: str, started: str, finished: str, platform: str
+) -> None:
+    """Append llama.cpp's plain decoding measured around a sweep (``llamacpp.around``'s reference),
+    with the sweep's time window: the results page shows it under the table whose rows lie in it."""
+    append_row(
+        reference_path(rows_path),
+        {
+            "platform": platform,
+            "gguf": gguf,
+            "build": ref.build,
+            "threads": ref.threads,
+            "new_tokens": ref.new_tokens,
+            "before": ref.before,
+            "after": ref.after,
+            "tokens_per_s": ref.tokens_per_s,
+            "started": started,
+            "finished": finished,
+        },
+    )
+
+
+def covering_reference(
+    references: Sequence[Mapping[str, Any]], rows: Sequence[Row]
+) -> Mapping[str, Any] | None:
+    """The newest reference whose time window holds every one of ``rows`` (measured around them),
+    or None: a reference measured around another sweep says nothing about these rows."""
+    stamps = [r.timestamp for r in rows if r.timestamp]
+    if not stamps or len(stamps) < len(rows):
+        return None
+    first, last = min(stamps), max(stamps)
+    around = [
+        ref for ref in references if ref.get("started", "") <= first and last <= ref.get("finished", "")
+    ]
+    return max(around, key=lambda ref: ref["finished"], default=None)

@@ -1,0 +1,77 @@
+"""Build and load the harness's C++ kernels with torch's extension loader, once per content of their
+sources, flags and torch version."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from harness.base import files
+from harness.base.errors import UnsupportedError
+from harness.weights import packaged
+
+# The kernels' AVX2 paths are the baseline (AVX-512 functions carry their own target attribute);
+# no contraction into fma, so every path runs the IEEE operations the source spells.
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
+
+
+def compile_flags(includes: tuple[Path, ...] = ()) -> list[str]:
+    """The compiler flags, with the digest of the files a source includes (the loader compares its
+    flags and its sources, not what they include)."""
+    if not includes:
+        return list(CFLAGS)
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in includes)).hexdigest()[:16]
+    return [*CFLAGS, f"-DASSISTED_GENERATION_INCLUDES=0x{digest}"]
+
+
+def build_key(source: Path, includes: tuple[Path, ...] = ()) -> str:
+    """What a build depends on: the source's and its includes' content, the flags and torch's version;
+    not where a checkout keeps them (two checkouts of one commit share one build)."""
+    blob = hashlib.sha256()
+    for path in (source, *includes):
+        blob.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    blob.update(" ".join(compile_flags(includes)).encode())
+    return blob.hexdigest()[:16]
+
+
+def build(name: str, source: Path, includes: tuple[Path, ...] = ()) -> ModuleType:
+    """Compile ``source`` as module ``name`` into the cache (first use: about a minute on 2 cores).
+    ``includes``: the files ``source`` includes, so that a change of theirs rebuilds it too.
+
+    The build folder is named by ``build_key`` and compiles a copy of the sources kept inside it:
+    the loader's ninja file names its source by path, so compiling a checkout's own file rebuilt the
+    module whenever another checkout (or a moved one) had built it last."""
+    from torch.utils import cpp_extension
+
+    flags = compile_flags(includes)
+    folder = (
+        packaged.cache_root()
+        / "kernels"
+        / f"torch-{torch.__version__}"
+        / f"{name}-{build_key(source, includes)}"
+    )
+    sources = folder / "src"
+    sources.mkdir(parents=True, exist_ok=True)
+    for path in (source, *includes):
+        copy = sources / path.name
+        data = path.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != data:
+            files.atomic_write(copy, data)
+    try:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(sources / source.name)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            verbose=bool(os.environ.get("ASSISTED_GENERATION_VERBOSE_BUILD")),
+        )
+    except (RuntimeError, OSError, ImportError) as exc:
+        raise UnsupportedError(
+            f"could not build {source.name} ({str(exc).splitlines()[0]}): the batch-invariant kernels need "
+            "a C++ compiler (g++) and the `ninja` package; install them or use --target_kernels stock"
+        ) from exc

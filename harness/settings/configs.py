@@ -1,0 +1,303 @@
+"""The sweep's configurations and their key=value spelling (``--sweep``).
+
+Spec syntax (``parse_configs``, ``--sweep``): configurations separated by ``;``, each a comma-separated
+list of ``key=value``:
+
+    t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10
+
+=========  ==========================================================  ===========================
+key        meaning                                                     default
+=========  ==========================================================  ===========================
+t          target precision (fp32, bf16, w8af32, w4abf16, w8abf16;     fp32
+           int4 or fp32 with kernels=onnxruntime)
+d          draft precision (draft-model assistance only)               fp32
+mode       ``assisted`` (draft model) or ``prompt_lookup``             assisted
+k          K: draft tokens per step (prompt lookup: tokens proposed)   5 (prompt_lookup: 10)
+sched      ``constant``, ``dynamic`` or ``heuristic`` (assisted only)  constant
+kernels    target kernels: ``stock``, ``invariant``, or ``onnxruntime``  stock
+           (the target exported to ONNX Runtime, CPU provider)
+dv         draft scores only the first N token ids (+ special tokens)  whole vocabulary
+dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
+=========  ==========================================================  ===========================
+
+``kernels=onnxruntime-genai`` runs the target (t=int4 or t=fp32) in onnxruntime-genai's own loop:
+assisted configurations use the draft model exported at the target's settings (no d, dv or dk),
+``mode=prompt_lookup`` the engine's n-gram decoding.
+
+Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``,
+``draft_kernels``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.base import backends
+from harness.base.errors import HarnessError
+from harness.settings import precision, setup
+from harness.settings.setup import SCHEDULES, GenerationSettings
+
+MODES = ("assisted", "prompt_lookup")
+KERNELS = ("stock", "invariant")
+# Target "kernels" values only: the target runs through ONNX Runtime (harness.base.backends) in
+# transformers' loop, or in onnxruntime-genai's own loop (harness.decoding.genai: its draft is the draft model
+# exported at the target's settings, prompt lookup its n-gram decoding), so the sweep can put them
+# beside the torch targets on the same prompts.
+ORT = "onnxruntime"
+GENAI = setup.GENAI  # the engine's name is its kernels value
+DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
+DEFAULT_SPEC = (
+    "t=fp32,d=fp32,k=5;"
+    "t=fp32,d=w8af32,k=3;"
+    "t=w8af32,d=w8af32,k=3;"
+    "t=fp32,mode=prompt_lookup,k=10;"
+    "t=w8af32,mode=prompt_lookup,k=10"
+)
+_KEYS = {
+    "t": "target_precision",
+    "target": "target_precision",
+    "d": "draft_precision",
+    "draft": "draft_precision",
+    "mode": "mode",
+    "k": "num_assistant_tokens",
+    "sched": "schedule",
+    "schedule": "schedule",
+    "kernels": "target_kernels",
+    "target_kernels": "target_kernels",
+    "dv": "draft_vocab",
+    "draft_vocab": "draft_vocab",
+    "dk": "draft_kernels",
+    "draft_kernels": "draft_kernels",
+}
+_SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode, k, sched, kernels, dv, dk)"
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One assisted configuration: the target and draft it runs, as a ``setup.RunSetup`` holds them
+    (``draft`` None for prompt lookup), and how it proposes. ``of`` builds one from the sweep's
+    spelling; ``label`` names it in rows, tables and plots."""
+
+    target: setup.Target
+    draft: setup.Draft | None
+    mode: str = "assisted"
+    num_assistant_tokens: int = 5  # K; for prompt lookup the number of tokens proposed
+    schedule: str = "constant"
+
+    @classmethod
+    def of(
+        cls,
+        target_precision: str = "fp32",
+        draft_precision: str | None = "fp32",
+        mode: str = "assisted",
+        num_assistant_tokens: int = 5,
+        schedule: str = "constant",
+        target_kernels: str = "stock",
+        draft_vocab: int | None = None,
+        draft_kernels: str = "stock",
+    ) -> SweepConfig:
+        """The sweep's spelling (``t``, ``kernels``: stock, invariant, or the ONNX Runtime target in
+        transformers' loop or onnxruntime-genai's) as the run's target and draft."""
+        if target_kernels in (ORT, GENAI):
+            ort = backends.OrtSettings(target_precision)
+            engine = GENAI if target_kernels == GENAI else "transformers"
+            target = setup.Target(ort.label, "stock", "onnxruntime", ort.provider, engine=engine)
+        else:
+            target = setup.Target(target_precision, target_kernels)
+        draft = None if draft_precision is None else setup.Draft(draft_precision, draft_kernels, draft_vocab)
+        return cls(target, draft, mode, num_assistant_tokens, schedule)
+
+    # The sweep's spelling read back (labels, loaders and keys of stored rows use it).
+    @property
+    def target_precision(self) -> str:
+        if self.target.backend == "onnxruntime":
+            return backends.OrtSettings.from_label(self.target.precision).precision
+        return self.target.precision
+
+    @property
+    def target_kernels(self) -> str:
+        if self.target.backend == "onnxruntime":
+            return GENAI if self.target.engine == GENAI else ORT
+        return self.target.kernels
+
+    @property
+    def draft_precision(self) -> str | None:
+        return self.draft.precision if self.draft else None
+
+    @property
+    def draft_vocab(self) -> int | None:
+        return self.draft.vocab if self.draft else None
+
+    @property
+    def draft_kernels(self) -> str:
+        return self.draft.kernels if self.draft else "stock"
+
+    @property
+    def draft_key(self) -> tuple[str | None, int | None] | tuple[str | None, int | None, str]:
+        """What loads one draft: precision, vocabulary restriction (and kernels when not stock)."""
+        if self.draft_kernels == "stock":
+            return (self.draft_precision, self.draft_vocab)
+        return (self.draft_precision, self.draft_vocab, self.draft_kernels)
+
+    @property
+    def label(self) -> str:
+        if self.mode == "prompt_lookup":
+            # The kernels only show when they are not the stock ones.
+            suffix = "" if self.target_kernels == "stock" else f"-{self.target_kernels}"
+            return f"t_{self.target_precision}-prompt_lookup-K{self.num_assistant_tokens}{suffix}"
+        return (
+            f"t_{self.target_precision}-d_{self.draft_precision}-K{self.num_assistant_tokens}"
+            f"-{self.schedule}-{self.target_kernels}"
+            + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
+            + ("-dk_invariant" if self.draft_kernels != "stock" else "")
+        )
+
+    @property
+    def target_key(self) -> tuple[str, str]:
+        """What loads one target: configurations sharing it are measured against the same plain runs."""
+        return (self.target_precision, self.target_kernels)
+
+    def settings(self, new_tokens: int) -> GenerationSettings:
+        # ignore_eos: plain and assisted decode exactly new_tokens, so their tokens/s cover the same work.
+        return GenerationSettings(
+            mode=self.mode,
+            max_new_tokens=new_tokens,
+            num_assistant_tokens=self.num_assistant_tokens,
+            assistant_schedule=self.schedule,
+            prompt_lookup_num_tokens=self.num_assistant_tokens,
+            ignore_eos=True,
+        ).validate()
+
+    def run(self, pair: str, new_tokens: int) -> setup.RunSetup:
+        """The configuration's assisted runs of ``pair`` as one run setup."""
+        return setup.RunSetup(pair, self.target, self.draft, self.settings(new_tokens))
+
+
+def plain_label(target_precision: str, target_kernels: str = "stock") -> str:
+    """The label of a target's plain runs (the baseline of every configuration on that target)."""
+    return f"t_{target_precision}-plain" + ("" if target_kernels == "stock" else f"-{target_kernels}")
+
+
+def _positive_int(where: str, key: str, text: str, example: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise HarnessError(f"{where}: {key}={text!r} is not an integer; write e.g. {key}={example}") from None
+    if value < 1:
+        raise HarnessError(f"{where}: {key} must be at least 1 (got {value})")
+    return value
+
+
+def _parse_entry(entry: str, where: str) -> SweepConfig:
+    values: dict[str, str] = {}
+    for item in entry.split(","):
+        item = item.strip()
+        if not item:
+            raise HarnessError(f"{where}: empty item in {entry!r}; separate key=value items by single commas")
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key or not value:
+            raise HarnessError(f"{where}: {item!r} is not key=value; write e.g. {_SYNTAX}")
+        field = _KEYS.get(key.lower())
+        if field is None:
+            raise HarnessError(
+                f"{where}: unknown key {key!r}; known keys: t, d, mode, k, sched, kernels, dv, dk"
+            )
+        if field in values:
+            raise HarnessError(f"{where}: {key!r} is given twice; give each key once per configuration")
+        values[field] = value
+
+    mode = values.pop("mode", "assisted").lower()
+    if mode not in MODES:
+        raise HarnessError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
+    k = _positive_int(where, "k", values.pop("num_assistant_tokens", str(DEFAULT_K[mode])), 5)
+    schedule = values.pop("schedule", None)
+    draft = values.pop("draft_precision", None)
+    draft_given = draft is not None
+    dv_text = values.pop("draft_vocab", None)
+    draft_vocab = None if dv_text is None else _positive_int(where, "dv", dv_text, 32768)
+    if mode == "prompt_lookup":
+        # Silently ignoring these would print a configuration that did not run as written.
+        if draft is not None:
+            raise HarnessError(f"{where}: prompt_lookup uses no draft model; remove d={draft}")
+        if draft_vocab is not None:
+            raise HarnessError(f"{where}: prompt_lookup uses no draft model; remove dv={draft_vocab}")
+        if "draft_kernels" in values:
+            raise HarnessError(
+                f"{where}: prompt_lookup uses no draft model; remove dk={values['draft_kernels']}"
+            )
+        if schedule is not None and schedule != "constant":
+            raise HarnessError(
+                f"{where}: sched applies to draft-model assistance only; remove sched={schedule}"
+            )
+        schedule = "constant"
+    else:
+        draft = draft or "fp32"
+        schedule = (schedule or "constant").lower()
+        if schedule not in SCHEDULES:
+            raise HarnessError(f"{where}: sched {schedule!r} is not one of {', '.join(SCHEDULES)}")
+    kernels = values.pop("target_kernels", "stock").lower()
+    if kernels not in (*KERNELS, ORT, GENAI):
+        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join((*KERNELS, ORT, GENAI))}")
+    draft_kernels = values.pop("draft_kernels", "stock").lower()
+    if draft_kernels not in KERNELS:
+        raise HarnessError(f"{where}: dk {draft_kernels!r} is not one of {', '.join(KERNELS)}")
+    target = values.pop("target_precision", "int4" if kernels in (ORT, GENAI) else "fp32")
+    if kernels in (ORT, GENAI) and target not in backends.ORT_PRECISIONS:
+        raise HarnessError(
+            f"{where}: kernels={kernels} takes t={' or t='.join(backends.ORT_PRECISIONS)}, not t={target}"
+        )
+    if kernels == GENAI and mode == "assisted":
+        # The engine's draft is the draft model exported at the target's settings: nothing else to choose.
+        if draft_given or draft_vocab is not None or draft_kernels != "stock":
+            raise HarnessError(
+                f"{where}: kernels={GENAI} runs the draft model exported at the target's settings; "
+                "remove d, dv and dk"
+            )
+        draft = target
+    for name in (target, draft) if kernels not in (ORT, GENAI) else ((draft,) if kernels == ORT else ()):
+        if name is not None:
+            try:
+                precision.check_precision(name)
+            except HarnessError as exc:
+                raise HarnessError(f"{where}: {exc}") from None
+    return SweepConfig.of(target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels)
+
+
+def parse_configs(spec: str) -> list[SweepConfig]:
+    """Parse the compact ``--sweep`` syntax (see the module docstring) into configurations.
+
+    Configurations are separated by ``;`` (a trailing one is fine), their items by ``,``. Every
+    mistake raises a HarnessError naming the configuration and what to write instead.
+    """
+    entries = [e.strip() for e in str(spec).split(";")]
+    if entries and not entries[-1]:
+        entries.pop()  # "a;b;" is a habit, not a mistake
+    if not any(entries):
+        raise HarnessError(f"--sweep is empty; give at least one configuration, e.g. {_SYNTAX}")
+    configs: list[SweepConfig] = []
+    seen: dict[str, int] = {}
+    for n, entry in enumerate(entries, 1):
+        where = f"--sweep configuration {n}"
+        if not entry:
+            raise HarnessError(f"{where} is empty; remove the extra ';'")
+        config = _parse_entry(entry, where)
+        if config.label in seen:
+            # Labels key the rows: a duplicate would be measured once and reported twice.
+            raise HarnessError(
+                f"{where} repeats configuration {seen[config.label]} ({config.label}); remove one"
+            )
+        seen[config.label] = n
+        configs.append(config)
+    return configs
+
+
+def group_configs(configs: Sequence[SweepConfig]) -> dict[tuple[str, str], list[SweepConfig]]:
+    """Configurations by target (precision, kernels), targets in order of first appearance."""
+    groups: dict[tuple[str, str], list[SweepConfig]] = {}
+    for config in configs:
+        groups.setdefault(config.target_key, []).append(config)
+    return groups
