@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.base import platforms
 from harness.decoding.generation import generate
-from harness.experiments import experiment, humaneval
+from harness.experiments import experiment, humaneval, runner
 from harness.pairs.models import LoadedPair
 from harness.pytest_plugin import humaneval_precisions
 from harness.report import humaneval as report
+from harness.settings import setup
 from harness.settings.setup import GenerationSettings
 
 # Floor on the CI subset's pass@1 (HumanEval/0-1). Qwen2.5-Coder-1.5B-Instruct's published HumanEval
@@ -34,16 +36,20 @@ def _generator(pair: LoadedPair, settings: GenerationSettings, style: str):
         ids = list(pair.tokenizer(humaneval.build_prompt(problem, pair.tokenizer, style))["input_ids"])
         m = generate(pair, ids, settings)
         text = pair.tokenizer.decode(m.output_ids, skip_special_tokens=True)
-        fields = {
-            "new_tokens": m.new_tokens,
-            "total_s": m.total_s,
-            "tokens_per_s": m.tokens_per_s,
-            "drafted": m.drafted,
-            "accepted": m.accepted,
-            "acceptance_rate": m.acceptance_rate,
-            "output_ids": m.output_ids,
-        }
-        return text, fields
+        # The timed decode as every experiment's row (runner.record), merged into the scored row.
+        row = runner.record(
+            None,
+            pair,
+            m,
+            settings,
+            example=int(problem["task_id"].rsplit("/", 1)[-1]),
+            task=humaneval.BENCHMARK,
+            label=problem["task_id"],
+            platform=platforms.detect().name,
+            run_id="",
+            prompt_sha=setup.prompt_digest(ids),
+        )
+        return text, row.to_dict()
 
     return run
 

@@ -67,11 +67,6 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise HarnessError(f"--{flag} must be at least 1 (got {value})")
     if args.min_new_tokens < 0:
         raise HarnessError(f"--min_new_tokens must be 0 or more (got {args.min_new_tokens})")
-    # Checked whether or not --do_sample is given: a value out of range is a typo either way.
-    if not 0.0 < args.top_p <= 1.0:
-        raise HarnessError(f"--top_p must be in (0, 1] (got {args.top_p})")
-    if args.top_k < 0:
-        raise HarnessError(f"--top_k must be 0 (off) or more (got {args.top_k})")
     if args.weights_dir is not None and not Path(args.weights_dir).expanduser().is_dir():
         raise HarnessError(
             f"--weights_dir {args.weights_dir} is not a folder; pass the folder that holds the model "

@@ -54,23 +54,10 @@ DEFAULT_SPEC = (
     "t=fp32,mode=prompt_lookup,k=10;"
     "t=w8af32,mode=prompt_lookup,k=10"
 )
-_KEYS = {
-    "t": "target_precision",
-    "target": "target_precision",
-    "d": "draft_precision",
-    "draft": "draft_precision",
-    "mode": "mode",
-    "k": "num_assistant_tokens",
-    "sched": "schedule",
-    "schedule": "schedule",
-    "kernels": "target_kernels",
-    "target_kernels": "target_kernels",
-    "dv": "draft_vocab",
-    "draft_vocab": "draft_vocab",
-    "dk": "draft_kernels",
-    "draft_kernels": "draft_kernels",
-}
-_SYNTAX = "t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: t, d, mode, k, sched, kernels, dv, dk)"
+# ``--sweep``'s keys, from the settings' own spellings (``setup.FIELDS``): key -> column.
+_KEYS = {key: f.column for f in setup.FIELDS if f.sweep for key in (*f.sweep, f.column)}
+_SHORT = ", ".join(f.sweep[0] for f in setup.FIELDS if f.sweep)
+_SYNTAX = f"t=fp32,d=w8af32,k=3;t=fp32,mode=prompt_lookup,k=10 (keys: {_SHORT})"
 
 
 # --------------------------------------------------------------------------- configurations
@@ -203,9 +190,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
             raise HarnessError(f"{where}: {item!r} is not key=value; write e.g. {_SYNTAX}")
         field = _KEYS.get(key.lower())
         if field is None:
-            raise HarnessError(
-                f"{where}: unknown key {key!r}; known keys: t, d, mode, k, sched, kernels, dv, dk"
-            )
+            raise HarnessError(f"{where}: unknown key {key!r}; known keys: {_SHORT}")
         if field in values:
             raise HarnessError(f"{where}: {key!r} is given twice; give each key once per configuration")
         values[field] = value
@@ -214,7 +199,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
     if mode not in MODES:
         raise HarnessError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
     k = _positive_int(where, "k", values.pop("num_assistant_tokens", str(DEFAULT_K[mode])), 5)
-    schedule = values.pop("schedule", None)
+    schedule = values.pop("assistant_schedule", None)
     draft = values.pop("draft_precision", None)
     draft_given = draft is not None
     dv_text = values.pop("draft_vocab", None)

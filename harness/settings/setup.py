@@ -81,13 +81,13 @@ class GenerationSettings:
             raise bad(f"confidence threshold must be in (0, 1) (got {self.assistant_confidence_threshold})")
         if self.prompt_lookup_num_tokens < 1:
             raise bad(f"--prompt_lookup must be at least 1 (got {self.prompt_lookup_num_tokens})")
-        if self.do_sample:
-            if not self.temperature > 0:
-                raise bad(f"--temperature must be > 0 when sampling (got {self.temperature})")
-            if not 0.0 < self.top_p <= 1.0:
-                raise bad(f"--top_p must be in (0, 1] (got {self.top_p})")
-            if self.top_k < 0:
-                raise bad(f"--top_k must be >= 0, 0 meaning off (got {self.top_k})")
+        if self.do_sample and not self.temperature > 0:
+            raise bad(f"--temperature must be > 0 when sampling (got {self.temperature})")
+        # Checked whether or not sampling is on: a value out of range is a typo either way.
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad(f"--top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise bad(f"--top_k must be >= 0, 0 meaning off (got {self.top_k})")
         return self
 
     @property
@@ -154,6 +154,8 @@ class Field:
     # Part of a baseline's case (``baselines.CaseKey``): two runs that differ in it are two cases.
     # Off for where a case runs (devices) and what a benchmark case fixes itself.
     identity: bool = True
+    # How ``--sweep`` spells it (its short key first; the column's own name is taken too).
+    sweep: tuple[str, ...] = ()
 
 
 def _draft(get: Callable[[Draft], Any]) -> Callable[[RunSetup], Any]:
@@ -168,28 +170,46 @@ def _sampled(get: Callable[[GenerationSettings], Any]) -> Callable[[RunSetup], A
 
 FIELDS: tuple[Field, ...] = (
     Field("model", "--model_name", "target", lambda s: s.pair),
-    Field("target_precision", "--target_precision", "target", lambda s: s.target.precision),
-    Field("target_kernels", "--target_kernels", "target", lambda s: s.target.kernels, "stock", "stock"),
+    Field(
+        "target_precision",
+        "--target_precision",
+        "target",
+        lambda s: s.target.precision,
+        sweep=("t", "target"),
+    ),
+    Field(
+        "target_kernels",
+        "--target_kernels",
+        "target",
+        lambda s: s.target.kernels,
+        "stock",
+        "stock",
+        sweep=("kernels",),
+    ),
     Field("target_backend", "--target_backend", "target", lambda s: s.target.backend, "torch", "torch"),
     Field("execution_provider", "--execution_provider", "target", lambda s: s.target.provider),
     Field("target_device", "--target_device", "target", lambda s: s.target.device, "cpu", identity=False),
     Field("engine", "--engine", "target", lambda s: s.target.engine, "transformers", "transformers"),
-    Field("mode", None, "draft", lambda s: s.decoding.mode, identity=False),
-    Field("draft_precision", "--draft_precision", "draft", _draft(lambda d: d.precision)),
-    Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels), "stock"),
-    Field("draft_vocab", "--draft_vocab", "draft", _draft(lambda d: d.vocab)),
+    Field("mode", None, "draft", lambda s: s.decoding.mode, identity=False, sweep=("mode",)),
+    Field(
+        "draft_precision", "--draft_precision", "draft", _draft(lambda d: d.precision), sweep=("d", "draft")
+    ),
+    Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels), "stock", sweep=("dk",)),
+    Field("draft_vocab", "--draft_vocab", "draft", _draft(lambda d: d.vocab), sweep=("dv",)),
     Field("draft_device", "--draft_device", "draft", _draft(lambda d: d.device), "cpu", identity=False),
     Field(
         "num_assistant_tokens",
         "--num_assistant_tokens",
         "draft",
         lambda s: s.decoding.num_assistant_tokens if s.uses_draft else None,
+        sweep=("k",),
     ),
     Field(
         "assistant_schedule",
         "--assistant_schedule",
         "draft",
         lambda s: s.decoding.assistant_schedule if s.uses_draft else None,
+        sweep=("sched", "schedule"),
     ),
     # None unless the schedule reads it, as temperature when greedy: a value here would be printed
     # in a row's reproduce command, and the CLI rejects it for other schedules.
