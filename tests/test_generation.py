@@ -293,6 +293,9 @@ def test_eos_override_stops_at_that_token(llama: models.LoadedPair, mode: str) -
         ({"do_sample": True, "temperature": 0.0}, "temperature must be > 0"),
         ({"do_sample": True, "top_p": 1.5}, "top_p must be in"),
         ({"do_sample": True, "top_k": -1}, "top_k must be >= 0"),
+        # Out of range is a typo whether or not sampling is on.
+        ({"top_p": 0.0}, "top_p must be in"),
+        ({"top_k": -2}, "top_k must be >= 0"),
         ({"max_new_tokens": 0}, "max_new_tokens must be at least 1"),
         ({"min_new_tokens": 30}, "min_new_tokens must be between"),
         ({"mode": "speculative"}, "mode 'speculative'"),

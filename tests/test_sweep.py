@@ -533,3 +533,19 @@ def test_a_speedup_far_from_its_prediction_is_flagged(swept):
     flagged = sweep_report.warnings(dataclasses.replace(result, results=(far,)))
     assert len(flagged) == 2 and flagged[1].startswith(f"WARNING: {first.config.label} measured")
     assert "WARNING" in sweep_report.sweep_table(dataclasses.replace(result, results=(far,)))
+
+
+def test_sweep_keys_are_the_settings_own_spellings() -> None:
+    """``--sweep`` takes each setting's short key and its column name (both from ``setup.FIELDS``)."""
+    from harness.settings import configs, setup
+
+    short = configs.parse_configs("t=fp32,d=w8af32,k=3,sched=heuristic,dv=64,dk=invariant")
+    long = configs.parse_configs(
+        "target_precision=fp32,draft_precision=w8af32,num_assistant_tokens=3,"
+        "assistant_schedule=heuristic,draft_vocab=64,draft_kernels=invariant"
+    )
+    assert short == long
+    spelled = {key for f in setup.FIELDS for key in f.sweep}
+    assert {"t", "d", "k", "sched", "kernels", "dv", "dk", "mode"} <= spelled
+    with pytest.raises(HarnessError, match="known keys: t, kernels, mode, d, dk, dv, k, sched"):
+        configs.parse_configs("q=1")
