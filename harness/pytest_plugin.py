@@ -268,7 +268,7 @@ def _real_selected(config: pytest.Config, local: list[str]) -> list[str]:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """What a run with a local pair will also do, said before it starts."""
     local = session_of(config).local_pairs
-    if local and "onnxruntime" in dict(target_backends(config)):
+    if local and "onnxruntime" in dict(session_of(config).target_backends):
         return [
             f"local pair(s) {', '.join(local)}: their ONNX Runtime cases export each target once (about "
             "17 GB of memory and 1.5 min for a 1.5B model); --target-backends torch leaves them out"
@@ -332,7 +332,7 @@ def backend_params(config: pytest.Config, params: list, only: tuple[str, ...] | 
     """``params`` (pair params) crossed with the selected target backends (those in ``only``, the
     ``backends`` marker's, if given), ids carrying both."""
     crossed = []
-    for backend, provider in target_backends(config):
+    for backend, provider in session_of(config).target_backends:
         if only is not None and backend not in only:
             continue
         for p in params:

@@ -415,9 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _generic(f: setup.Field) -> tuple[str, dict[str, Any]]:
     """The flag of a setting ``setting_flags`` has no entry for: typed by its default, in the group
     of its side (a new setting works from its ``FIELDS`` entry alone; an entry here adds its help)."""
-    group = {"target": "models", "draft": "assistance"}.get(
-        f.side, "sampling" if f.side == "sampling" else "run"
-    )
+    group = {"target": "models", "draft": "assistance", "sampling": "sampling"}.get(f.side, "run")
     if isinstance(f.default, bool):
         return group, dict(action="store_true", help=f"the run setting {f.column}")
     kind = type(f.default) if f.default is not None else str

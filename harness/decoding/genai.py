@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from harness.base import files
 from harness.base.errors import HarnessError, UnsupportedError
+from harness.settings.setup import GENAI
 from harness.theory import timing
 
 MAX_K = 16  # what the engine's config parser accepts for max_draft_tokens (checked here first)
@@ -303,7 +304,7 @@ class GenaiEngine:
     settings (the draft exported beside it): plain decoding, its speculative decoding with the draft
     and its n-gram decoding (the suite's prompt lookup). One object per loaded pair holds its models."""
 
-    name: ClassVar[str] = "onnxruntime-genai"
+    name: ClassVar[str] = GENAI
 
     def __init__(self, models_of: Models, vocab: int) -> None:
         self.models = models_of

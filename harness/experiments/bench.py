@@ -92,7 +92,7 @@ def case(
     ``new_tokens`` (EOS ignored), so their tokens/s cover the same work."""
     from harness.pairs import models
 
-    spec = models.get_pair(pair) if isinstance(pair, str) else pair
+    spec = models.get_pair(pair)
     decoding = GenerationSettings(
         mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, **(sampling or {})
     )
@@ -140,7 +140,7 @@ def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> st
     current case is that one (a pair's registered configuration has changed since)."""
     from harness.pairs import models
 
-    spec = models.get_pair(pair) if isinstance(pair, str) else pair
+    spec = models.get_pair(pair)
     selections = {
         registered_case(spec).case_id: f"test_benchmark_real and {spec.name}-registered",
         ort_case(spec, provider).case_id: "test_benchmark_real_onnxruntime and not genai",

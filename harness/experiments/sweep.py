@@ -56,8 +56,6 @@ from harness.weights import tiny
 TASK = "sweep"
 DEFAULT_LIMIT = 20  # HumanEval prompts
 DEFAULT_NEW_TOKENS = 128
-# What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
-# quantized, and prompt lookup (no draft at all) on both targets.
 # Tokens of the unrecorded warm-up run of every arm after a target loads (the measurement loop's).
 WARMUP_TOKENS = experiment.WARMUP_TOKENS
 

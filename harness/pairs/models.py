@@ -7,6 +7,7 @@ before any weights load, so a typo costs milliseconds, not a 7B load.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -557,8 +558,6 @@ def prepare_packaged(*, export_target: bool = False, export_draft: bool = False)
     for role in roles:
         model = packaged.get_model(role.packaged_key)
         if packaged.is_converted(model):
-            import gc
-
             gc.collect()  # whatever a conversion or export just left behind, before the next exporter
             export_ort_target(role.name, packaged.converted_dir(model), OrtSettings())
 

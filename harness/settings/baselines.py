@@ -172,9 +172,9 @@ CASE_COLUMNS = tuple(
 def case_key(columns: dict[str, Any], task: str, prompt_tokens: int | None) -> CaseKey:
     """A setup's identity columns (``setup.RunSetup.columns``) as the key baseline files carry."""
     given = {c: columns.get(c) for c in CASE_COLUMNS}
-    # Columns an older row lacks, or that a plain or torch setup leaves None, read as the defaults.
-    given.update({c: getattr(CaseKey, c) for c in ("target_backend", "target_kernels", "draft_kernels",
-                                                   "engine") if given[c] is None})  # fmt: skip
+    # Columns an older row lacks, or that a plain or torch setup leaves None, read as the setting's
+    # default (kernels, backend, engine).
+    given.update({f.column: f.default for f in setup.FIELDS if f.column in given and given[f.column] is None})
     more = tuple(
         (f.column, columns.get(f.column))
         for f in setup.FIELDS

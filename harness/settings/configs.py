@@ -47,6 +47,8 @@ KERNELS = ("stock", "invariant")
 ORT = "onnxruntime"
 GENAI = setup.GENAI  # the engine's name is its kernels value
 DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
+# What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
+# quantized, and prompt lookup (no draft at all) on both targets.
 DEFAULT_SPEC = (
     "t=fp32,d=fp32,k=5;"
     "t=fp32,d=w8af32,k=3;"
