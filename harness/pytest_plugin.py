@@ -30,6 +30,7 @@ from harness import suite
 from harness.base import backends, platforms
 from harness.base.errors import HarnessError
 from harness.experiments import equivalence
+from harness.kernels import llama_build
 from harness.pairs import models
 from harness.settings import precision, results
 
@@ -116,6 +117,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="ONNX Runtime execution provider of the onnxruntime target (default: the CPU one)",
     )
     group.addoption(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="the llama-server binary the llama.cpp engine runs (also ASSISTED_GENERATION_LLAMA_SERVER; "
+        "default: llama.cpp built once from source on first use)",
+    )
+    group.addoption(
         "--real-pairs",
         default="qwen2.5-coder-1.5b",
         help="comma-separated real pairs to include ('all' for every registered pair)",
@@ -136,6 +144,7 @@ MARKERS = (
     "perf: timing benchmark; runs serially, never under xdist",
     "pairs(tiny=True, real=True): which registered pairs a pair_name test is parametrised over",
     "backends(*names): the target backends a target_backend test is crossed with (default: all selected)",
+    "llama_cpp: runs llama.cpp's own server (its binaries built once on first use, or --llama-server)",
 )
 
 
@@ -204,6 +213,13 @@ def _check_options(config: pytest.Config) -> None:
     value = config.getoption("--weights_dir")
     if value is not None and not Path(value).expanduser().is_dir():
         problems.append(f"--weights_dir {value} is not a folder")
+    server = config.getoption("--llama-server")
+    if server is not None:
+        try:
+            # The engine reads the binary from the environment, as it does the variable's own value.
+            os.environ[llama_build.ENV["llama-server"]] = str(llama_build.given("llama-server", server))
+        except HarnessError as exc:
+            problems.append(str(exc))
     if problems:
         raise pytest.UsageError("; ".join(problems))
 

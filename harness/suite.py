@@ -57,6 +57,8 @@ class PairCache:
         provider), as the ``target_backend`` fixture gives; ``engine="onnxruntime-genai"``: the pair
         as that engine runs it (the builder's exports)."""
         backend, provider = target_backend
+        if engine == setup.LLAMACPP:  # its own runtime, whatever backend the test is crossed with
+            backend, provider = setup.LLAMACPP, None
         spec = models.get_pair(name)
         run = setup.resolve(
             spec,
@@ -82,13 +84,22 @@ class PairCache:
             if not spec.target.is_tiny:
                 # One real pair in memory at a time: a 1.5B fp32 pair is ~10 GB, a 7B one more.
                 for other in [k for k in self._loaded if not models.get_pair(k.pair).target.is_tiny]:
-                    del self._loaded[other]
+                    _close(self._loaded.pop(other))
                 gc.collect()
             self._loaded[key] = engines.load(spec, key, weights_dir=self.weights_dir)
         return self._loaded[key]
 
     def clear(self) -> None:
+        for pair in self._loaded.values():
+            _close(pair)
         self._loaded.clear()
+
+
+def _close(pair: models.LoadedPair) -> None:
+    # An engine that holds processes (llama.cpp's servers) stops them when its pair is dropped.
+    close = getattr(pair.engine, "close", None)
+    if close is not None:
+        close()
 
 
 def threads_for_real_models() -> int:
@@ -129,10 +140,18 @@ class SuiteSession:
     def prepare_weights(self, node_ids: list[str]) -> None:
         """Before any real test: the packaged pair converted, and its ONNX exports made while no
         model is loaded (the exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs
-        in 24 GB). The draft is exported too when the onnxruntime-genai engine's tests run."""
+        in 24 GB). The draft is exported too when the onnxruntime-genai engine's tests run, and llama.cpp's
+        binaries are built when its tests run."""
         ort = "onnxruntime" in dict(self.target_backends)
         engine = any("onnxruntime_genai" in node for node in node_ids)
         models.prepare_packaged(export_target=ort or engine, export_draft=engine)
+        if any("llama_cpp" in node for node in node_ids):
+            # llama.cpp's binaries built (once per machine) before any test times anything.
+            from harness.kernels import llama_build
+            from harness.weights import packaged
+
+            for name in llama_build.BINARIES:
+                llama_build.binary(name, packaged.cache_root())
 
     def summaries(self) -> list[tuple[str, list[str]]]:
         """The end-of-run sections: (title, lines)."""

@@ -368,9 +368,9 @@ def _tier_check(
     max_tokens=None,
 ):
     s = strategies.get("draft").settings(5, "constant", new_tokens)
-    engine = pair.target_setup.engine
-    ort = f"{'onnxruntime' if engine == 'transformers' else engine} {pair.target_setup.provider}"
-    runs_on = pair.target_setup.kernels if pair.target_setup.backend == "torch" else ort
+    t = pair.target_setup
+    runtime = " ".join(filter(None, ("onnxruntime" if t.engine == "transformers" else t.engine, t.provider)))
+    runs_on = t.kernels if t.backend == "torch" else runtime
     label = f"{pair.target_setup.precision} / {runs_on}"
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
     cases = []
@@ -425,6 +425,26 @@ def test_precision_tier_real_onnxruntime_genai(
     near tie of the engine's own one-token logits (``--real-prompts 186`` covers every prompt)."""
     pair = pairs.get(pair_name, target_backend=target_backend, engine="onnxruntime-genai")
     _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.llama_cpp
+def test_precision_tier_real_llama_cpp(pairs, equality, divergence_table, pair_name, real_prompts):
+    """llama.cpp's own speculative decoding (its server with the pair's draft GGUF) as a tier: every
+    flip must be a near tie of the plain server's own log-probabilities (``--real-prompts 186``)."""
+    pair = pairs.get(pair_name, engine="llama.cpp")
+    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.llama_cpp
+def test_prompt_lookup_real_llama_cpp(pairs, equality, pair_name, real_prompts):
+    """llama.cpp's n-gram speculation (the suite's prompt lookup) leaves its output unchanged, or
+    flips only near ties, on a prompt that repeats itself (so the lookup proposes, and is checked)."""
+    pair = pairs.get(pair_name, engine="llama.cpp", with_draft=False)
+    s = strategies.get("prompt_lookup").settings(5, "constant", REAL_NEW_TOKENS)
+    cases = [equality.case(pair, p.text, "prompt_lookup", s) for p in PROMPTS[:real_prompts]]
+    assert equivalence.acceptance_problems(cases, "prompt_lookup") == []
 
 
 def real_tier_prompts(n: int) -> list[tasks.Prompt]:

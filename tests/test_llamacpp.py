@@ -10,6 +10,7 @@ import pytest
 from harness.base import llamacpp
 from harness.base.errors import HarnessError
 from harness.experiments import forwards
+from harness.kernels import llama_build
 
 # The shape of llama-bench's `-o json` output (one object per test; fields it always writes).
 ROWS = [
@@ -46,11 +47,13 @@ def test_parse_refuses_output_without_a_decode_row(text):
         llamacpp.parse(text)
 
 
-def test_no_binary_means_no_reference(monkeypatch):
+def test_a_model_without_gguf_needs_no_binary_and_has_no_reference(monkeypatch, tmp_path):
     monkeypatch.delenv(llamacpp.ENV, raising=False)
-    assert llamacpp.find(None) is None
     model, gguf = forwards.gguf_of("tiny-qwen2", "target")
     assert (model, gguf) == ("tiny-qwen2", None)
+    # Nothing to time: no binary is looked for, and none is built.
+    assert llama_build.reference_binary(None, gguf, tmp_path / "cache") is None
+    assert not (tmp_path / "cache").exists()
     done, ref, line = llamacpp.around(None, gguf, model, lambda: "work", threads=2)
     assert (done, ref) == ("work", None) and llamacpp.ENV in line
 
@@ -58,7 +61,7 @@ def test_no_binary_means_no_reference(monkeypatch):
 def test_a_wrong_binary_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv(llamacpp.ENV, str(tmp_path / "nope"))
     with pytest.raises(HarnessError, match="not an executable"):
-        llamacpp.find(None)
+        llama_build.reference_binary(None, tmp_path / "m.gguf", tmp_path / "cache")
 
 
 def test_measure_runs_the_binary_and_reads_its_json(tmp_path):
@@ -72,7 +75,7 @@ def test_measure_runs_the_binary_and_reads_its_json(tmp_path):
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     ref = llamacpp.measure(
-        llamacpp.find(script), tmp_path / "m.gguf", threads=2, new_tokens=16, repetitions=2
+        llama_build.given("llama-bench", script), tmp_path / "m.gguf", threads=2, new_tokens=16, repetitions=2
     )
     assert ref.tokens_per_s == 34.1
     with pytest.raises(HarnessError, match="exit 3"):

@@ -1,16 +1,14 @@
 """llama.cpp as a measuring instrument: its plain decoding of the same GGUF, timed by llama-bench.
 
-Never a dependency: the binary is found only where the user points (``--llama-bench PATH`` or the
-environment variable below); without it the reference is absent with a one-line note. The README
-says how to build it from the llama-cpp-python sdist's vendored source.
+The binary is the user's (``--llama-bench PATH`` or the environment variable below) or the suite's
+own build of llama.cpp (``harness.kernels.llama_build``); for a model without a GGUF file the
+reference is absent with a one-line note.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,20 +39,6 @@ class Reference:
     @property
     def ms_per_token(self) -> float:
         return 1000.0 / self.tokens_per_s
-
-
-def find(path: str | os.PathLike[str] | None = None) -> Path | None:
-    """The llama-bench binary given by ``path`` or the environment; None when neither names one."""
-    given = path or os.environ.get(ENV)
-    if not given:
-        return None
-    found = shutil.which(str(given)) or (str(given) if Path(given).is_file() else None)
-    if found is None or not os.access(found, os.X_OK):
-        raise HarnessError(
-            f"llama-bench {given!r} is not an executable file; point --llama-bench (or {ENV}) at the "
-            "llama-bench binary of a llama.cpp build (README: 'llama.cpp as a reference')"
-        )
-    return Path(found)
 
 
 def absent_note() -> str:

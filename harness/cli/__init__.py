@@ -22,10 +22,12 @@ from harness.base.errors import HarnessError
 from harness.cli.parser import EXIT_USAGE, HUMANEVAL_NEW_TOKENS, PROMPTS_FILE_NEW_TOKENS, build_parser
 from harness.decoding import engines
 from harness.experiments import humaneval, runner, sweep
+from harness.kernels import llama_build
 from harness.pairs import models
 from harness.report import sweep as sweep_report
 from harness.settings import configs as sweep_spec
 from harness.settings import precision, results, setup
+from harness.weights import packaged
 
 
 def _prompts(
@@ -116,6 +118,15 @@ def _check_ignored(args: argparse.Namespace) -> None:
             f"--llama-bench times llama.cpp's reference row of --task sweep; it does nothing for --task "
             f"{args.task}: drop it or add --task sweep"
         )
+    if args.llama_server is not None:
+        if args.engine != setup.LLAMACPP:
+            raise HarnessError(
+                f"--llama-server is the binary of --engine {setup.LLAMACPP}: add it or drop the flag"
+            )
+        # The engine reads the binary where it reads the variable's own value.
+        os.environ[llama_build.ENV["llama-server"]] = str(
+            llama_build.given("llama-server", args.llama_server)
+        )
     if args.target_backend == "torch":
         for flag in ("ort_block_size", "ort_accuracy_level"):
             if getattr(args, flag) is not None:
@@ -123,12 +134,12 @@ def _check_ignored(args: argparse.Namespace) -> None:
                     f"--{flag} sets the ONNX Runtime export; the torch target does not read it: add "
                     "--target_backend onnxruntime or drop it"
                 )
-    if args.engine == setup.GENAI:
-        # onnxruntime-genai drafts a constant K with its own loop: transformers' schedules are not run.
+    if args.engine != "transformers":
+        # An engine with its own loop drafts a constant K: transformers' schedules are not run.
         for flag in ("assistant_schedule", "assistant_confidence_threshold"):
             if getattr(args, flag) is not None:
                 raise HarnessError(
-                    f"--{flag} is a setting of transformers' draft loop; --engine {setup.GENAI} drafts "
+                    f"--{flag} is a setting of transformers' draft loop; --engine {args.engine} drafts "
                     "a constant --num_assistant_tokens: drop it"
                 )
     if (
@@ -173,8 +184,8 @@ def _run_setup(args: argparse.Namespace, spec: models.PairSpec, modes: Sequence[
         spec,
         target_precision=args.target_precision,
         target_kernels=args.target_kernels,
-        # onnxruntime-genai runs the ONNX Runtime target whatever --target_backend says.
-        target_backend="onnxruntime" if args.engine == setup.GENAI else args.target_backend,
+        # An engine with its own loop runs its own runtime's target whatever --target_backend says.
+        target_backend=setup.ENGINE_BACKEND.get(args.engine, args.target_backend),
         provider=args.execution_provider,
         ort_block_size=backends.OrtSettings.block_size
         if args.ort_block_size is None
@@ -192,6 +203,8 @@ def _run_setup(args: argparse.Namespace, spec: models.PairSpec, modes: Sequence[
         decoding=decoding,
         num_assistant_tokens=args.num_assistant_tokens,
         assistant_schedule=args.assistant_schedule,
+        endpoint=args.endpoint,
+        speculative_endpoint=args.speculative_endpoint,
     )
     for mode in modes:
         dataclasses.replace(run.decoding, mode=mode).validate()
@@ -412,7 +425,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     """``--task sweep``: measure every --sweep configuration, print the table, write .md/.png and rows."""
     spec = _pair_spec(args)
     configs = _sweep_configs(args, spec)
-    bench_binary = llamacpp.find(args.llama_bench)
+    gguf = models.gguf_file(spec.target, None)
+    bench_binary = llama_build.reference_binary(args.llama_bench, gguf, packaged.cache_root())
     new_tokens = args.max_new_tokens or sweep.DEFAULT_NEW_TOKENS
     limit = args.limit or sweep.DEFAULT_LIMIT
     if args.prompts:
@@ -458,7 +472,6 @@ def run_sweep(args: argparse.Namespace) -> int:
             command=shlex.join(command),
         )
 
-    gguf = models.gguf_file(spec.target, None)
     started = results.utc_now()
     try:
         result, ref, line = llamacpp.around(

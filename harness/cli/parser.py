@@ -129,7 +129,28 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
                 help="what runs the decoding loop: transformers' generate (torch or ONNX Runtime target), "
                 "or onnxruntime-genai's own Generator and speculative decoding (target and draft "
                 "exported by its model builder at --target_precision int4|fp32 and the --ort_* "
-                "settings; greedy or sampled)",
+                "settings; greedy or sampled), or llama.cpp's own llama-server and speculative "
+                "decoding over the pair's GGUF files (--llama-server PATH, or built once on first use), or a "
+                "served deployment's plain and speculative endpoints (--endpoint, --speculative-endpoint)",
+            ),
+        ),
+        "endpoint": (
+            "models",
+            dict(
+                default=None,
+                metavar="URL",
+                help="--engine served: the base URL of a deployment's plain decoding (llama-server, vLLM, "
+                "SGLang, TGI: its OpenAI-compatible /v1/completions); an API key is read from "
+                "ASSISTED_GENERATION_API_KEY",
+            ),
+        ),
+        "speculative_endpoint": (
+            "assistance",
+            dict(
+                default=None,
+                metavar="URL",
+                help="--engine served: the base URL of the same model's speculative decoding (K and draft "
+                "as that deployment serves them)",
             ),
         ),
         "draft_precision": (
@@ -402,6 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="--task sweep: llama.cpp's llama-bench binary, to time its plain decoding of the same GGUF "
         f"in the same run as a reference row (or set {llamacpp.ENV}; absent: no reference)",
+    )
+    _add(
+        o,
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="--engine llama.cpp: the llama-server binary to run (or set ASSISTED_GENERATION_LLAMA_SERVER; "
+        "absent: llama.cpp built from source once, on first use, and cached)",
     )
     groups = {"run": g, "assistance": a, "sampling": s, "models": m}
     options = setting_flags()

@@ -5,6 +5,9 @@ decodes one prompt of that pair into a ``timing.Measurement`` (``decode``), as t
 class per draft strategy. ``transformers``: transformers' ``generate`` over a torch target or an ONNX
 Runtime target behind an adapter (``models.load_pair``, ``generation``). ``onnxruntime-genai``: that
 library's own Generator, plain and speculative, over the model builder's exports (``harness.decoding.genai``).
+``llama.cpp``: llama.cpp's own server, plain and speculative, over the pair's GGUF files
+(``harness.decoding.llama_server``). ``served``: a deployment's plain and speculative endpoints over
+the OpenAI-compatible completions API (``harness.decoding.served``).
 
 Adding an engine is a module with such a class and one line in ``REGISTRY`` (the CLI's ``--engine``
 offers its names). Everything above loads through ``load``.
@@ -18,10 +21,10 @@ from typing import Any, ClassVar, Protocol
 from harness.base.errors import HarnessError
 from harness.decoding import generation
 from harness.pairs import models
-from harness.settings.setup import GENAI, RunSetup
+from harness.settings.setup import GENAI, LLAMACPP, SERVED, RunSetup
 from harness.theory.timing import Measurement
 
-__all__ = ["GENAI", "Engine", "REGISTRY", "check", "engine_class", "load"]
+__all__ = ["GENAI", "LLAMACPP", "SERVED", "Engine", "REGISTRY", "check", "engine_class", "load"]
 
 
 class Engine(Protocol):
@@ -67,6 +70,8 @@ class Transformers:
 REGISTRY: dict[str, str] = {
     "transformers": "harness.decoding.engines:Transformers",
     GENAI: "harness.decoding.genai:GenaiEngine",
+    LLAMACPP: "harness.decoding.llama_server:LlamaCppEngine",
+    SERVED: "harness.decoding.served:ServedEngine",
 }
 
 

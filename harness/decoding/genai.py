@@ -257,19 +257,12 @@ class Models:
         return self.speculative[(mode, k)]
 
 
-def proposal_k(settings: Any) -> int:
-    """How many tokens a round may propose: K for a draft model, N for prompt lookup (n-grams)."""
-    if settings.mode == "prompt_lookup":
-        return settings.prompt_lookup_num_tokens
-    return settings.num_assistant_tokens
-
-
 def check_settings(settings: Any) -> None:
     """What onnxruntime-genai 0.18.0 runs through the suite: plain decoding, with a draft model or
     with its n-gram decoding (the suite's prompt lookup), greedy or sampled (temperature, top-p,
     top-k, seed). A K it refuses is refused here first, with the range it takes."""
     if settings.mode != "plain":
-        check_k(proposal_k(settings))
+        check_k(settings.proposal_k)
 
 
 def sampling_of(settings: Any) -> Sampling | None:
@@ -383,7 +376,7 @@ class GenaiEngine:
         from harness.theory.timing import Measurement
 
         check_settings(settings)
-        model = self.models.model_for(settings.mode, proposal_k(settings))
+        model = self.models.model_for(settings.mode, settings.proposal_k)
         sampling = sampling_of(settings)
         run = decode_prompt(
             model,

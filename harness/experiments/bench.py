@@ -135,6 +135,20 @@ def genai_case(spec: Any, provider: str, prompt_tokens: int = REAL_PROMPT_TOKENS
     )
 
 
+def llamacpp_case(spec: Any, k: int = 3) -> BenchCase:
+    """The registered case's prompt and budget through llama.cpp's own server: its plain decoding
+    against its speculative decoding with the pair's draft GGUF, K=3 (llama.cpp's default), both
+    on the pair's GGUF files as they are."""
+    return case(
+        spec,
+        REAL_PROMPT_TOKENS,
+        REAL_NEW_TOKENS,
+        target_backend=setup.LLAMACPP,
+        engine=setup.LLAMACPP,
+        num_assistant_tokens=k,
+    )
+
+
 def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> str | None:
     """The pytest command that measures the real case ``case_id`` of ``pair`` today, or None when no
     current case is that one (a pair's registered configuration has changed since)."""
@@ -145,6 +159,7 @@ def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> st
         registered_case(spec).case_id: f"test_benchmark_real and {spec.name}-registered",
         ort_case(spec, provider).case_id: "test_benchmark_real_onnxruntime and not genai",
         genai_case(spec, provider).case_id: "test_benchmark_real_onnxruntime_genai",
+        llamacpp_case(spec).case_id: "test_benchmark_real_llama_cpp",
     }
     if spec.name == models.DEFAULT_PAIR:
         selections[fp32_case(spec).case_id] = f"test_benchmark_real and {spec.name}-fp32"

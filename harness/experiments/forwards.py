@@ -24,8 +24,10 @@ import torch
 
 from harness.base import llamacpp
 from harness.base.errors import HarnessError
+from harness.kernels import llama_build
 from harness.pairs import models
 from harness.settings import setup
+from harness.weights import packaged
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         models.get_pair(args.model_name)
-        bench_binary = llamacpp.find(args.llama_bench)
+        model, gguf = gguf_of(args.model_name, args.role)
+        bench_binary = llama_build.reference_binary(args.llama_bench, gguf, packaged.cache_root())
         if args.json:
             results.check_rows_path(Path(args.json))
 
@@ -273,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
                 on_row=keep,
             )
 
-        model, gguf = gguf_of(args.model_name, args.role)
         rows, ref, line = llamacpp.around(bench_binary, gguf, model, run, threads=torch.get_num_threads())
     except HarnessError as exc:
         parser.exit(2, f"error: {exc}\n")

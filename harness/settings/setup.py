@@ -28,8 +28,15 @@ from harness.base.errors import HarnessError
 
 MODES = ("plain", "assisted", "prompt_lookup")
 # What runs the decoding loop: transformers' generate (torch or ONNX Runtime target behind an
-# adapter), or onnxruntime-genai's own Generator with its own speculative decoding (harness.decoding.genai).
+# adapter), onnxruntime-genai's own Generator with its own speculative decoding (harness.decoding.genai),
+# or llama.cpp's own server with its own speculative decoding (harness.decoding.llama_server).
 GENAI = "onnxruntime-genai"
+LLAMACPP = "llama.cpp"
+# A served deployment (llama-server, vLLM, SGLang, TGI) over the OpenAI-compatible completions API:
+# a plain endpoint and a speculative endpoint of one model (harness.decoding.served).
+SERVED = "served"
+# An engine with a loop of its own runs the target on its own runtime, whatever --target_backend says.
+ENGINE_BACKEND = {GENAI: "onnxruntime", LLAMACPP: "llama.cpp", SERVED: "openai"}
 # User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
 # "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
 # second prompt of a run would not start from the K the user set.
@@ -91,6 +98,11 @@ class GenerationSettings:
         return self
 
     @property
+    def proposal_k(self) -> int:
+        """How many tokens a round may propose: K for a draft model, N for prompt lookup."""
+        return self.prompt_lookup_num_tokens if self.mode == "prompt_lookup" else self.num_assistant_tokens
+
+    @property
     def confidence_threshold_in_effect(self) -> float:
         return self.assistant_confidence_threshold if self.assistant_schedule == "dynamic" else 0.0
 
@@ -109,6 +121,7 @@ class Target:
     provider: str | None = None  # ONNX Runtime's execution provider; None on torch
     device: str = "cpu"
     engine: str = "transformers"  # what runs the decoding loop (``engines.REGISTRY``)
+    endpoint: str | None = None  # a served deployment's URL (engine "served"): its plain decoding
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,7 @@ class Draft:
     kernels: str = "stock"
     vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
     device: str = "cpu"
+    endpoint: str | None = None  # a served deployment's URL (engine "served"): its speculative decoding
 
 
 @dataclass(frozen=True)
@@ -190,6 +204,8 @@ FIELDS: tuple[Field, ...] = (
     Field("execution_provider", "--execution_provider", "target", lambda s: s.target.provider),
     Field("target_device", "--target_device", "target", lambda s: s.target.device, "cpu", identity=False),
     Field("engine", "--engine", "target", lambda s: s.target.engine, "transformers", "transformers"),
+    # Where a served run's requests went: part of a row's identity, not of a baseline's case.
+    Field("endpoint", "--endpoint", "target", lambda s: s.target.endpoint, identity=False),
     Field("mode", None, "draft", lambda s: s.decoding.mode, identity=False, sweep=("mode",)),
     Field(
         "draft_precision", "--draft_precision", "draft", _draft(lambda d: d.precision), sweep=("d", "draft")
@@ -197,6 +213,13 @@ FIELDS: tuple[Field, ...] = (
     Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels), "stock", sweep=("dk",)),
     Field("draft_vocab", "--draft_vocab", "draft", _draft(lambda d: d.vocab), sweep=("dv",)),
     Field("draft_device", "--draft_device", "draft", _draft(lambda d: d.device), "cpu", identity=False),
+    Field(
+        "speculative_endpoint",
+        "--speculative-endpoint",
+        "draft",
+        _draft(lambda d: d.endpoint),
+        identity=False,
+    ),
     Field(
         "num_assistant_tokens",
         "--num_assistant_tokens",
@@ -324,28 +347,56 @@ def resolve(
     decoding: GenerationSettings | None = None,
     num_assistant_tokens: int | None = None,
     assistant_schedule: str | None = None,
+    endpoint: str | None = None,
+    speculative_endpoint: str | None = None,
 ) -> RunSetup:
     """A run of pair ``spec`` (a ``models.PairSpec``) with every setting left as None taken from the
     pair's registration: the one place registered defaults are applied.
 
     ``draft_vocab`` 0 means the whole vocabulary (None: the registered restriction). On ONNX Runtime
     the target's precision is the export's label, and its kernels are the runtime's own ("stock");
-    ``engine`` onnxruntime-genai runs such a target in its own loop.
+    ``engine`` onnxruntime-genai runs such a target in its own loop; ``engine`` llama.cpp runs the
+    pair's GGUF files (precision ``gguf``) in llama.cpp's server.
     """
     # The engine's name is checked where it is looked up (``engines.engine_class``).
     if engine != "transformers":
-        if target_backend != "onnxruntime":
-            raise HarnessError(
-                f"engine {engine} runs an ONNX Runtime target: pass target_backend='onnxruntime'"
-            )
+        backend = ENGINE_BACKEND.get(engine, target_backend)
+        if target_backend != backend:
+            raise HarnessError(f"engine {engine} runs a {backend} target: pass target_backend={backend!r}")
         given = dict(draft_precision=draft_precision, draft_vocab=draft_vocab, draft_kernels=draft_kernels)
         for name, value in {**given, "target_kernels": target_kernels}.items():
             if value is not None:
                 raise HarnessError(
-                    f"--{name} applies to --engine transformers; {engine} runs the builder's exports "
-                    "(set their precision with --target_precision int4|fp32 and --ort_*)"
+                    f"--{name} applies to --engine transformers; {engine} runs its own files "
+                    + (
+                        "(set their precision with --target_precision int4|fp32 and --ort_*)"
+                        if backend == "onnxruntime"
+                        else "(the pair's GGUF files as they are)"
+                    )
                 )
-    if target_backend == "onnxruntime":
+    if (endpoint or speculative_endpoint) and engine != SERVED:
+        raise HarnessError(
+            f"--endpoint and --speculative-endpoint go with --engine {SERVED}: add it or drop them"
+        )
+    if engine == SERVED:
+        if not endpoint or (with_draft and not speculative_endpoint):
+            raise HarnessError(
+                f"--engine {SERVED} decodes over a deployment's OpenAI-compatible API: give --endpoint URL "
+                "(its plain decoding) and, to assist, --speculative-endpoint URL (its speculative decoding)"
+            )
+        if target_precision is not None or provider not in (None, DEFAULT_PROVIDER):
+            raise HarnessError(f"--engine {SERVED} runs what the deployment serves: drop --target_precision")
+        target = Target("served", "stock", "openai", None, target_device, engine, check_url(endpoint))
+    elif target_backend == LLAMACPP:
+        if engine != LLAMACPP:
+            raise HarnessError(f"a {LLAMACPP} target runs in llama.cpp's own loop: pass engine={LLAMACPP!r}")
+        if target_precision not in (None, "gguf") or provider not in (None, DEFAULT_PROVIDER):
+            raise HarnessError(
+                f"--engine {LLAMACPP} runs the pair's GGUF files as they are: drop --target_precision "
+                f"{target_precision or ''} and --execution_provider"
+            )
+        target = Target("gguf", "stock", LLAMACPP, None, target_device, engine)
+    elif target_backend == "onnxruntime":
         if target_kernels not in (None, "stock"):
             raise HarnessError(
                 "--target_kernels applies to the torch target only; ONNX Runtime runs its own kernels"
@@ -362,8 +413,10 @@ def resolve(
         )
     draft = None
     if with_draft and engine != "transformers":
-        # The engine's draft is exported beside the target, at the target's settings.
-        draft = Draft(target.precision)
+        # The engine's draft is its own file at the target's settings (an export beside the target's,
+        # the pair's draft GGUF as it is), or what the speculative deployment serves.
+        served = check_url(speculative_endpoint) if speculative_endpoint else None
+        draft = Draft(target.precision, endpoint=served)
     elif with_draft:
         registered = spec.draft_setup
         draft = Draft(
@@ -383,6 +436,22 @@ def resolve(
         else assistant_schedule or spec.decoding.assistant_schedule,
     )
     return RunSetup(spec.name, target, draft, decoding)
+
+
+def check_url(url: str) -> str:
+    """A deployment's base URL as rows carry it: http(s), a host, no credentials (an API key comes
+    from the environment, never from a URL that rows and logs would print)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise HarnessError(f"endpoint {url!r}: give a base URL such as http://127.0.0.1:8080")
+    if parts.username or parts.password:
+        raise HarnessError(
+            "endpoint URLs must not carry credentials (rows and logs print them): put the API key in "
+            "ASSISTED_GENERATION_API_KEY"
+        )
+    return url.rstrip("/")
 
 
 # ``resolve``'s settings for the stock fp32 pair, whatever a pair registers: no quantization, no
@@ -445,8 +514,11 @@ def _spell(field: Field, get: Callable[[str], Any], d: Mapping[str, Any]) -> lis
     column, flag = field.column, str(field.flag)
     value = get(column)
     ort = get("target_backend") == "onnxruntime"
-    if column.startswith("draft_") and get("engine") not in (None, "transformers"):
-        return []  # an engine's draft runs at the target's export settings: no flag sets it
+    if get("engine") not in (None, "transformers") and (
+        column.startswith(("draft_", "assistant_")) or column == "target_kernels"
+    ):
+        # An engine with its own loop runs its own files and drafts a constant K: no flag sets these.
+        return []
     if column == "target_precision" and ort:
         return _ort_target(get, d)
     if column in ("target_backend", "execution_provider") or (column == "target_kernels" and ort):

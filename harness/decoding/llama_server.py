@@ -1,0 +1,430 @@
+"""llama.cpp's own decoding, plain and speculative, as an engine under test: its ``llama-server``.
+
+llama.cpp users run models through ``llama-server``; its speculative decoding is a server setting
+(a draft GGUF, ``--spec-draft-n-max`` K) or its n-gram lookup (``--spec-type ngram-simple``). This
+module starts such servers on the loopback address, a free port each, and decodes over the server's
+own HTTP API with token ids in and out, so the suite compares what llama.cpp itself produces: its
+tokens, its top log-probabilities where a flip is judged, and its own books for the row (prompt and
+generation time, tokens drafted and accepted). Every server it starts is stopped when its engine
+closes, when the process exits, on Ctrl-C, and (Linux) when the process is killed.
+
+A served deployment (``Endpoint`` over a URL the user gives) is decoded the same way: over
+llama.cpp's native ``/completion`` or any OpenAI-compatible ``/v1/completions`` (vLLM, SGLang, TGI).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harness.base.errors import HarnessError
+from harness.settings.setup import LLAMACPP
+from harness.theory import timing
+
+HOST = "127.0.0.1"  # the only address a server the suite starts listens on
+MAX_K = 64
+# llama.cpp's n-gram speculation that matches prompt lookup: the last NGRAM_SIZE tokens are looked
+# up in the prompt and output so far, and the tokens that followed them are proposed.
+NGRAM_SIZE = 2
+CONTEXT = 8192  # tokens per server slot: the longest prompt the suites decode plus its budget
+START_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 900.0
+# How many of the server's top log-probabilities a replayed position asks for when a flip is judged.
+JUDGE_PROBS = 20
+
+
+def free_port() -> int:
+    """A port on the loopback address nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    # The server must not outlive the suite, even when the suite is killed (SIGKILL runs no handler).
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """What one ``llama-server`` runs: the target GGUF and, for speculative decoding, a draft GGUF
+    (K = ``k``) or the n-gram lookup (``ngram`` tokens matched, ``k`` proposed)."""
+
+    binary: Path
+    model: Path
+    draft: Path | None = None
+    k: int = 0
+    ngram: int = 0
+    threads: int = 1
+
+    @property
+    def mode(self) -> str:
+        return "assisted" if self.draft is not None else ("prompt_lookup" if self.ngram else "plain")
+
+    def argv(self, port: int) -> list[str]:
+        argv = [str(self.binary), "-m", str(self.model), "--host", HOST, "--port", str(port)]
+        argv += ["-t", str(self.threads), "-tb", str(self.threads), "-c", str(CONTEXT), "-np", "1"]
+        # No web UI, no prompt cache in host memory: each request is decoded from its first token.
+        argv += ["--no-webui", "--cache-ram", "0"]
+        if self.draft is not None:
+            # Always K candidates a round (n_min 0, p_min 0): the suite's constant K.
+            argv += ["--spec-type", "draft-simple", "--spec-draft-model", str(self.draft)]
+            argv += ["--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+            argv += ["--spec-draft-threads", str(self.threads)]
+        elif self.ngram:
+            argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(self.ngram)]
+            argv += ["--spec-ngram-simple-size-m", str(self.k)]
+        return argv
+
+
+def _post(url: str, body: dict[str, Any], *, timeout: float, headers: dict[str, str] | None = None) -> Any:
+    data = json.dumps(body).encode("utf-8")
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", errors="replace")[:300]
+        raise HarnessError(f"{url} answered HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise HarnessError(f"{url} could not be reached ({reason})") from None
+    except json.JSONDecodeError as exc:
+        raise HarnessError(f"{url} answered something that is not JSON ({exc})") from None
+
+
+class Server:
+    """One ``llama-server`` process on the loopback address (``start`` waits for ``/health``)."""
+
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def log_tail(self, lines: int = 4) -> str:
+        try:
+            text = Path(self._log.name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        kept = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return " / ".join(kept[-lines:])
+
+    def start(self) -> Server:
+        self.port = free_port()
+        try:
+            self.process = subprocess.Popen(
+                self.args.argv(self.port),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise HarnessError(f"llama-server {self.args.binary} could not start ({exc})") from None
+        _LIVE.add(self)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise HarnessError(
+                    f"llama-server exited (code {self.process.returncode}) before it served "
+                    f"{self.args.model.name}: {tail}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        tail = self.log_tail()
+        self.stop()
+        raise HarnessError(f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s: {tail}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One ``/completion`` request; a server that died on the way is said with its last log lines."""
+        if not self.alive():
+            raise HarnessError(f"llama-server ({self.args.mode}) is not running: {self.log_tail()}")
+        try:
+            return _post(f"{self.url}/completion", body, timeout=REQUEST_TIMEOUT_S)
+        except HarnessError as exc:
+            if not self.alive():
+                raise HarnessError(
+                    f"llama-server ({self.args.mode}) died during a request (exit "
+                    f"{self.process.returncode if self.process else '?'}): {self.log_tail()}; rows "
+                    "written so far are kept, and a rerun resumes after them"
+                ) from None
+            raise exc
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        _LIVE.discard(self)
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+        if process is not None:
+            self.process = process  # its return code stays readable
+        self._log.close()
+
+
+_LIVE: set[Server] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+# --------------------------------------------------------------------------- requests and books
+
+
+def request_body(prompt_ids: Sequence[int], settings: Any, *, n_probs: int = 0) -> dict[str, Any]:
+    """The ``/completion`` request for the suite's settings: token ids in, token ids out, every
+    sampler that would change a distribution off (llama.cpp's defaults keep min-p 0.05)."""
+    body: dict[str, Any] = dict(
+        prompt=[int(t) for t in prompt_ids],
+        n_predict=settings.max_new_tokens,
+        return_tokens=True,
+        cache_prompt=False,
+        ignore_eos=settings.ignore_eos,
+        n_probs=n_probs,
+        seed=settings.seed,
+        min_p=0.0,
+        typical_p=1.0,
+        repeat_penalty=1.0,
+        top_n_sigma=-1.0,
+        xtc_probability=0.0,
+        dry_multiplier=0.0,
+    )
+    if settings.do_sample:
+        body.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    else:
+        body.update(temperature=0.0, top_k=1)
+    if settings.stop_strings:
+        body["stop"] = list(settings.stop_strings)
+    return body
+
+
+def measurement(prompt_ids: Sequence[int], answer: dict[str, Any], wall_s: float, mode: str) -> Any:
+    """A ``timing.Measurement`` from a ``/completion`` answer: the server's own books for prefill,
+    time per token and drafting; the client's clock for the whole request."""
+    from harness.theory.timing import Measurement
+
+    tokens = [int(t) for t in answer.get("tokens") or []]
+    books = answer.get("timings") or {}
+    prompt_ms = float(books.get("prompt_ms", 0.0))
+    predicted_ms = float(books.get("predicted_ms", 0.0))
+    drafted = int(books.get("draft_n", 0))
+    accepted = int(books.get("draft_n_accepted", 0))
+    per_token = timing.per_token_ms(predicted_ms, len(tokens))
+    # Every target forward yields the candidates it accepted plus one token of its own, and the
+    # prompt's forward yields the first: forwards = new tokens - accepted.
+    forwards = max(0, len(tokens) - accepted)
+    return Measurement(
+        prompt_tokens=len(prompt_ids),
+        output_ids=tokens,
+        total_s=wall_s,
+        prefill_ms=prompt_ms,
+        target_prefill_ms=prompt_ms,
+        time_per_token_ms=per_token,
+        tokens_per_s=timing.rate(per_token),
+        target_forwards=forwards,
+        draft_forwards=drafted if mode == "assisted" else 0,
+        # The server books prompt and generation time, not the draft's share of a speculative round;
+        # nor which rounds ended on a rejection (``rejected_steps``), so alpha is not estimated.
+        target_ms=prompt_ms + predicted_ms,
+        draft_ms=0.0,
+        other_ms=max(0.0, wall_s * 1000 - prompt_ms - predicted_ms),
+        drafted=drafted,
+        accepted=accepted,
+        # A decode step: plain, one target forward; speculative, one round, its drafting included
+        # (the server books no draft time apart, so the draft's own cost c stays unmeasured).
+        step_costs={"target": (predicted_ms, max(0, forwards - 1))},
+    )
+
+
+def logprob_gap(top: list[dict[str, Any]], plain_token: int, other_token: int) -> float:
+    """How far the plain token's log-probability leads the other's (the logit gap: softmax keeps
+    differences); a token outside the listed top ones is at most as likely as the last listed."""
+    by_id = {int(t["id"]): float(t["logprob"]) for t in top}
+    floor = min(by_id.values()) if by_id else 0.0
+    return by_id.get(plain_token, floor) - by_id.get(other_token, floor)
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def check_settings(settings: Any) -> None:
+    """What llama.cpp's server runs through the suite: plain decoding, with the draft GGUF or with
+    its n-gram lookup, greedy or sampled, with the model's own end of generation."""
+    if settings.mode != "plain":
+        k = settings.proposal_k
+        if not 1 <= k <= MAX_K:
+            raise HarnessError(f"K = {k}: the suite runs llama.cpp's speculative decoding with 1 to {MAX_K}")
+    if settings.eos_token_id is not None:
+        raise HarnessError(
+            f"--engine {LLAMACPP} stops at the model's own end-of-generation tokens; it takes no other EOS"
+        )
+    if settings.min_new_tokens:
+        raise HarnessError(f"--engine {LLAMACPP} has no minimum token count: drop --min_new_tokens")
+
+
+@dataclass
+class Servers:
+    """A pair's servers: the plain one, and one per speculative mode and K, started on first use."""
+
+    binary: Path
+    target: Path
+    draft: Path | None
+    threads: int
+    running: dict[tuple[str, int], Server] = field(default_factory=dict)
+
+    def args_for(self, mode: str, k: int) -> ServerArgs:
+        base = ServerArgs(self.binary, self.target, threads=self.threads)
+        if mode == "plain":
+            return base
+        if mode == "assisted":
+            if self.draft is None:
+                raise HarnessError("this pair was loaded without a draft; load it with its draft to assist")
+            return ServerArgs(self.binary, self.target, self.draft, k, threads=self.threads)
+        return ServerArgs(self.binary, self.target, None, k, NGRAM_SIZE, self.threads)
+
+    def server(self, mode: str, k: int) -> Server:
+        key = (mode, 0 if mode == "plain" else k)
+        if key not in self.running or not self.running[key].alive():
+            self.running[key] = Server(self.args_for(mode, k)).start()
+        return self.running[key]
+
+    def close(self) -> None:
+        for server in self.running.values():
+            server.stop()
+        self.running.clear()
+
+
+class LlamaCppEngine:
+    """llama.cpp's ``llama-server`` over a pair's GGUF files: plain decoding, its speculative
+    decoding with the draft GGUF (K = ``--num_assistant_tokens``) and its n-gram lookup (the suite's
+    prompt lookup, ``--prompt_lookup N`` tokens proposed)."""
+
+    name: ClassVar[str] = LLAMACPP
+
+    def __init__(self, servers: Servers) -> None:
+        self.servers = servers
+
+    @classmethod
+    def check(cls, spec: Any, run: Any) -> None:
+        """A pair with GGUF files (both, when a draft runs), settings the server takes."""
+        check_settings(run.decoding)
+        cls.gguf_files(spec, run, None)
+
+    @staticmethod
+    def gguf_files(spec: Any, run: Any, weights_dir: str | None) -> dict[str, Path]:
+        from harness.pairs import models
+
+        roles = {"target": spec.target, **({"draft": spec.draft} if run.draft is not None else {})}
+        found = {}
+        for role, model in roles.items():
+            where = models.locate_model(model, weights_dir)
+            path = models.gguf_file(model, where.path) if not model.is_tiny else None
+            if path is None:
+                raise HarnessError(
+                    f"--engine {LLAMACPP} runs GGUF files, and {spec.name}'s {role} {model.name} has none "
+                    "here: use a pair with GGUF weights (the offline qwen2.5-coder pair)"
+                )
+            found[role] = path
+        return found
+
+    @classmethod
+    def load(cls, spec: Any, run: Any, *, weights_dir: str | None = None, verify: bool = False) -> Any:
+        """The pair as llama.cpp's server runs it (checked first): its GGUF files, the suite's
+        tokenizer for the prompts, and the server binary (``harness.kernels.llama_build``)."""
+        import torch
+        from transformers import AutoTokenizer
+
+        from harness.kernels import llama_build
+        from harness.pairs import models
+        from harness.weights import packaged
+
+        check_settings(run.decoding)
+        ggufs = cls.gguf_files(spec, run, weights_dir)
+        if verify:  # every byte of the packaged files checked against their recorded digests
+            for model in (spec.target, spec.draft)[: len(ggufs)]:
+                models.resolve_model(model, weights_dir, verify=True)
+        binary = llama_build.binary("llama-server", packaged.cache_root())
+        folder = models.resolve_model(spec.target, weights_dir)
+        servers = Servers(binary, ggufs["target"], ggufs.get("draft"), torch.get_num_threads())
+        return models.LoadedPair(
+            spec=spec,
+            target=None,
+            draft=None,
+            tokenizer=AutoTokenizer.from_pretrained(folder, local_files_only=True),
+            target_setup=run.target,
+            draft_setup=run.draft,
+            origins={**{role: packaged.portable(p) for role, p in ggufs.items()}, "binary": str(binary)},
+            engine=cls(servers),
+        )
+
+    def decode(self, _pair: Any, ids: list[int], settings: Any) -> Any:
+        check_settings(settings)
+        if not ids:
+            raise HarnessError("empty prompt: give at least one token")
+        if len(ids) + settings.max_new_tokens > CONTEXT:
+            raise HarnessError(
+                f"a {len(ids)}-token prompt and {settings.max_new_tokens} new tokens exceed the server's "
+                f"{CONTEXT}-token context"
+            )
+        server = self.servers.server(settings.mode, settings.proposal_k)
+        start = time.perf_counter()
+        answer = server.complete(request_body(ids, settings))
+        return measurement(ids, answer, time.perf_counter() - start, settings.mode)
+
+    def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
+        """The plain server's own log-probability lead of the plain token over the other one where
+        ``other`` first leaves ``plain`` (None: identical), read from its top log-probabilities at
+        that position (the prefix replayed as one prompt)."""
+        i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+        if i is None:
+            return None
+        from harness.settings.setup import GenerationSettings
+
+        settings = GenerationSettings(max_new_tokens=1, ignore_eos=True)
+        body = request_body([*prompt_ids, *plain[:i]], settings, n_probs=JUDGE_PROBS)
+        answer = self.servers.server("plain", 0).complete(body)
+        top = (answer.get("completion_probabilities") or [{}])[0].get("top_logprobs", [])
+        return logprob_gap(top, plain[i], other[i])
+
+    def close(self) -> None:
+        self.servers.close()

