@@ -109,8 +109,12 @@ class Endpoint:
             seed=body.get("seed", 0),
             stream=True,
             logprobs=max(1, body.get("n_probs", 0)),
-            # Extensions both llama.cpp and vLLM read; an endpoint that does not ignores them.
+            # Extensions llama.cpp and vLLM read; an endpoint that does not ignores them. Without
+            # cache_prompt off, llama.cpp reuses an earlier request's prompt cache and evaluates only
+            # the prompt's last token, whose logits then come from another kernel path (a flip seen
+            # at a near tie on the 12th token).
             ignore_eos=body.get("ignore_eos", False),
+            cache_prompt=body.get("cache_prompt", False),
             top_k=body.get("top_k", 0) or -1,
             min_p=0.0,
             return_tokens_as_token_ids=True,
