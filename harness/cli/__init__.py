@@ -409,10 +409,10 @@ def _sweep_configs(args: argparse.Namespace, spec: models.PairSpec) -> list[swee
         raise HarnessError(f"--task sweep needs --max_new_tokens of at least 2 (got {args.max_new_tokens})")
     configs = sweep_spec.parse_configs(sweep_spec.DEFAULT_SPEC if args.sweep is None else args.sweep)
     for config in configs:
-        engine = config.target_kernels == sweep_spec.GENAI
+        engine = config.target_kernels in sweep_spec.OWN_LOOPS
         if config.target_kernels in (sweep_spec.ORT, sweep_spec.GENAI):
             backends.OrtSettings(config.target_precision).validate()
-        else:
+        elif config.target_kernels != sweep_spec.LLAMACPP:
             precision.check_precision(config.target_precision, args.target_device)
         if engine:
             engines.check(spec, config.run(spec.name, 2))

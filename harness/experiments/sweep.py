@@ -46,7 +46,7 @@ from harness.decoding.generation import generate
 from harness.experiments import experiment, runner
 from harness.pairs import models
 from harness.settings import setup
-from harness.settings.configs import GENAI, SweepConfig, group_configs, plain_label
+from harness.settings.configs import SweepConfig, group_configs, plain_label
 from harness.settings.results import Row, append_row, read_rows
 from harness.settings.setup import GenerationSettings
 from harness.theory import analysis, stats
@@ -132,12 +132,12 @@ def load_target_group(
     if target.backend == "torch":
         target = dataclasses.replace(target, device=target_device)
     draft = dataclasses.replace(config.draft, device=draft_device) if config.draft is not None else None
-    if target.engine == GENAI and draft is not None:
-        # The engine's draft is exported beside the target, at the target's settings.
+    if target.engine != "transformers" and draft is not None:
+        # The engine's draft is its own, at the target's settings.
         draft = setup.Draft(target.precision)
     run = setup.RunSetup(spec.name, target, draft, GenerationSettings())
     first = engines.load(spec, run, weights_dir=weights_dir, verify=verify)
-    if target.engine == GENAI:
+    if target.engine != "transformers":
         # One draft at the target's settings serves every assisted configuration of this target.
         return {key: first for key in drafts} if drafts else {None: first}
     if not drafts:

@@ -49,6 +49,9 @@ CMAKE_OPTIONS = (
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
+    # The source has no git history: its build number named here, so llama-bench and rows say it.
+    f"-DLLAMA_BUILD_NUMBER={SDIST_VERSION.split('.')[0]}",
+    f"-DLLAMA_BUILD_COMMIT={SDIST}-{SDIST_VERSION}",
 )
 _MARKER = "build.json"
 

@@ -165,7 +165,7 @@ def _sweep_spec(config: configs.SweepConfig) -> str:
         items.append(f"kernels={config.target_kernels}")
     if config.mode == "prompt_lookup":
         items.append("mode=prompt_lookup")
-    elif config.target_kernels != configs.GENAI:
+    elif config.target_kernels not in configs.OWN_LOOPS:
         items.append(f"d={config.draft_precision}")
         if config.draft_kernels != "stock":
             items.append(f"dk={config.draft_kernels}")

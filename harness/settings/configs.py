@@ -22,7 +22,9 @@ dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
 
 ``kernels=onnxruntime-genai`` runs the target (t=int4 or t=fp32) in onnxruntime-genai's own loop:
 assisted configurations use the draft model exported at the target's settings (no d, dv or dk),
-``mode=prompt_lookup`` the engine's n-gram decoding.
+``mode=prompt_lookup`` the engine's n-gram decoding. ``kernels=llama.cpp`` runs the pair's GGUF
+files (t=gguf) in llama.cpp's own server: assisted configurations use the draft GGUF as it is,
+``mode=prompt_lookup`` llama.cpp's n-gram speculation.
 
 Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``,
 ``draft_kernels``.
@@ -46,6 +48,8 @@ KERNELS = ("stock", "invariant")
 # beside the torch targets on the same prompts.
 ORT = "onnxruntime"
 GENAI = setup.GENAI  # the engine's name is its kernels value
+LLAMACPP = setup.LLAMACPP
+OWN_LOOPS = (GENAI, LLAMACPP)  # kernels values that are an engine with its own loop and draft
 DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
 # What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
 # quantized, and prompt lookup (no draft at all) on both targets.
@@ -91,7 +95,9 @@ class SweepConfig:
     ) -> SweepConfig:
         """The sweep's spelling (``t``, ``kernels``: stock, invariant, or the ONNX Runtime target in
         transformers' loop or onnxruntime-genai's) as the run's target and draft."""
-        if target_kernels in (ORT, GENAI):
+        if target_kernels == LLAMACPP:
+            target = setup.Target("gguf", "stock", LLAMACPP, None, engine=LLAMACPP)
+        elif target_kernels in (ORT, GENAI):
             ort = backends.OrtSettings(target_precision)
             engine = GENAI if target_kernels == GENAI else "transformers"
             target = setup.Target(ort.label, "stock", "onnxruntime", ort.provider, engine=engine)
@@ -109,6 +115,8 @@ class SweepConfig:
 
     @property
     def target_kernels(self) -> str:
+        if self.target.backend == LLAMACPP:
+            return LLAMACPP
         if self.target.backend == "onnxruntime":
             return GENAI if self.target.engine == GENAI else ORT
         return self.target.kernels
@@ -227,25 +235,28 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
         if schedule not in SCHEDULES:
             raise HarnessError(f"{where}: sched {schedule!r} is not one of {', '.join(SCHEDULES)}")
     kernels = values.pop("target_kernels", "stock").lower()
-    if kernels not in (*KERNELS, ORT, GENAI):
-        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {', '.join((*KERNELS, ORT, GENAI))}")
+    if kernels not in (*KERNELS, ORT, *OWN_LOOPS):
+        known = ", ".join((*KERNELS, ORT, *OWN_LOOPS))
+        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {known}")
     draft_kernels = values.pop("draft_kernels", "stock").lower()
     if draft_kernels not in KERNELS:
         raise HarnessError(f"{where}: dk {draft_kernels!r} is not one of {', '.join(KERNELS)}")
-    target = values.pop("target_precision", "int4" if kernels in (ORT, GENAI) else "fp32")
+    target = values.pop(
+        "target_precision", "int4" if kernels in (ORT, GENAI) else "gguf" if kernels == LLAMACPP else "fp32"
+    )
+    if kernels == LLAMACPP and target != "gguf":
+        raise HarnessError(f"{where}: kernels={LLAMACPP} runs the pair's GGUF files: t=gguf, not t={target}")
     if kernels in (ORT, GENAI) and target not in backends.ORT_PRECISIONS:
         raise HarnessError(
             f"{where}: kernels={kernels} takes t={' or t='.join(backends.ORT_PRECISIONS)}, not t={target}"
         )
-    if kernels == GENAI and mode == "assisted":
-        # The engine's draft is the draft model exported at the target's settings: nothing else to choose.
+    if kernels in OWN_LOOPS and mode == "assisted":
+        # The engine's draft is its own (exported at the target's settings, or the draft GGUF as it
+        # is): nothing else to choose.
         if draft_given or draft_vocab is not None or draft_kernels != "stock":
-            raise HarnessError(
-                f"{where}: kernels={GENAI} runs the draft model exported at the target's settings; "
-                "remove d, dv and dk"
-            )
+            raise HarnessError(f"{where}: kernels={kernels} runs the engine's own draft; remove d, dv and dk")
         draft = target
-    for name in (target, draft) if kernels not in (ORT, GENAI) else ((draft,) if kernels == ORT else ()):
+    for name in (target, draft) if kernels in KERNELS else ((draft,) if kernels == ORT else ()):
         if name is not None:
             try:
                 precision.check_precision(name)
