@@ -24,6 +24,7 @@ import torch
 
 from harness.base import llamacpp
 from harness.base.errors import HarnessError
+from harness.decoding import engines
 from harness.kernels import llama_build
 from harness.pairs import models
 from harness.settings import setup
@@ -143,7 +144,7 @@ def measure(
             else:
                 settings = {"draft_precision": prec, "draft_kernels": kern, "draft_vocab": draft_vocab}
             spec = models.get_pair(name)
-            pair = models.load_pair(spec, setup.resolve(spec, **settings), weights_dir=weights_dir)
+            pair = engines.load(spec, setup.resolve(spec, **settings), weights_dir=weights_dir)
             model = getattr(pair, role)
             for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
                 rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m)))

@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from harness.base import tasks
+    from harness.decoding import engines
     from harness.pairs import models
     from harness.settings import setup
 
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         for kernels in args.kernels.split(","):
             spec = models.get_pair(args.model_name)
             run = setup.resolve(spec, target_precision=prec, target_kernels=kernels, with_draft=False)
-            pair = models.load_pair(spec, run, weights_dir=args.weights_dir)
+            pair = engines.load(spec, run, weights_dir=args.weights_dir)
             ids = list(pair.tokenizer(text)["input_ids"])
             for m in (int(x) for x in args.m.split(",")):
                 results.append((prec, kernels, row_divergence(pair.target, ids, m)))

@@ -476,9 +476,7 @@ def load_pair(
     An ONNX Runtime target is exported once (harness.weights.onnx_export) and run on its execution provider;
     the pair's torch precision and kernels do not apply to it. The draft stays in torch either way.
     """
-    spec = get_pair(spec)
-    if run.pair != spec.name:
-        raise HarnessError(f"a run of {run.pair} cannot load pair {spec.name}")
+    spec = get_pair(spec)  # that it is the run's pair is checked where every load starts (engines.load)
     check_run(spec, run)
     ort = ort_settings(run)
     with_draft = run.draft is not None
