@@ -138,6 +138,12 @@ def test_default_spec_is_the_documented_list():
         ("kernels=onnxruntime-genai,d=w8af32", "runs the draft model exported at the target's settings"),
         ("kernels=onnxruntime-genai,k=3,dv=100", "remove d, dv and dk"),
         ("kernels=onnxruntime-genai,t=bf16", "kernels=onnxruntime-genai takes t=int4 or t=fp32"),
+        ("kernels=llama.cpp,d=fp32", "kernels=llama.cpp runs the pair's draft GGUF; remove d, dv and dk"),
+        ("kernels=llama.cpp,t=fp32", "kernels=llama.cpp runs the pair's GGUF files: t=gguf, not t=fp32"),
+        (
+            "kernels=llama",
+            "kernels 'llama' is not one of stock, invariant, onnxruntime, onnxruntime-genai, llama.cpp",
+        ),
     ],
 )
 def test_parse_rejects_bad_specs_with_a_clear_message(spec, expected):

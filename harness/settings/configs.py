@@ -254,7 +254,12 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
         # The engine's draft is its own (exported at the target's settings, or the draft GGUF as it
         # is): nothing else to choose.
         if draft_given or draft_vocab is not None or draft_kernels != "stock":
-            raise HarnessError(f"{where}: kernels={kernels} runs the engine's own draft; remove d, dv and dk")
+            own = (
+                "the draft model exported at the target's settings"
+                if kernels == GENAI
+                else "the pair's draft GGUF"
+            )
+            raise HarnessError(f"{where}: kernels={kernels} runs {own}; remove d, dv and dk")
         draft = target
     for name in (target, draft) if kernels in KERNELS else ((draft,) if kernels == ORT else ()):
         if name is not None:
