@@ -21,6 +21,7 @@ from tabulate import tabulate
 from harness.base import backends, files
 from harness.experiments import bench, forwards, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
+from harness.report.sweep import cell as _f
 from harness.settings import baselines, configs, results, setup
 from harness.settings.results import Row
 
@@ -64,10 +65,6 @@ def _made_by(command: str, row: Row, rounds: int) -> str | None:
         return command
     provider = row.execution_provider or backends.DEFAULT_PROVIDER
     return bench.real_case_command(row.model, str(bench_extra.get("case_id", "")), rounds, provider)
-
-
-def _f(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
 # --------------------------------------------------------------------------- benchmark cases

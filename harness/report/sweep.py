@@ -29,7 +29,8 @@ TABLE_HEADERS = (
 )
 
 
-def _f(x: float | None, spec: str, suffix: str = "") -> str:
+def cell(x: float | None, spec: str, suffix: str = "") -> str:
+    """A number as a table shows it: "-" where it was not measured (None or NaN)."""
     return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec) + suffix
 
 
@@ -61,18 +62,18 @@ def _short_table(result: SweepResult) -> str:
     body = []
     for n, r in enumerate(result.results, 1):
         sp = r.speedup
-        ci = f" [{_f(sp.low, '.2f')}-{_f(sp.high, '.2f')}]" if math.isfinite(sp.low) else ""
+        ci = f" [{cell(sp.low, '.2f')}-{cell(sp.high, '.2f')}]" if math.isfinite(sp.low) else ""
         body.append(
             [
                 n,
-                _f(r.plain_tokens_per_s, ".1f"),
-                _f(r.assisted_tokens_per_s, ".1f"),
-                f"{_f(sp.value, '.2f')}x{ci}",
-                _f(r.vs_best_plain, ".2f", "x"),
-                _f(r.alpha, ".2f"),
+                cell(r.plain_tokens_per_s, ".1f"),
+                cell(r.assisted_tokens_per_s, ".1f"),
+                f"{cell(sp.value, '.2f')}x{ci}",
+                cell(r.vs_best_plain, ".2f", "x"),
+                cell(r.alpha, ".2f"),
                 r.config.num_assistant_tokens,
-                _f(r.c, ".2f"),
-                _f(r.predicted_speedup_verify, ".2f", "x"),
+                cell(r.c, ".2f"),
+                cell(r.predicted_speedup_verify, ".2f", "x"),
                 "yes" if r.identical else "NO",
             ]
         )
@@ -96,21 +97,21 @@ def sweep_table(result: SweepResult, wide: bool = True) -> str:
     body = []
     for r in result.results:
         sp = r.speedup
-        ci = f" [{_f(sp.low, '.2f')}-{_f(sp.high, '.2f')}]" if math.isfinite(sp.low) else ""
+        ci = f" [{cell(sp.low, '.2f')}-{cell(sp.high, '.2f')}]" if math.isfinite(sp.low) else ""
         body.append(
             [
                 r.config.label,
-                _f(r.plain_tokens_per_s, ".2f"),
-                _f(r.assisted_tokens_per_s, ".2f"),
-                f"{_f(sp.value, '.2f')}x{ci}",
-                _f(r.vs_best_plain, ".2f", "x"),
-                _f(r.acceptance_rate, ".2f"),
-                _f(r.alpha, ".2f"),
+                cell(r.plain_tokens_per_s, ".2f"),
+                cell(r.assisted_tokens_per_s, ".2f"),
+                f"{cell(sp.value, '.2f')}x{ci}",
+                cell(r.vs_best_plain, ".2f", "x"),
+                cell(r.acceptance_rate, ".2f"),
+                cell(r.alpha, ".2f"),
                 r.config.num_assistant_tokens,
-                _f(r.c, ".3f"),
-                _f(r.predicted_speedup, ".2f", "x"),
-                _f(r.predicted_speedup_verify, ".2f", "x"),
-                _f(r.non_forward_share, ".1%"),
+                cell(r.c, ".3f"),
+                cell(r.predicted_speedup, ".2f", "x"),
+                cell(r.predicted_speedup_verify, ".2f", "x"),
+                cell(r.non_forward_share, ".1%"),
                 "yes" if r.identical else "NO",
             ]
         )
