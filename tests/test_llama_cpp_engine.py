@@ -258,6 +258,9 @@ def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path
     assert {r.engine for r in rows.values()} == {"llama.cpp"}
     assert rows["assisted"].drafted > 0 and 0 <= rows["assisted"].accepted <= rows["assisted"].drafted
     assert rows["plain"].drafted == 0 and rows["plain"].prefill_ms > 0
+    # Which llama.cpp decoded, beside the libraries' versions.
+    assert {r.versions["llama.cpp"] for r in rows.values()} == {llama_server.build_of(server_binary)}
+    assert "build" in rows["plain"].versions["llama.cpp"]
     command = setup.command(rows["assisted"], setup.defaults(models.get_pair(models.DEFAULT_PAIR)))
     assert "--engine llama.cpp" in command and "--target_kernels" not in command
     assert "--assistant_schedule" not in command

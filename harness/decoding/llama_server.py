@@ -287,6 +287,20 @@ def logprob_gap(top: list[dict[str, Any]], plain_token: int, other_token: int) -
 # --------------------------------------------------------------------------- the engine
 
 
+def build_of(binary: Path) -> str:
+    """The build a ``llama-server`` says it is (``--version``), e.g. "build 11434, commit ..."."""
+    try:
+        command = [str(binary), "--version"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HarnessError(f"llama-server {binary} could not run ({exc})") from None
+    text = done.stdout + done.stderr
+    found = next((line.strip() for line in text.splitlines() if line.startswith("version:")), None)
+    if done.returncode != 0 or found is None:
+        raise HarnessError(f"{binary} --version did not say a llama.cpp version: is it llama-server?")
+    return found[len("version:") :].strip()
+
+
 def check_settings(settings: Any) -> None:
     """What llama.cpp's server runs through the suite: plain decoding, with the draft GGUF or with
     its n-gram lookup, greedy or sampled, with the model's own end of generation."""
@@ -343,6 +357,8 @@ class LlamaCppEngine:
 
     def __init__(self, servers: Servers) -> None:
         self.servers = servers
+        # Which llama.cpp decoded: every row this engine writes carries it beside the libraries'.
+        self.versions = {"llama.cpp": build_of(servers.binary)}
 
     @classmethod
     def check(cls, spec: Any, run: Any) -> None:

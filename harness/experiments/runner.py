@@ -142,7 +142,8 @@ def make_row(
         platform=platform,
         prompt_label=label,
         prompt_sha=prompt_sha,
-        versions=platforms.library_versions(),
+        # An engine outside the Python libraries names its own build (llama.cpp's server).
+        versions={**platforms.library_versions(), **getattr(pair.engine, "versions", {})},
         run_id=run_id,
         timestamp=results.utc_now(),
         # Every setting, including those without a column (ignore_eos, eos_token_id, n-gram size).
