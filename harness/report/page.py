@@ -21,7 +21,7 @@ from tabulate import tabulate
 from harness.base import backends, files
 from harness.experiments import bench, forwards, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
-from harness.report.sweep import cell as _f
+from harness.report.sweep import cell
 from harness.settings import baselines, configs, results, setup
 from harness.settings.results import Row
 
@@ -116,8 +116,8 @@ def benchmark_section(platform: str, rows: Sequence[Row], source: str) -> list[s
                     len(pairs),
                     statistics.fmean(p["plain_tokens_per_s"] for p in pairs),
                     statistics.fmean(p["assisted_tokens_per_s"] for p in pairs),
-                    _f(of_means, ".2f", "x"),
-                    _f(statistics.fmean(acceptance) if acceptance else None, ".2f"),
+                    cell(of_means, ".2f", "x"),
+                    cell(statistics.fmean(acceptance) if acceptance else None, ".2f"),
                     f"{sum(p['identical'] for p in pairs)}/{len(pairs)}",
                 ]
             ],
@@ -243,9 +243,9 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: Swee
             r.plain_tokens_per_s,
             r.assisted_tokens_per_s,
             f"{r.speedup.value:.2f}x [{r.speedup.low:.2f}-{r.speedup.high:.2f}]",
-            _f(r.vs_best_plain, ".2f", "x"),
-            _f(r.alpha, ".2f"),
-            _f(r.c, ".2f"),
+            cell(r.vs_best_plain, ".2f", "x"),
+            cell(r.alpha, ".2f"),
+            cell(r.c, ".2f"),
             "yes" if r.identical else "no",
         ]
         for r in results_
@@ -349,7 +349,7 @@ def humaneval_section(platform: str, records: list[dict[str, Any]], source: str)
             mode,
             s["tasks"],
             s["passed"],
-            _f(None if s["pass@1"] is None else 100 * s["pass@1"], ".1f", "%"),
+            cell(None if s["pass@1"] is None else 100 * s["pass@1"], ".1f", "%"),
         ]
         for mode, s in modes.items()
     ]
@@ -408,17 +408,17 @@ def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord]
     for record in sorted(records, key=lambda r: r.case.case_id):
         speed, tps = record.speedup or {}, record.tokens_per_s
         mean = {mode: (tps.get(mode) or {}).get("mean") for mode in ("plain", "assisted")}
-        ci = f"[{_f(speed.get('low'), '.2f')}-{_f(speed.get('high'), '.2f')}]"
+        ci = f"[{cell(speed.get('low'), '.2f')}-{cell(speed.get('high'), '.2f')}]"
         body.append(
             [
                 record.case.model,
                 _case_label(record.case),
                 f"{record.case.prompt_tokens} x {record.case.max_new_tokens}",
-                _f(mean["plain"], ".2f"),
-                _f(mean["assisted"], ".2f"),
-                f"{_f(speed.get('value'), '.2f', 'x')} {ci}",
-                _f(record.acceptance, ".2f"),
-                _f(record.extra.get("c"), ".2f"),
+                cell(mean["plain"], ".2f"),
+                cell(mean["assisted"], ".2f"),
+                f"{cell(speed.get('value'), '.2f', 'x')} {ci}",
+                cell(record.acceptance, ".2f"),
+                cell(record.extra.get("c"), ".2f"),
                 record.date or "-",
             ]
         )

@@ -366,14 +366,12 @@ def resolve(
         given = dict(draft_precision=draft_precision, draft_vocab=draft_vocab, draft_kernels=draft_kernels)
         for name, value in {**given, "target_kernels": target_kernels}.items():
             if value is not None:
-                raise HarnessError(
-                    f"--{name} applies to --engine transformers; {engine} runs its own files "
-                    + (
-                        "(set their precision with --target_precision int4|fp32 and --ort_*)"
-                        if backend == "onnxruntime"
-                        else "(the pair's GGUF files as they are)"
-                    )
-                )
+                own = {
+                    "onnxruntime": "the builder's exports (set their precision with --target_precision "
+                    "int4|fp32 and --ort_*)",
+                    LLAMACPP: "the pair's GGUF files as they are",
+                }.get(backend, "what the deployment serves")
+                raise HarnessError(f"--{name} applies to --engine transformers; {engine} runs {own}")
     if (endpoint or speculative_endpoint) and engine != SERVED:
         raise HarnessError(
             f"--endpoint and --speculative-endpoint go with --engine {SERVED}: add it or drop them"
