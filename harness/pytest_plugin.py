@@ -32,7 +32,7 @@ from harness.base.errors import HarnessError
 from harness.experiments import equivalence
 from harness.kernels import llama_build
 from harness.pairs import models
-from harness.settings import precision, results
+from harness.settings import baselines, precision, results
 
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
 REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
@@ -155,6 +155,7 @@ def pytest_configure(config: pytest.Config) -> None:
     local = _register_local_pairs(config)
     _check_options(config)
     out = config.getoption("--divergence-out")
+    _benchmark_storage(config)
     config.stash[SESSION] = suite.SuiteSession(
         weights_dir=config.getoption("--weights_dir"),
         platform=config.getoption("--platform"),
@@ -245,6 +246,100 @@ def _path_problems(config: pytest.Config) -> list[str]:
             f"{platforms.slug(name) or 'my-laptop-8c'!r}: it names folders under baselines/ and results/"
         )
     return out
+
+
+# --------------------------------------------------------------------------- pytest-benchmark
+
+
+def baselines_root(config: pytest.Config) -> Path:
+    """Where the committed per-platform baselines are (pytest-benchmark storages, one per platform)."""
+    return config.rootpath / "baselines"
+
+
+def _benchmark_storage(config: pytest.Config) -> None:
+    """``--benchmark-compare`` against this platform's committed baseline unless told otherwise, and
+    every compare input checked before anything runs (pytest-benchmark itself would create a missing
+    storage folder and warn, or compare nothing). Runs before pytest-benchmark's own configure (it
+    is a ``trylast`` hook), which reads the storage option."""
+    compare = config.getoption("benchmark_compare", None)
+    if not compare:
+        return
+    args = config.invocation_params.args
+    told = any(str(a).startswith("--benchmark-storage") for a in args)
+    saving = config.getoption("benchmark_save", None) or config.getoption("benchmark_autosave", None)
+    if not told and not saving:
+        platform = config.getoption("--platform") or platforms.detect().name
+        root = baselines_root(config)
+        if not baselines.storage_file(root, platform).is_file():
+            have = [p.parent.name for p in baselines.list_baselines(root)]
+            raise pytest.UsageError(
+                f"--benchmark-compare: platform {platform!r} has no committed baseline "
+                f"({baselines.storage_file(root, platform)} does not exist; platforms with one: "
+                f"{', '.join(have) or 'none'}). Record this platform's with `pytest perf/test_benchmark.py "
+                "--update-baselines` on an idle machine, name another with --platform, or compare "
+                "against your own history with --benchmark-storage"
+            )
+        config.option.benchmark_storage = str(baselines.storage_file(root, platform).parent)
+    try:
+        baselines.check_compare(config.getoption("benchmark_storage"), compare)
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def record_rounds(benchmark, rounds: list[float], group: str, extra_info: dict) -> None:
+    """Put rounds measured by the suite's loop into a pytest-benchmark entry, as its own rounds.
+
+    pytest-benchmark times one callable per entry, round after round; a case's plain and assisted
+    arms are timed interleaved, round by round, by the suite's one measurement loop (with
+    ``time.perf_counter``, pytest-benchmark's default timer), so their rounds are handed to its
+    statistics the way its runner hands its own: one ``update`` per round. Its storage, JSON,
+    compare, histogram and ``--benchmark-compare-fail`` then read real rounds."""
+    benchmark.group = group
+    benchmark.extra_info.update(extra_info)
+    # The fixture's own bookkeeping (pytest-benchmark 5): its mode says it was used, and its stats
+    # object takes rounds one by one, as the fixture's runner feeds it.
+    benchmark._mode = "rounds of the suite's interleaved measurement"
+    stats = benchmark._make_stats(1)
+    for seconds in rounds:
+        stats.update(seconds)
+
+
+def compared_entries(config: pytest.Config, fullname: str) -> list[tuple[str, dict]]:
+    """The entries ``--benchmark-compare`` loaded for the test ``fullname``, with their files."""
+    session = getattr(config, "_benchmarksession", None)
+    mapping = getattr(session, "compared_mapping", None) or {}
+    return [(str(path), found[fullname]) for path, found in mapping.items() if fullname in found]
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_benchmark_scale_unit(config, unit, benchmarks, best, worst, sort):  # noqa: ARG001
+    """A ratio table is shown as the ratio itself, not scaled as if it were seconds."""
+    arms = {(b.get("extra_info") or {}).get("arm") for b in benchmarks}
+    if unit == "seconds" and arms == {"ratio"}:
+        return "", 1.0
+    return None
+
+
+@pytest.hookimpl(optionalhook=True, wrapper=True)
+def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):  # noqa: ARG001
+    """pytest-benchmark's note that the compared run was taken on another machine names its storage
+    relative to the working folder, and fails on a storage outside it (``Path.relative_to``): the
+    note is then made here, with the storage's own path."""
+    try:
+        return (yield)
+    except ValueError:
+        if compared_benchmark.get("machine_info") != machine_info:
+            benchmarksession.logger.warning(
+                f"Benchmark machine_info is different: the compared run in {benchmarksession.storage} "
+                f"was taken on {compared_benchmark.get('machine_info', {}).get('node', 'another machine')}"
+            )
+        return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config, machine_info) -> None:
+    """The platform slug beside pytest-benchmark's own machine description."""
+    machine_info["platform"] = config.getoption("--platform") or platforms.detect().name
 
 
 def humaneval_precisions(value: str | None) -> dict[str, str]:

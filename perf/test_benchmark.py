@@ -1,14 +1,17 @@
 """Speed per platform: plain vs assisted tokens/s, speedup with CI, acceptance and theory, gated in CI.
 
 Tiny pairs check the machinery only (their timings say nothing about real models, so they are never
-gated against stored baselines). The real offline pair runs the CI subset case and is gated against
-``baselines/<platform>/<pair>/<case_id>.json``; ``--update-baselines`` writes that file instead.
-Each real case is also recorded through pytest-benchmark, so ``--benchmark-autosave`` and
-``--benchmark-compare`` keep a history. A session table of every measured case is printed at the end.
+gated against stored baselines). The real offline pair runs the CI subset cases, each gated against
+its baseline in ``baselines/<platform>/0001_baseline.json`` (pytest-benchmark's storage format);
+``--update-baselines`` writes it instead. Each real case is three pytest-benchmark entries, each a
+test of its own: ``-ratio`` (each interleaved round's assisted/plain time per token: the gate's
+samples, which ``--benchmark-compare-fail`` gates across hosts), ``-assisted`` and ``-plain`` (each
+round one decode's time per token). A session table of every measured case is printed at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import pytest_plugin as plugin
 from harness import report
 from harness.base import backends
 from harness.experiments import bench
@@ -146,41 +150,57 @@ def test_benchmark_machinery_tiny(pairs, pair_name, tmp_path, platform_name, ben
     assert "Plain vs assisted" in md.read_text() and all(p.stat().st_size > 0 for p in written)
 
 
+# Each real case is three pytest-benchmark entries, one test each: the gating ratio and the two arms
+# (``-k plain`` / ``-k assisted`` / ``-k ratio`` select them); the case is measured once, by the
+# first of them to run.
+ARMS = pytest.mark.parametrize("arm", baselines.ARMS)
+
+
 @pytest.mark.pairs(tiny=False)
+@ARMS
 @pytest.mark.parametrize("which", ["registered", "fp32"])
-def test_benchmark_real(pairs, pair_name, which, benchmark, pytestconfig, platform_name, bench_results):
-    run_real_case(real_case(pair_name, which), pairs, benchmark, pytestconfig, platform_name, bench_results)
+def test_benchmark_real(
+    pairs, pair_name, which, arm, benchmark, request, platform_name, bench_results, cases
+):
+    run_real_case(
+        real_case(pair_name, which), arm, pairs, benchmark, request, platform_name, bench_results, cases
+    )
 
 
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.backends("onnxruntime")
+@ARMS
 def test_benchmark_real_onnxruntime(
-    pairs, pair_name, target_backend, benchmark, pytestconfig, platform_name, bench_results
+    pairs, pair_name, target_backend, arm, benchmark, request, platform_name, bench_results, cases
 ):
     """The registered case with an ONNX Runtime target, gated like the torch one; its table row sits
     beside the torch target's in the session summary and in results/."""
     case = ort_case(models.get_pair(pair_name), target_backend[1])
-    run_real_case(case, pairs, benchmark, pytestconfig, platform_name, bench_results)
+    run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
 
 
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.backends("onnxruntime")
+@ARMS
 def test_benchmark_real_onnxruntime_genai(
-    pairs, pair_name, target_backend, benchmark, pytestconfig, platform_name, bench_results
+    pairs, pair_name, target_backend, arm, benchmark, request, platform_name, bench_results, cases
 ):
     """onnxruntime-genai's own speculative decoding against its own plain decoding, gated like the
     transformers loop's cases (its draft model, the builder's exports)."""
     case = genai_case(models.get_pair(pair_name), target_backend[1])
-    run_real_case(case, pairs, benchmark, pytestconfig, platform_name, bench_results)
+    run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
 
 
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.llama_cpp
-def test_benchmark_real_llama_cpp(pairs, pair_name, benchmark, pytestconfig, platform_name, bench_results):
+@ARMS
+def test_benchmark_real_llama_cpp(
+    pairs, pair_name, arm, benchmark, request, platform_name, bench_results, cases
+):
     """llama.cpp's own speculative decoding (its server, the draft GGUF, K=3) against its own plain
     decoding on the same binary, gated like the other cases against this platform's baseline."""
     case = bench.llamacpp_case(models.get_pair(pair_name))
-    run_real_case(case, pairs, benchmark, pytestconfig, platform_name, bench_results)
+    run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
 
 
 def test_benchmark_machinery_tiny_onnxruntime_genai(pairs, tmp_path, platform_name, bench_results):
@@ -215,52 +235,67 @@ def _gates(m: bench.CaseMeasurement, platform_name: str, load_before: float) -> 
     return gates
 
 
-def run_real_case(
-    case: bench.BenchCase, pairs, benchmark, pytestconfig, platform_name, bench_results
-) -> None:
-    """Measure a real case (pytest-benchmark records it), check it, and gate it or write its baseline."""
+@dataclasses.dataclass
+class CaseOutcome:
+    """A real case measured (and gated, or its baseline written) once, for its three entries."""
+
+    m: bench.CaseMeasurement | None = None
+    gates: dict | None = None
+    held_to: str | None = None
+    not_gated: str | None = None
+    failure: str | None = None
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, CaseOutcome]:
+    return {}
+
+
+def arm_nodeid(nodeid: str, arm: str, other: str) -> str:
+    """The node id of the case's ``other`` entry, from one of its entries' (the arm is the id's last part)."""
+    suffix = f"-{arm}]"
+    assert nodeid.endswith(suffix), nodeid
+    return nodeid[: -len(suffix)] + f"-{other}]"
+
+
+def measure_and_gate(
+    case: bench.BenchCase, request, pairs, platform_name, bench_results, names: dict[str, str]
+) -> CaseOutcome:
+    """Measure a real case, check it, and gate it or write its baseline (the three entries' names)."""
+    pytestconfig = request.config
     pair = load(pairs, case)
     repetitions = pytestconfig.getoption("--perf-repetitions")
-    measured: list[bench.CaseMeasurement] = []
     load_before = os.getloadavg()[0]
 
-    def measure() -> None:
-        measured.append(
-            bench.measure_case(
-                pair,
-                case,
-                repetitions,
-                rows_path=bench.default_rows_path(platform_name, runs_dir()),
-                platform=platform_name,
-            )
-        )
+    def measure() -> bench.CaseMeasurement:
+        return bench.measure_case(
+            pair, case, repetitions, rows_path=bench.default_rows_path(platform_name, runs_dir()),
+            platform=platform_name,
+        )  # fmt: skip
 
-    # One pedantic round around the whole case: pytest-benchmark keeps its history and compares it
-    # (--benchmark-compare-fail=mean:10%), while the statistics that gate CI are ours, in extra_info.
-    benchmark.pedantic(measure, rounds=1, iterations=1)
-    m = measured[-1]
-    benchmark.extra_info.update(m.summary())
+    m = measure()
     target, draft = case.run.target, case.run.draft
     exact = target.kernels == "invariant" or target.precision == draft.precision == "fp32"
     check_machinery(m, exact_outputs=exact)
 
     if pytestconfig.getoption("--update-baselines"):
-        path = baselines.save_baseline(BASELINES, platform_name, case.key(), m.record())
-        bench_results.append((m, f"baseline written: {path.relative_to(ROOT)}"))
-        return
-
-    def more() -> bench.CaseMeasurement:
-        return bench.measure_case(
-            pair, case, repetitions, rows_path=bench.default_rows_path(platform_name, runs_dir()),
-            platform=platform_name,
+        hook = pytestconfig.hook
+        machine_info = hook.pytest_benchmark_generate_machine_info(config=pytestconfig)
+        hook.pytest_benchmark_update_machine_info(config=pytestconfig, machine_info=machine_info)
+        commit_info = hook.pytest_benchmark_generate_commit_info(config=pytestconfig)
+        path = baselines.save_baseline(
+            BASELINES, platform_name, case.key(), m.record(), names=names,
+            machine_info=machine_info, commit_info=commit_info,
         )  # fmt: skip
+        bench_results.append((m, f"baseline written: {path.relative_to(ROOT)}"))
+        return CaseOutcome(m)
 
     try:
         held_to = baselines.baseline_platform(BASELINES, platform_name, case.key())
     except baselines.MissingBaselineError as exc:
         bench_results.append((m, "no baseline on any platform"))
         warnings.warn(f"NOT GATED: {exc}", stacklevel=1)
-        pytest.skip(f"NOT GATED: {exc}")
+        return CaseOutcome(m, not_gated=f"NOT GATED: {exc}")
     foreign = held_to != platform_name
     if foreign:
         # A host kind without a baseline of its own is held to the nearest platform's: the speedup
@@ -273,15 +308,57 @@ def run_real_case(
         )
     # An inconclusive speedup is measured further (EXTRA_BATCHES more batches at most) before the
     # gate answers; the load average then covers the batches measured.
-    m, gates = bench.gate_with_more_rounds(m, lambda x: _gates(x, held_to, load_before), more, EXTRA_BATCHES)
+    m, gates = bench.gate_with_more_rounds(
+        m, lambda x: _gates(x, held_to, load_before), measure, EXTRA_BATCHES
+    )
     check_machinery(m, exact_outputs=exact)
-    benchmark.extra_info.update(m.summary())
-    benchmark.extra_info["gate"] = {name: g.status for name, g in gates.items()}
-    benchmark.extra_info["baseline_platform"] = held_to
     where = (
         f" (held to {held_to}'s baseline: none of its own)" if foreign else f" (held to {held_to}'s baseline)"
     )
     bench_results.append((m, ", ".join(f"{name}: {g.status}" for name, g in gates.items()) + where))
+    return CaseOutcome(m, gates, held_to)
+
+
+def run_real_case(
+    case: bench.BenchCase, arm: str, pairs, benchmark, request, platform_name, bench_results, cases
+) -> None:
+    """Record one entry of a real case in pytest-benchmark (its rounds), and on the ratio entry,
+    which gates, assert the gate's verdict; the case is measured once, by its first entry."""
+    pytestconfig = request.config
+    outcome = cases.get(case.case_id)
+    if outcome is None:
+        names = {a: arm_nodeid(request.node.nodeid, arm, a) for a in baselines.ARMS}
+        # Set first: a measurement that raises fails the case's other entries with where it failed.
+        cases[case.case_id] = CaseOutcome(failure=f"its measurement failed in {request.node.nodeid}")
+        outcome = cases[case.case_id] = measure_and_gate(
+            case, request, pairs, platform_name, bench_results, names
+        )
+    if outcome.failure:
+        pytest.fail(f"{case.case_id}: {outcome.failure}")
+    m = outcome.m
+    rounds = baselines.arm_rounds(m.plain_tps, m.assisted_tps)[arm]
+    summary = m.summary()
+    info = {"case_id": case.case_id, "arm": arm, "unit": baselines.ARM_UNITS[arm], "schema": baselines.SCHEMA}
+    info.update(summary)
+    if outcome.gates is not None:
+        info["gate"] = {name: g.status for name, g in outcome.gates.items()}
+        info["baseline_platform"] = outcome.held_to
+    plugin.record_rounds(benchmark, rounds, baselines.entry_group(case.case_id, arm), info)
+    # A compare never reads another case's numbers as this one's: the entry of this test in the
+    # compared run must have measured this case.
+    for path, entry in plugin.compared_entries(pytestconfig, request.node.nodeid):
+        theirs = (entry.get("extra_info") or {}).get("case_id")
+        if theirs is not None and theirs != case.case_id:
+            pytest.fail(
+                f"--benchmark-compare: {path} holds case {theirs} under this test's name, but this run "
+                f"measures {case.case_id} (the configuration changed): re-record the baseline with "
+                "--update-baselines, or compare against a run of this configuration"
+            )
+    if arm != "ratio" or outcome.gates is None:
+        if outcome.not_gated and arm == "ratio":
+            pytest.skip(outcome.not_gated)
+        return
+    gates = outcome.gates
     assert "speedup" in gates and "assisted_tokens_per_s" in gates, f"baseline lacks samples: {gates}"
     # CI fails on the speedup: assisted against plain, both measured in this run, so the host's overall
     # speed cancels out, and the baseline adjusted for this host's forward cost ratios c and v, which
@@ -293,8 +370,8 @@ def run_real_case(
     # Noise-free: drafted/accepted per position repeat exactly under greedy decoding, on the
     # platform that recorded them (another host kind's arithmetic may differ: reported there).
     exact = gates.get("acceptance_by_position")
-    if foreign and exact is not None and exact.failed:
-        warnings.warn(f"{exact.message} (against {held_to}'s baseline)", stacklevel=1)
+    if outcome.held_to != platform_name and exact is not None and exact.failed:
+        warnings.warn(f"{exact.message} (against {outcome.held_to}'s baseline)", stacklevel=1)
     else:
         assert exact is None or not exact.failed, exact.message
     speedup = gates["speedup"]
@@ -344,10 +421,11 @@ def test_gate_catches_injected_slowdown(
     arms = bench.measure_arms(
         pair,
         case,
-        {"baseline": 0.0, "unchanged": 0.0, "slowed": SLOWDOWN},
+        {"baseline": 0.0, "unchanged": 0.0, "slowed": SLOWDOWN, "slower_host": 0.0},
         repetitions,
         write_rows=False,
         platform=platform_name,
+        host_slowdown={"slower_host": SLOWER_HOST},
     )
     root = tmp_path / "baselines"
     baselines.save_baseline(root, platform_name, case.key(), arms["baseline"].record())
@@ -369,3 +447,52 @@ def test_gate_catches_injected_slowdown(
     assert slowed["assisted_tokens_per_s"].status == "regression", slowed["assisted_tokens_per_s"].message
     # The slowdown is where it was injected: the plain runs of the slowed arm are untouched.
     assert slowed["plain_tokens_per_s"].status != "regression", slowed["plain_tokens_per_s"].message
+    check_benchmark_compare_fail(arms, case, platform_name, tmp_path)
+
+
+# A host of the same kind that runs everything this much slower (both arms alike).
+SLOWER_HOST = 0.25
+# The threshold the README gives for --benchmark-compare-fail on the gating (ratio) entry.
+COMPARE_FAIL = "median:10%"
+
+
+def check_benchmark_compare_fail(arms: dict, case: bench.BenchCase, platform_name: str, tmp_path) -> None:
+    """pytest-benchmark's own comparison, as ``--benchmark-compare-fail=median:10%`` runs it, on the
+    gating ratio entry of the shared rounds: against a baseline stored in its format, the unchanged
+    build passes and the 15% slower assisted arm fails, also when the baseline was taken on a host
+    25% slower in absolute terms (where comparing the arms' own times would fail the unchanged
+    build and pass the slowed one: why the ratio is the entry that gates across hosts)."""
+    from pytest_benchmark.storage.file import FileStorage
+    from pytest_benchmark.utils import get_machine_id, parse_compare_fail
+
+    check = parse_compare_fail(COMPARE_FAIL)
+
+    def entries(name: str) -> dict[str, dict]:
+        rounds = baselines.arm_rounds(arms[name].plain_tps, arms[name].assisted_tps)
+        return {arm: baselines.round_stats(r) for arm, r in rounds.items()}
+
+    for base in ("baseline", "slower_host"):
+        root = tmp_path / f"storage-{base}"
+        written = baselines.save_baseline(root, platform_name, case.key(), arms[base].record())
+        assert baselines.check_compare(str(written.parent), True) == [written]
+        # Read back through pytest-benchmark's storage, as its --benchmark-compare does.
+        stored = {
+            b["extra_info"]["arm"]: b
+            for b in FileStorage(
+                written.parent, logger=None, default_machine_id=get_machine_id()
+            ).load_benchmarks()
+        }
+        assert stored["ratio"]["rounds"] == stored["plain"]["rounds"] == arms[base].repetitions
+        unchanged, slowed = entries("unchanged"), entries("slowed")
+        assert not check.fails(unchanged["ratio"], stored["ratio"]), (base, unchanged["ratio"]["median"])
+        assert check.fails(slowed["ratio"], stored["ratio"]), (base, slowed["ratio"]["median"])
+    # The arms' own times hold a host's absolute speed: the slower host's baseline reads the unchanged
+    # build's assisted arm as faster, and the one of this host reads the slowed arm as slower.
+    slower = {
+        arm: baselines.round_stats(r)
+        for arm, r in baselines.arm_rounds(
+            arms["slower_host"].plain_tps, arms["slower_host"].assisted_tps
+        ).items()
+    }
+    assert entries("unchanged")["plain"]["median"] < 0.9 * slower["plain"]["median"]
+    assert check.fails(entries("slowed")["assisted"], entries("baseline")["assisted"])

@@ -63,14 +63,18 @@ def test_the_gate_baselines_are_the_measured_files(tmp_path):
     (source "seed:...") are not measurements of this suite and stay off the page."""
     from harness.settings import baselines
 
-    registered = next((ROOT / "baselines" / "amd-epyc-2c-avx512").rglob("*t_gguf-d_q4k*.json"))
-    seed = next((ROOT / "baselines" / "phx").rglob("*.json"))
-    for platform, path in (("amd-epyc-2c-avx512", registered), ("amd-epyc-2c-avx512", seed)):
-        (tmp_path / "baselines" / platform / "pair").mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, tmp_path / "baselines" / platform / "pair" / path.name)
+    committed = ROOT / "baselines"
+    record = next(
+        r
+        for r in baselines.platform_records(committed, "amd-epyc-2c-avx512")
+        if "t_gguf-d_q4k" in r.case.case_id
+    )
+    seed = baselines.platform_records(committed, "phx")[0]
+    # One platform's storage holding a measured case and an imported one.
+    for r in (record, seed):
+        baselines.save_baseline(tmp_path / "baselines", "amd-epyc-2c-avx512", r.case, r)
     (tmp_path / "results").mkdir()
     text = page.results_page(tmp_path / "results")
-    record = baselines.read_baseline_file(registered)
     line = next(row for row in text.splitlines() if "q4k (invariant), vocab 16384, K=3 dynamic" in row)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[3:6] == [
@@ -157,7 +161,11 @@ def test_each_benchmark_table_names_the_command_that_made_its_rows():
              "perf/test_benchmark.py", "-k", selection],
             cwd=RESULTS.parent, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
-        assert done.returncode == 0 and "1/" in done.stdout and "tests collected" in done.stdout, done.stdout
+        # One case: its three pytest-benchmark entries (the gating ratio and the two arms).
+        assert done.returncode == 0 and "3/" in done.stdout and "tests collected" in done.stdout, done.stdout
+        ids = sorted(line for line in done.stdout.splitlines() if "::" in line)
+        assert [i.rsplit("-", 1)[1] for i in ids] == ["assisted]", "plain]", "ratio]"], ids
+        assert len({i.rsplit("-", 1)[0] for i in ids}) == 1, ids
     assert "- command: none today (the benchmark suite measured case " in text
 
 

@@ -1,10 +1,11 @@
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from harness.base.errors import HarnessError
-from harness.settings.baselines import list_baselines, read_baseline_file
+from harness.settings.baselines import list_baselines, platform_records, read_storage
 from harness.settings.seeds import (
     REPO_ROOT,
     import_seed_baselines,
@@ -153,12 +154,19 @@ def test_missing_seeds_folder(tmp_path):
 def test_import_writes_one_baseline_per_assisted_table(tmp_path):
     paths = import_seed_baselines(SEEDS_DIR, tmp_path)
     assisted_tables = [t for t in parse_seeds(SEEDS_DIR) if t.is_result and t.assisted]
-    assert len(paths) == len(assisted_tables) == 15  # llama 3, CodeLlama 7, OPT 3, Qwen 2
-    assert paths == list_baselines(tmp_path)
-    assert {p.relative_to(tmp_path).parts[0] for p in paths} == {"phx", "stx", "hpt"}
+    records = [r for p in paths for r in read_storage(p)]
+    assert len(records) == len(assisted_tables) == 15  # llama 3, CodeLlama 7, OPT 3, Qwen 2
+    assert paths == list_baselines(tmp_path)  # one pytest-benchmark storage per platform
+    assert [p.relative_to(tmp_path).parts for p in paths] == [
+        (name, "0001_baseline.json") for name in ("hpt", "phx", "stx")
+    ]
     assert not list(tmp_path.rglob("*.txt"))  # seeds are read, never copied
-    records = [read_baseline_file(p) for p in paths]
     assert all(r.source.startswith("seed:") for r in records)
+    # Marked as imported in pytest-benchmark's terms too: each entry says so, and the machine.
+    for path in paths:
+        doc = json.loads(path.read_text())
+        assert doc["machine_info"]["source"].startswith("seed:")
+        assert all("published table" in e["extra_info"]["imported"] for e in doc["benchmarks"])
     no_plain = [r for r in records if r.speedup is None]
     assert [r.case.task for r in no_plain] == ["benchmark"]  # llama benchmark has no plain table
     # Deterministic: a second import rewrites byte-identical files.
@@ -169,16 +177,20 @@ def test_import_writes_one_baseline_per_assisted_table(tmp_path):
 
 def test_imported_speedups_match_the_seed_summary(tmp_path):
     import_seed_baselines(SEEDS_DIR, tmp_path)
-    rec = read_baseline_file(
-        tmp_path / "phx" / "CodeLlama-7b-hf" / "decode-t_bf16-d_bf16-kdefault-greedy.json"
+    rec = next(
+        r
+        for r in platform_records(tmp_path, "phx")
+        if r.case.case_id == "decode-t_bf16-d_bf16-kdefault-greedy"
     )
     by_example = {p["example"]: p["speedup"] for p in rec.speedup["per_prompt"]}
     summary = next(t for t in tables_of(CODELLAMA) if not t.is_result)
     for row in summary.rows:  # e.g. "(127.24/200) / (19.17/200) = 6.64x"
         published = float(re.search(r"=\s*([0-9.]+)x", row["Speed-up with avg token-time"]).group(1))
         assert by_example[int(row["Example #"])] == pytest.approx(published, abs=0.01)
-    hpt = read_baseline_file(
-        tmp_path / "hpt" / "CodeLlama-7b-hf" / "decode-t_w6a16-d_default-kdefault-greedy.json"
+    hpt = next(
+        r
+        for r in platform_records(tmp_path, "hpt")
+        if r.case.case_id == "decode-t_w6a16-d_default-kdefault-greedy"
     )
     assert hpt.speedup["per_prompt"][0]["speedup"] == pytest.approx(15.2286 / 5.48159, rel=1e-5)
     assert hpt.speedup["low"] < hpt.speedup["value"] < hpt.speedup["high"]
@@ -199,6 +211,6 @@ def test_committed_baselines_match_the_seeds(tmp_path):
     from_seeds = {
         p.relative_to(committed_root)
         for p in list_baselines(committed_root)
-        if read_baseline_file(p).source.startswith("seed:")
+        if any(r.source.startswith("seed:") for r in read_storage(p))
     }
     assert from_seeds == {p.relative_to(tmp_path) for p in fresh}, "committed seed baselines no seed produces"

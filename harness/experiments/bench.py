@@ -423,7 +423,8 @@ class CaseMeasurement:
         )
 
     def gate(self, root: str | os.PathLike[str], platform: str | None = None) -> dict[str, stats.GateResult]:
-        """Speedup and tokens/s gates against ``root/<platform>/<pair>/<case_id>.json``, and, for a
+        """Speedup and tokens/s gates against the case's baseline in ``root/<platform>`` (its
+        pytest-benchmark storage, ``baselines.storage_file``), and, for a
         deterministic case whose baseline holds them, the exact acceptance-per-position gate."""
         gates = baselines.compare_to_baseline(
             root,
@@ -486,8 +487,11 @@ def measure_arms(
     rows_path: str | os.PathLike[str] | None = None,
     write_rows: bool = True,
     platform: str | None = None,
+    host_slowdown: Mapping[str, float] | None = None,
 ) -> dict[str, CaseMeasurement]:
-    """Measure several variants ("arms", name -> injected slowdown) of one case in shared rounds.
+    """Measure several variants ("arms", name -> injected slowdown of assisted decoding) of one case
+    in shared rounds; ``host_slowdown`` (arm -> fraction) also slows both modes of an arm alike, as
+    a slower host of the same kind would.
 
     Every round runs each arm once (plain and assisted), rotating the arms' order and alternating
     plain/assisted from round to round, so machine drift spreads over all arms alike. This is how
@@ -500,8 +504,11 @@ def measure_arms(
     if not arms:
         raise HarnessError("measure_arms needs at least one arm")
     _check_pair(pair, case)
-    for fraction in arms.values():
+    host = dict(host_slowdown or {})
+    for fraction in (*arms.values(), *host.values()):
         _check_fraction(fraction)
+    if set(host) - set(arms):
+        raise HarnessError(f"host_slowdown names arms {sorted(set(host) - set(arms))} that are not measured")
     platform = platform or platforms.detect().name
     path = Path(rows_path) if rows_path is not None else default_rows_path(platform)
     prompt = tasks.benchmark_prompts(pair.tokenizer, (case.prompt_tokens,), (case.new_tokens,))[0]
@@ -512,8 +519,8 @@ def measure_arms(
     got: dict[str, dict[str, list[Measurement]]] = {a: {"plain": [], "assisted": []} for a in names}
 
     def once(arm: str, mode: str) -> Measurement:
-        fraction = arms[arm] if mode == "assisted" else 0.0
-        with slowed(pair.target, fraction):
+        kept = (1.0 - arms[arm] if mode == "assisted" else 1.0) * (1.0 - host.get(arm, 0.0))
+        with slowed(pair.target, 1.0 - kept):
             return generate(pair, ids, case.settings(mode))
 
     for _ in range(warmup):

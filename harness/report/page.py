@@ -637,9 +637,8 @@ def _page(
             sections[platform] += benchmark_section(platform, mine, _rel(path, root))
     for folder in sorted(p for p in baselines_dir.glob("*") if p.is_dir()):
         measured = [
-            baselines.read_baseline_file(p) for p in baselines.list_baselines(baselines_dir, folder.name)
+            r for r in baselines.platform_records(baselines_dir, folder.name) if r.source == "measured"
         ]
-        measured = [r for r in measured if r.source == "measured"]
         if measured:
             newest[folder.name] = max([newest[folder.name], *(r.date or "" for r in measured)])
             sections[folder.name] += baselines_section(folder.name, measured, _rel(folder, root) + "/")

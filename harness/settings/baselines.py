@@ -1,9 +1,14 @@
-"""Committed baselines: one small, sorted JSON file per case, so a git diff shows exactly what moved.
+"""Committed baselines, in pytest-benchmark's storage format: one saved run per platform.
 
-Layout: ``baselines/<platform>/<model>/<case_id>.json``. ``case_id`` is a readable slug of every setting that
-changes speed (``CaseKey``), so a file name says what was measured. Files are written atomically (temporary
-file in the same folder, then ``os.replace``), so an interrupted ``--update-baselines`` never leaves a
-half-written baseline behind.
+Layout: ``baselines/<platform>/0001_baseline.json`` (``storage_file``), which pytest-benchmark reads as
+``--benchmark-storage baselines/<platform>``. Each case (``CaseKey``; ``case_id`` is a readable slug of
+every setting that changes speed) has an entry per arm: ``plain`` and ``assisted`` (rounds: one
+decode's time per token, in seconds) and ``ratio`` (rounds: each interleaved round's assisted/plain
+time per token, the inverse of its speedup, which an unchanged build keeps on any host of a platform).
+The rest of the case's record (acceptance, c, v, per-round forward costs, where it was measured) is in
+its first entry's ``extra_info["baseline"]``; the gate reads its samples from the entries' rounds, so
+there is one store. Written sorted and indented, so a git diff shows what moved, and atomically
+(temporary file, then ``os.replace``): an interrupted ``--update-baselines`` leaves the old file whole.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import pytest_benchmark
+from pytest_benchmark.stats import Stats
+from pytest_benchmark.storage.file import FileStorage
+from pytest_benchmark.utils import get_commit_info, get_machine_id
+
 from harness.base import files
 from harness.base.errors import HarnessError
 from harness.settings import setup
@@ -32,7 +42,17 @@ from harness.theory.stats import (
     speedup_ci,
 )
 
-SCHEMA = 2
+# Schema 3: a platform's baselines are one pytest-benchmark saved run (``storage_file``); each case's
+# record sits in its entries' extra_info, its rounds are the entries' data.
+SCHEMA = 3
+STORAGE_FILE = "0001_baseline.json"
+# A case's pytest-benchmark entries: each arm's time per token, and the per-round ratio that gates.
+ARMS = ("ratio", "assisted", "plain")
+ARM_UNITS = {
+    "plain": "seconds per token",
+    "assisted": "seconds per token",
+    "ratio": "assisted/plain time per token (dimensionless)",
+}
 # Schema 1 spelled five case fields its own way; they are now the run settings' column names.
 _SCHEMA_1_NAMES = {
     "new_tokens": "max_new_tokens",
@@ -213,8 +233,8 @@ class BaselineRecord:
     def from_dict(cls, data: dict[str, Any]) -> BaselineRecord:
         if not isinstance(data, dict):
             raise ValueError("top level is not a JSON object")
-        if data.get("schema") not in (1, SCHEMA):
-            raise ValueError(f"schema {data.get('schema')!r}, this harness reads schemas 1 and {SCHEMA}")
+        if data.get("schema") not in (1, 2, SCHEMA):
+            raise ValueError(f"schema {data.get('schema')!r}, this harness reads schemas 1 to {SCHEMA}")
         required = [f.name for f in fields(cls) if f.name != "extra"]
         missing = [name for name in required if name not in data]
         if missing:
@@ -293,49 +313,275 @@ def make_record(
     )
 
 
-def baseline_path(root: str | os.PathLike[str], platform: str, case: CaseKey) -> Path:
+def _platform_dir(root: str | os.PathLike[str], platform: str) -> Path:
     if not platform or "/" in platform or platform.startswith("."):
         raise HarnessError(f"platform name {platform!r} is not a usable folder name; use a slug like 'phx'")
-    return Path(root) / platform / model_dir(case.model) / f"{case.case_id}.json"
+    return Path(root) / platform
+
+
+def storage_file(root: str | os.PathLike[str], platform: str) -> Path:
+    """The platform's baselines: one pytest-benchmark saved run, ``root/<platform>/0001_baseline.json``,
+    so ``--benchmark-storage root/<platform>`` reads it."""
+    return _platform_dir(root, platform) / STORAGE_FILE
+
+
+def arm_rounds(
+    plain_tps: Sequence[float] | None,
+    assisted_tps: Sequence[float] | None,
+    ratios: Sequence[float] | None = None,
+) -> dict[str, list[float]]:
+    """The rounds of a case's pytest-benchmark entries: each arm's time per token in seconds (one
+    decode each), and each interleaved round's assisted/plain time-per-token ratio (the inverse of
+    that round's speedup). ``ratios`` gives the ratios where no paired tokens/s are at hand (a
+    published table's speedups)."""
+    out: dict[str, list[float]] = {}
+    if plain_tps:
+        out["plain"] = [1.0 / float(x) for x in plain_tps]
+    if assisted_tps:
+        out["assisted"] = [1.0 / float(x) for x in assisted_tps]
+    if ratios is not None:
+        out["ratio"] = [float(x) for x in ratios]
+    elif plain_tps and assisted_tps and len(plain_tps) == len(assisted_tps):
+        out["ratio"] = [float(p) / float(a) for p, a in zip(plain_tps, assisted_tps, strict=True)]
+    return out
+
+
+def round_stats(rounds: Sequence[float]) -> dict[str, Any]:
+    """pytest-benchmark's statistics of ``rounds`` (its own ``Stats``), with the rounds themselves."""
+    acc = Stats()
+    for x in rounds:
+        acc.update(float(x))
+    out = {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in acc.as_dict().items()
+    }
+    out["data"] = [float(x) for x in rounds]
+    out["iterations"] = 1
+    return out
+
+
+def entry_group(case_id: str, arm: str) -> str:
+    """The pytest-benchmark group of an entry: the arms' times side by side, the ratio on its own
+    (its unit is not seconds)."""
+    return f"{case_id} ratio" if arm == "ratio" else case_id
+
+
+def default_names(case: CaseKey) -> dict[str, str]:
+    """Entry full names for a case no test names (imported tables, records written outside pytest)."""
+    return {arm: f"{case.model}::{case.case_id}[{arm}]" for arm in ARMS}
+
+
+def record_entries(record: BaselineRecord, names: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The pytest-benchmark entries of one case's record: an entry per arm with its rounds as data,
+    the case id and arm in ``extra_info``, and the rest of the record (everything the gate reads
+    besides the rounds) in ``extra_info["baseline"]`` of the case's first entry."""
+    data = record.to_dict()
+    for entry in data["tokens_per_s"].values():
+        if entry is not None:
+            entry.pop("samples", None)
+    ratios = None
+    if data["speedup"] is not None:
+        samples = data["speedup"].pop("samples", None) or []
+        ratios = [1.0 / float(s) for s in samples] if samples else None
+    tps = record.tokens_per_s
+    rounds = arm_rounds(
+        (tps.get("plain") or {}).get("samples"), (tps.get("assisted") or {}).get("samples"), ratios
+    )
+    if not rounds:
+        raise HarnessError(f"record of {record.case.case_id} holds no rounds to store")
+    names = {**default_names(record.case), **(names or {})}
+    entries = []
+    for arm in sorted(rounds, key=ARMS.index):
+        fullname = names[arm]
+        info: dict[str, Any] = {
+            "schema": SCHEMA,
+            "case_id": record.case.case_id,
+            "arm": arm,
+            "unit": ARM_UNITS[arm],
+        }
+        if record.source != "measured":
+            info["imported"] = f"{record.source}: a published table; its rounds are the table's examples"
+        if not entries:
+            info["baseline"] = data
+        entries.append(
+            {
+                "group": entry_group(record.case.case_id, arm),
+                "name": fullname.rpartition("::")[2],
+                "fullname": fullname,
+                "params": {"arm": arm},
+                "param": arm,
+                "extra_info": info,
+                "options": {"timer": "perf_counter", "disable_gc": False, "min_rounds": len(rounds[arm])},
+                "stats": round_stats(rounds[arm]),
+            }
+        )
+    return entries
+
+
+def _entries_record(entries: list[dict[str, Any]]) -> BaselineRecord:
+    """One case's record rebuilt from its entries: the gate's samples are the entries' rounds."""
+    head = [e for e in entries if "baseline" in e["extra_info"]]
+    if len(head) != 1:
+        raise ValueError(
+            f"case {entries[0]['extra_info'].get('case_id')!r} has {len(head)} record entries, not 1"
+        )
+    data = json.loads(json.dumps(head[0]["extra_info"]["baseline"]))
+    rounds = {e["extra_info"]["arm"]: e["stats"]["data"] for e in entries}
+    for arm in ("plain", "assisted"):
+        entry = data["tokens_per_s"].get(arm)
+        if entry is not None:
+            entry["samples"] = [1.0 / float(t) for t in rounds.get(arm, [])]
+    if data["speedup"] is not None:
+        data["speedup"]["samples"] = [rounded(1.0 / float(r)) for r in rounds.get("ratio", [])]
+    return BaselineRecord.from_dict(data)
+
+
+def read_storage(path: str | os.PathLike[str]) -> list[BaselineRecord]:
+    """Every case's record in a platform's storage file, in the file's order."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        by_case: dict[str, list[dict[str, Any]]] = {}
+        for entry in doc["benchmarks"]:
+            info = entry["extra_info"]
+            if info.get("schema") != SCHEMA:
+                raise ValueError(
+                    f"entry {entry.get('fullname')!r} has schema {info.get('schema')!r}; "
+                    f"this suite reads {SCHEMA}"
+                )
+            by_case.setdefault(info["case_id"], []).append(entry)
+        records = [_entries_record(entries) for entries in by_case.values()]
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise HarnessError(
+            f"{path}: malformed baseline storage ({exc}); " + _REGENERATE.format(path=path)
+        ) from exc
+    for case_id, record in zip(by_case, records, strict=True):
+        if record.case.case_id != case_id:
+            raise HarnessError(
+                f"{path}: entries of {case_id} hold a record of {record.case.case_id}; "
+                + _REGENERATE.format(path=path)
+            )
+    return records
+
+
+def _malformed(path: Path, exc: Exception) -> HarnessError:
+    return HarnessError(f"{path}: malformed baseline storage ({exc}); " + _REGENERATE.format(path=path))
+
+
+def _read_doc(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(doc.get("benchmarks"), list):
+            raise ValueError("no benchmarks list")
+        return doc
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, AttributeError) as exc:
+        raise HarnessError(
+            f"{path}: malformed baseline storage ({exc}); " + _REGENERATE.format(path=path)
+        ) from exc
 
 
 def save_baseline(
-    root: str | os.PathLike[str], platform: str, case: CaseKey, record: BaselineRecord | dict[str, Any]
+    root: str | os.PathLike[str],
+    platform: str,
+    case: CaseKey,
+    record: BaselineRecord | dict[str, Any],
+    *,
+    names: dict[str, str] | None = None,
+    machine_info: dict[str, Any] | None = None,
+    commit_info: dict[str, Any] | None = None,
+    saved_at: str | None = None,
 ) -> Path:
-    """Write atomically: the old file stays intact unless the new one was completely written."""
-    path = baseline_path(root, platform, case)
-    data = record.to_dict() if isinstance(record, BaselineRecord) else record
-    if isinstance(record, BaselineRecord) and record.case != case:
+    """Put ``record`` into the platform's storage file in place of the case's earlier entries (the
+    other cases' entries kept), atomically: the old file stays intact unless the new one was
+    completely written. ``names`` gives each arm's entry the full name of its test, which is what
+    ``--benchmark-compare`` matches; ``machine_info``, ``commit_info`` and ``saved_at`` are
+    pytest-benchmark's (default: the record's machine, the checkout's commit, now)."""
+    if isinstance(record, dict):
+        try:
+            record = BaselineRecord.from_dict(record)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise HarnessError(f"not a baseline record ({exc})") from exc
+    if record.case != case:
         raise HarnessError(
             f"record is for case {record.case.case_id}, not {case.case_id}; pass the matching case"
         )
+    path = storage_file(root, platform)
+    doc = _read_doc(path) if path.exists() else {"benchmarks": []}
+    kept = [e for e in doc["benchmarks"] if e.get("extra_info", {}).get("case_id") != case.case_id]
+    benchmarks = sorted(kept + record_entries(record, names), key=lambda e: (e["group"], e["fullname"]))
+    if machine_info is None:
+        machine_info = dict(record.machine)
+    if commit_info is None:
+        commit_info = get_commit_info("assisted-generation")
+    out = {
+        "machine_info": {**machine_info, "platform": platform, "source": record.source},
+        "commit_info": commit_info,
+        "benchmarks": benchmarks,
+        "datetime": saved_at or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "version": pytest_benchmark.__version__,
+    }
     # allow_nan=False: a value that cannot be stored fails here, before the old file is touched.
-    text = json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"
+    text = json.dumps(out, sort_keys=True, indent=2, allow_nan=False) + "\n"
     files.atomic_write(path, text.encode("utf-8"))
     return path
 
 
-def read_baseline_file(path: str | os.PathLike[str]) -> BaselineRecord:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return BaselineRecord.from_dict(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as exc:
-        raise HarnessError(f"{path}: malformed baseline ({exc}); " + _REGENERATE.format(path=path)) from exc
+def check_compare(storage: str, compare: str | bool) -> list[Path]:
+    """The saved runs ``--benchmark-compare[=compare]`` will read from ``storage`` (a
+    ``--benchmark-storage`` value), checked: the folder exists, the id matches a run, every file is
+    a pytest-benchmark saved run, and this suite's entries in it are of this schema."""
+    if "://" in storage and not storage.startswith("file://"):
+        return []  # another storage service: pytest-benchmark reads it
+    folder = Path(storage.removeprefix("file://")).expanduser()
+    if not folder.is_dir():
+        raise HarnessError(
+            f"--benchmark-storage {storage}: no such folder; the committed baselines are "
+            "baselines/<platform> (one per platform), your own history is wherever "
+            "--benchmark-autosave wrote it"
+        )
+    # pytest-benchmark's own lookup: the newest saved run, or the runs whose names match the id.
+    found = FileStorage(folder, logger=None, default_machine_id=get_machine_id())
+    runs = found.query("[0-9][0-9][0-9][0-9]_") if compare is True else found.query(str(compare))
+    runs = runs[-1:] if compare is True else runs
+    if not runs:
+        saved = ", ".join(p.name for p in found.query("[0-9][0-9][0-9][0-9]_")) or "none"
+        what = "no saved run" if compare is True else f"no saved run matches {compare!r}"
+        raise HarnessError(f"--benchmark-compare: {what} in {folder} (saved runs there: {saved})")
+    for path in runs:
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            entries = doc["benchmarks"]
+            schemas = {e["extra_info"].get("schema") for e in entries if "case_id" in e.get("extra_info", {})}
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise HarnessError(
+                f"--benchmark-compare: {path} is not a pytest-benchmark saved run ({exc!r}); restore it "
+                "(`git checkout -- FILE` for a committed baseline) or compare against another"
+            ) from exc
+        if schemas - {SCHEMA}:
+            raise HarnessError(
+                f"--benchmark-compare: {path} holds baseline entries of schema {sorted(schemas - {SCHEMA})}; "
+                f"this suite writes schema {SCHEMA}: re-record them with --update-baselines"
+            )
+    return [Path(p) for p in runs]
+
+
+def platform_records(root: str | os.PathLike[str], platform: str) -> list[BaselineRecord]:
+    """Every case's record stored for ``platform`` ([] when it has none)."""
+    path = storage_file(root, platform)
+    return read_storage(path) if path.is_file() else []
 
 
 def load_baseline(root: str | os.PathLike[str], platform: str, case: CaseKey) -> BaselineRecord | None:
     """The stored record for this case, or None if there is none yet."""
-    path = baseline_path(root, platform, case)
-    if not path.exists():
-        return None
-    record = read_baseline_file(path)
-    if record.case != case:
-        raise HarnessError(
-            f"{path}: holds case {record.case.to_dict()}, expected {case.to_dict()}; "
-            + _REGENERATE.format(path=path)
-        )
-    return record
+    path = storage_file(root, platform)
+    for record in platform_records(root, platform):
+        if record.case.case_id == case.case_id:
+            if record.case != case:
+                raise HarnessError(
+                    f"{path}: holds case {record.case.to_dict()}, expected {case.to_dict()}; "
+                    + _REGENERATE.format(path=path)
+                )
+            return record
+    return None
 
 
 def baseline_platform(root: str | os.PathLike[str], platform: str, case: CaseKey) -> str:
@@ -343,13 +589,13 @@ def baseline_platform(root: str | os.PathLike[str], platform: str, case: CaseKey
     one, else the platform with a baseline of this case whose slug shares most parts with it (a
     host kind nobody measured yet is still gated, by the host-independent speedup adjusted for its
     own forward costs). MissingBaselineError when no platform holds this case."""
-    if baseline_path(root, platform, case).exists():
+    if load_baseline(root, platform, case) is not None:
         return platform
     mine = set(platform.split("-"))
     holders = [
         p.name
         for p in sorted(Path(root).iterdir() if Path(root).is_dir() else ())
-        if p.is_dir() and p.name != platform and baseline_path(root, p.name, case).is_file()
+        if p.is_dir() and p.name != platform and load_baseline(root, p.name, case) is not None
     ]
     if not holders:
         raise MissingBaselineError(
@@ -360,11 +606,12 @@ def baseline_platform(root: str | os.PathLike[str], platform: str, case: CaseKey
 
 
 def list_baselines(root: str | os.PathLike[str], platform: str | None = None) -> list[Path]:
-    """Every baseline file under root (or one platform), sorted for stable output."""
-    base = Path(root) if platform is None else Path(root) / platform
+    """Every platform's storage file under root (or one platform's), sorted for stable output."""
+    base = Path(root)
     if not base.is_dir():
         return []
-    return sorted(p for p in base.rglob("*.json") if not p.name.startswith("."))
+    folders = [base / platform] if platform is not None else sorted(p for p in base.iterdir() if p.is_dir())
+    return [f / STORAGE_FILE for f in folders if (f / STORAGE_FILE).is_file()]
 
 
 def _baseline_samples(entry: dict[str, Any] | None, key: str) -> list[float] | float | None:
@@ -509,7 +756,7 @@ def compare_to_baseline(
     lacks that number.
     """
     record = load_baseline(root, platform, case)
-    path = baseline_path(root, platform, case)
+    path = storage_file(root, platform)
     if record is None:
         raise MissingBaselineError(
             f"no baseline for {case.case_id} on platform {platform!r} (expected {path}); "

@@ -388,11 +388,18 @@ def seed_record(table: SeedTable, plain: SeedTable | None, matched_by: str | Non
     )
 
 
+# What pytest-benchmark's commit_info and datetime say of a published table: not measured here.
+IMPORTED_COMMIT_INFO = {"id": "published", "project": "assisted-generation", "dirty": False}
+IMPORTED_AT = "published"
+
+
 def import_seed_baselines(
     seeds_dir: str | Path = DEFAULT_SEEDS_DIR, baselines_root: str | Path = REPO_ROOT / "baselines"
 ) -> list[Path]:
-    """Write one baseline per assisted seed table; returns the files written (deterministic content)."""
-    written: dict[Path, str] = {}
+    """Store one baseline per assisted seed table in its platform's storage; returns the storage
+    files written (deterministic content: no clock, no checkout in them)."""
+    written: dict[tuple[str, str], str] = {}
+    paths: set[Path] = set()
     for file in seed_files(seeds_dir):
         tables = parse_seed_file(file)
         for table in tables:
@@ -400,15 +407,25 @@ def import_seed_baselines(
                 continue
             plain, matched_by = _find_plain(table, tables)
             record = seed_record(table, plain, matched_by)
-            path = save_baseline(baselines_root, table.platform, record.case, record)
+            key = (table.platform, record.case.case_id)
             origin = f"{table.file}:{table.line}"
-            if path in written:
+            if key in written:
                 raise HarnessError(
-                    f"seed tables {written[path]} and {origin} map to the same baseline {path}; "
-                    "their settings must differ in a way CaseKey records"
+                    f"seed tables {written[key]} and {origin} map to the same baseline {key[1]} on "
+                    f"{key[0]}; their settings must differ in a way CaseKey records"
                 )
-            written[path] = origin
-    return sorted(written)
+            written[key] = origin
+            paths.add(
+                save_baseline(
+                    baselines_root,
+                    table.platform,
+                    record.case,
+                    record,
+                    commit_info=IMPORTED_COMMIT_INFO,
+                    saved_at=IMPORTED_AT,
+                )
+            )
+    return sorted(paths)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
