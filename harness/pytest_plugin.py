@@ -145,6 +145,7 @@ MARKERS = (
     "pairs(tiny=True, real=True): which registered pairs a pair_name test is parametrised over",
     "backends(*names): the target backends a target_backend test is crossed with (default: all selected)",
     "llama_cpp: runs llama.cpp's own server (its binaries built once on first use, or --llama-server)",
+    "openvino: runs OpenVINO GenAI's pipelines (the pair's GGUF files converted to IR once, on first use)",
 )
 
 

@@ -140,8 +140,8 @@ class SuiteSession:
     def prepare_weights(self, node_ids: list[str]) -> None:
         """Before any real test: the packaged pair converted, and its ONNX exports made while no
         model is loaded (the exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs
-        in 24 GB). The draft is exported too when the onnxruntime-genai engine's tests run, and llama.cpp's
-        binaries are built when its tests run."""
+        in 24 GB). The draft is exported too when the onnxruntime-genai engine's tests run, llama.cpp's
+        binaries are built when its tests run, and the pair's IR made when OpenVINO's tests run."""
         ort = "onnxruntime" in dict(self.target_backends)
         engine = any("onnxruntime_genai" in node for node in node_ids)
         models.prepare_packaged(export_target=ort or engine, export_draft=engine)
@@ -152,6 +152,15 @@ class SuiteSession:
 
             for name in llama_build.BINARIES:
                 llama_build.binary(name, packaged.cache_root())
+        if any("openvino" in node for node in node_ids):
+            # The pair's GGUF files converted to OpenVINO IR (once per machine) while no model is loaded.
+            from harness.decoding.openvino import OpenVinoEngine
+            from harness.weights import openvino_ir
+
+            spec = models.get_pair(models.DEFAULT_PAIR)
+            run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
+            for role, gguf in OpenVinoEngine.gguf_files(spec, run, self.weights_dir).items():
+                openvino_ir.ir_folder(getattr(spec, role).name, gguf)
 
     def summaries(self) -> list[tuple[str, list[str]]]:
         """The end-of-run sections: (title, lines)."""

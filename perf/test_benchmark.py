@@ -67,6 +67,9 @@ REQUIRED = (
 # whole (no draft time apart, no per-round acceptance), so alpha, c and the predictions are absent.
 NOT_BOOKED = {
     "llama.cpp": {"alpha", "draft_forward_ms", "c", "predicted_speedup", "predicted_speedup_verify"},
+    # OpenVINO GenAI books its draft's time, but per round, not per draft forward, nor which rounds
+    # ended on a rejection: the same numbers are absent.
+    "openvino": {"alpha", "draft_forward_ms", "c", "predicted_speedup", "predicted_speedup_verify"},
 }
 
 
@@ -200,6 +203,18 @@ def test_benchmark_real_llama_cpp(
     """llama.cpp's own speculative decoding (its server, the draft GGUF, K=3) against its own plain
     decoding on the same binary, gated like the other cases against this platform's baseline."""
     case = bench.llamacpp_case(models.get_pair(pair_name))
+    run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
+
+
+@pytest.mark.pairs(tiny=False)
+@pytest.mark.openvino
+@ARMS
+def test_benchmark_real_openvino(
+    pairs, pair_name, arm, benchmark, request, platform_name, bench_results, cases
+):
+    """OpenVINO GenAI's own speculative decoding (its pipeline with the pair's draft, K=3) against its
+    own plain decoding, gated like the other cases against this platform's baseline."""
+    case = bench.openvino_case(models.get_pair(pair_name))
     run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
 
 

@@ -92,8 +92,10 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"--execution_provider {args.execution_provider} applies to ONNX Runtime targets only; add "
             "--target_backend onnxruntime or drop it"
         )
-    devices.check_device(args.target_device)
-    devices.check_device(args.draft_device)
+    if args.engine != setup.OPENVINO:
+        # OpenVINO places its models on its own devices (NPU, GPU): its engine checks them.
+        devices.check_device(args.target_device)
+        devices.check_device(args.draft_device)
     _check_threads(args.threads)
     _check_ignored(args)
 
@@ -412,7 +414,7 @@ def _sweep_configs(args: argparse.Namespace, spec: models.PairSpec) -> list[swee
         engine = config.target_kernels in sweep_spec.OWN_LOOPS
         if config.target_kernels in (sweep_spec.ORT, sweep_spec.GENAI):
             backends.OrtSettings(config.target_precision).validate()
-        elif config.target_kernels != sweep_spec.LLAMACPP:
+        elif config.target_kernels not in sweep_spec.GGUF_LOOPS:
             precision.check_precision(config.target_precision, args.target_device)
         if engine:
             engines.check(spec, config.run(spec.name, 2))

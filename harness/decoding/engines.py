@@ -6,8 +6,10 @@ class per draft strategy. ``transformers``: transformers' ``generate`` over a to
 Runtime target behind an adapter (``models.load_pair``, ``generation``). ``onnxruntime-genai``: that
 library's own Generator, plain and speculative, over the model builder's exports (``harness.decoding.genai``).
 ``llama.cpp``: llama.cpp's own server, plain and speculative, over the pair's GGUF files
-(``harness.decoding.llama_server``). ``served``: a deployment's plain and speculative endpoints over
-the OpenAI-compatible completions API (``harness.decoding.served``).
+(``harness.decoding.llama_server``). ``openvino``: OpenVINO GenAI's own pipelines, plain and
+speculative, over the pair's GGUF files converted to IR (``harness.decoding.openvino``).
+``served``: a deployment's plain and speculative endpoints over the OpenAI-compatible completions
+API (``harness.decoding.served``).
 
 Adding an engine is a module with such a class and one line in ``REGISTRY`` (the CLI's ``--engine``
 offers its names). Everything above loads through ``load``.
@@ -21,10 +23,10 @@ from typing import Any, ClassVar, Protocol
 from harness.base.errors import HarnessError
 from harness.decoding import generation
 from harness.pairs import models
-from harness.settings.setup import GENAI, LLAMACPP, SERVED, RunSetup
+from harness.settings.setup import GENAI, LLAMACPP, OPENVINO, SERVED, RunSetup
 from harness.theory.timing import Measurement
 
-__all__ = ["GENAI", "LLAMACPP", "SERVED", "Engine", "REGISTRY", "check", "engine_class", "load"]
+__all__ = ["GENAI", "LLAMACPP", "OPENVINO", "SERVED", "Engine", "REGISTRY", "check", "engine_class", "load"]
 
 
 class Engine(Protocol):
@@ -71,6 +73,7 @@ REGISTRY: dict[str, str] = {
     "transformers": "harness.decoding.engines:Transformers",
     GENAI: "harness.decoding.genai:GenaiEngine",
     LLAMACPP: "harness.decoding.llama_server:LlamaCppEngine",
+    OPENVINO: "harness.decoding.openvino:OpenVinoEngine",
     SERVED: "harness.decoding.served:ServedEngine",
 }
 

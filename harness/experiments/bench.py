@@ -149,6 +149,20 @@ def llamacpp_case(spec: Any, k: int = 3) -> BenchCase:
     )
 
 
+def openvino_case(spec: Any, k: int = 3) -> BenchCase:
+    """The registered case's prompt and budget through OpenVINO GenAI's own pipelines: its plain
+    decoding against its speculative decoding with the pair's draft, K=3, both from the pair's GGUF
+    files converted to IR."""
+    return case(
+        spec,
+        REAL_PROMPT_TOKENS,
+        REAL_NEW_TOKENS,
+        target_backend=setup.ENGINE_BACKEND[setup.OPENVINO],
+        engine=setup.OPENVINO,
+        num_assistant_tokens=k,
+    )
+
+
 def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> str | None:
     """The pytest command that measures the real case ``case_id`` of ``pair`` today, or None when no
     current case is that one (a pair's registered configuration has changed since)."""
@@ -160,6 +174,7 @@ def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> st
         ort_case(spec, provider).case_id: "test_benchmark_real_onnxruntime and not genai",
         genai_case(spec, provider).case_id: "test_benchmark_real_onnxruntime_genai",
         llamacpp_case(spec).case_id: "test_benchmark_real_llama_cpp",
+        openvino_case(spec).case_id: "test_benchmark_real_openvino",
     }
     if spec.name == models.DEFAULT_PAIR:
         selections[fp32_case(spec).case_id] = f"test_benchmark_real and {spec.name}-fp32"

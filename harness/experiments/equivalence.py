@@ -21,7 +21,7 @@ from harness.decoding import strategies
 from harness.decoding.generation import generate
 from harness.pairs.models import LoadedPair
 from harness.settings import results
-from harness.settings.setup import LLAMACPP, GenerationSettings
+from harness.settings.setup import LLAMACPP, OPENVINO, GenerationSettings
 from harness.theory.timing import Measurement
 
 STRATEGIES = tuple(strategies.STRATEGIES)
@@ -39,12 +39,17 @@ ORT_NEAR_TIE_TOLERANCE = {"fp32": 1e-3, "int4": 0.5}
 # llama.cpp multiplies its k-quant blocks by activations quantized to int8 blocks, and its batched
 # (verify) and one-token paths take different kernels: the int4 allowance.
 LLAMACPP_NEAR_TIE_TOLERANCE = 0.5
+# OpenVINO reads the same GGUF blocks into its own int4/int8 weight formats, and its batched
+# (verify) and one-token paths take different CPU kernels: the int4 allowance.
+OPENVINO_NEAR_TIE_TOLERANCE = 0.5
 
 
 def tolerance_for(pair: LoadedPair) -> float:
     """How far apart the target's top two logits may be for a flip to count as a near tie."""
     if pair.target_setup.backend == LLAMACPP:
         return LLAMACPP_NEAR_TIE_TOLERANCE
+    if pair.target_setup.backend == OPENVINO:
+        return OPENVINO_NEAR_TIE_TOLERANCE
     if pair.target_setup.backend == "onnxruntime":
         return ORT_NEAR_TIE_TOLERANCE["fp32" if pair.target_setup.precision == "ort-fp32" else "int4"]
     # The near-tie rule is for kernels whose batched rows may round differently (stock, third-party);

@@ -49,7 +49,10 @@ KERNELS = ("stock", "invariant")
 ORT = "onnxruntime"
 GENAI = setup.GENAI  # the engine's name is its kernels value
 LLAMACPP = setup.LLAMACPP
-OWN_LOOPS = (GENAI, LLAMACPP)  # kernels values that are an engine with its own loop and draft
+OPENVINO = setup.OPENVINO
+OWN_LOOPS = (GENAI, LLAMACPP, OPENVINO)  # kernels values that are an engine with its own loop and draft
+# The engines that run the pair's GGUF files (t=gguf), and the backend each names its target by.
+GGUF_LOOPS = {LLAMACPP: LLAMACPP, OPENVINO: "openvino"}
 DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
 # What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
 # quantized, and prompt lookup (no draft at all) on both targets.
@@ -95,8 +98,8 @@ class SweepConfig:
     ) -> SweepConfig:
         """The sweep's spelling (``t``, ``kernels``: stock, invariant, or the ONNX Runtime target in
         transformers' loop or onnxruntime-genai's) as the run's target and draft."""
-        if target_kernels == LLAMACPP:
-            target = setup.Target("gguf", "stock", LLAMACPP, None, engine=LLAMACPP)
+        if target_kernels in GGUF_LOOPS:
+            target = setup.Target("gguf", "stock", GGUF_LOOPS[target_kernels], None, engine=target_kernels)
         elif target_kernels in (ORT, GENAI):
             ort = backends.OrtSettings(target_precision)
             engine = GENAI if target_kernels == GENAI else "transformers"
@@ -115,8 +118,8 @@ class SweepConfig:
 
     @property
     def target_kernels(self) -> str:
-        if self.target.backend == LLAMACPP:
-            return LLAMACPP
+        if self.target.engine in GGUF_LOOPS:
+            return self.target.engine
         if self.target.backend == "onnxruntime":
             return GENAI if self.target.engine == GENAI else ORT
         return self.target.kernels
@@ -242,10 +245,10 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
     if draft_kernels not in KERNELS:
         raise HarnessError(f"{where}: dk {draft_kernels!r} is not one of {', '.join(KERNELS)}")
     target = values.pop(
-        "target_precision", "int4" if kernels in (ORT, GENAI) else "gguf" if kernels == LLAMACPP else "fp32"
+        "target_precision", "int4" if kernels in (ORT, GENAI) else "gguf" if kernels in GGUF_LOOPS else "fp32"
     )
-    if kernels == LLAMACPP and target != "gguf":
-        raise HarnessError(f"{where}: kernels={LLAMACPP} runs the pair's GGUF files: t=gguf, not t={target}")
+    if kernels in GGUF_LOOPS and target != "gguf":
+        raise HarnessError(f"{where}: kernels={kernels} runs the pair's GGUF files: t=gguf, not t={target}")
     if kernels in (ORT, GENAI) and target not in backends.ORT_PRECISIONS:
         raise HarnessError(
             f"{where}: kernels={kernels} takes t={' or t='.join(backends.ORT_PRECISIONS)}, not t={target}"

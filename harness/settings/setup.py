@@ -32,11 +32,14 @@ MODES = ("plain", "assisted", "prompt_lookup")
 # or llama.cpp's own server with its own speculative decoding (harness.decoding.llama_server).
 GENAI = "onnxruntime-genai"
 LLAMACPP = "llama.cpp"
+# OpenVINO GenAI's own pipelines, plain and speculative, over the pair's GGUF files converted to IR
+# (harness.decoding.openvino): Intel's NPU-target / CPU-draft runtime.
+OPENVINO = "openvino"
 # A served deployment (llama-server, vLLM, SGLang, TGI) over the OpenAI-compatible completions API:
 # a plain endpoint and a speculative endpoint of one model (harness.decoding.served).
 SERVED = "served"
 # An engine with a loop of its own runs the target on its own runtime, whatever --target_backend says.
-ENGINE_BACKEND = {GENAI: "onnxruntime", LLAMACPP: "llama.cpp", SERVED: "openai"}
+ENGINE_BACKEND = {GENAI: "onnxruntime", LLAMACPP: "llama.cpp", OPENVINO: "openvino", SERVED: "openai"}
 # User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
 # "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
 # second prompt of a run would not start from the K the user set.
@@ -370,6 +373,7 @@ def resolve(
                     "onnxruntime": "the builder's exports (set their precision with --target_precision "
                     "int4|fp32 and --ort_*)",
                     LLAMACPP: "the pair's GGUF files as they are",
+                    "openvino": "the pair's GGUF files as OpenVINO's reader converts them",
                 }.get(backend, "what the deployment serves")
                 raise HarnessError(f"--{name} applies to --engine transformers; {engine} runs {own}")
     if (endpoint or speculative_endpoint) and engine != SERVED:
@@ -394,6 +398,13 @@ def resolve(
                 f"{target_precision or ''} and --execution_provider"
             )
         target = Target("gguf", "stock", LLAMACPP, None, target_device, engine)
+    elif target_backend == "openvino":
+        if target_precision not in (None, "gguf") or provider not in (None, DEFAULT_PROVIDER):
+            raise HarnessError(
+                f"--engine {OPENVINO} runs the pair's GGUF files converted to OpenVINO IR: drop "
+                f"--target_precision {target_precision or ''} and --execution_provider"
+            )
+        target = Target("gguf", "stock", "openvino", None, target_device, engine)
     elif target_backend == "onnxruntime":
         if target_kernels not in (None, "stock"):
             raise HarnessError(
@@ -414,7 +425,7 @@ def resolve(
         # The engine's draft is its own file at the target's settings (an export beside the target's,
         # the pair's draft GGUF as it is), or what the speculative deployment serves.
         served = check_url(speculative_endpoint) if speculative_endpoint else None
-        draft = Draft(target.precision, endpoint=served)
+        draft = Draft(target.precision, device=draft_device, endpoint=served)
     elif with_draft:
         registered = spec.draft_setup
         draft = Draft(

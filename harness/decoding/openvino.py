@@ -1,0 +1,266 @@
+"""OpenVINO GenAI's own decoding (``--engine openvino``): the runtime of Intel's AI PCs, target and
+draft each on a device of their own (``LLMPipeline(target, device, draft_model=draft_model(draft,
+"CPU"))``), as the seeds run the target on an NPU and the draft on the CPU.
+
+The pair's GGUF files are converted once to OpenVINO IR by OpenVINO GenAI's own reader
+(``harness.weights.openvino_ir``). Plain decoding is the target's pipeline; speculative decoding the
+pipeline with the draft model and K = ``num_assistant_tokens`` in its ``GenerationConfig``; prompt
+lookup its n-gram pipeline (``prompt_lookup``, n-grams of 2, ``--prompt_lookup N`` tokens a round).
+Prompts go in and outputs come out as token ids. A row's prefill, time per token, drafted and
+accepted are the library's own books (``perf_metrics``: TTFT, generate duration; speculative:
+``extended_perf_metrics``' draft tokens and accepted tokens). It books no verify step apart from
+its round, nor which rounds ended on a rejection, so c, alpha and the Leviathan prediction are left
+absent for it, as for llama.cpp.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harness.base.errors import HarnessError
+from harness.settings.setup import OPENVINO, GenerationSettings
+from harness.theory import timing
+
+# Device names of the suite (``--target_device``/``--draft_device``) -> OpenVINO's.
+DEVICES = {"cpu": "CPU", "npu": "NPU", "gpu": "GPU"}
+MAX_K = 16
+NGRAM = 2  # the n-gram prompt lookup matches (llama.cpp's ngram-simple matches 2 as well)
+# How many of the target's top tokens a flip is judged among (beam search over one token lists
+# them with their log-probabilities); a token outside them is at most as likely as the last.
+JUDGE_BEAMS = 8
+
+
+def ov_device(device: str) -> str:
+    """OpenVINO's name for the suite's device, checked against the devices OpenVINO finds here."""
+    import openvino
+
+    name = DEVICES.get(device.split(":")[0].lower())
+    if name is None:
+        raise HarnessError(f"--engine {OPENVINO} runs on {', '.join(DEVICES)}, not {device!r}")
+    have = openvino.Core().available_devices
+    if not any(d == name or d.startswith(name + ".") for d in have):
+        raise HarnessError(
+            f"OpenVINO finds no {name} here (devices: {', '.join(have) or 'none'}); run that model on one "
+            "of those (--target_device / --draft_device cpu), or install the device's driver"
+        )
+    return name
+
+
+def check_settings(settings: Any) -> None:
+    if settings.mode != "plain" and not 1 <= settings.proposal_k <= MAX_K:
+        raise HarnessError(
+            f"K = {settings.proposal_k}: the suite runs OpenVINO's speculative decoding with 1 to {MAX_K}"
+        )
+
+
+def config_of(settings: Any, eos: int | None) -> Any:
+    """OpenVINO GenAI's ``GenerationConfig`` for the suite's settings."""
+    import openvino_genai
+
+    config = openvino_genai.GenerationConfig()
+    config.max_new_tokens = settings.max_new_tokens
+    config.min_new_tokens = settings.min_new_tokens or 0
+    config.ignore_eos = bool(settings.ignore_eos)
+    if settings.eos_token_id is not None or eos is not None:
+        config.eos_token_id = settings.eos_token_id if settings.eos_token_id is not None else eos
+    config.do_sample = bool(settings.do_sample)
+    if settings.do_sample:
+        config.temperature = settings.temperature if settings.temperature is not None else 1.0
+        config.top_p = settings.top_p if settings.top_p is not None else 1.0
+        config.top_k = settings.top_k or 0
+        if settings.seed is not None:
+            config.rng_seed = settings.seed
+    if settings.mode == "assisted":
+        config.num_assistant_tokens = settings.proposal_k
+    elif settings.mode == "prompt_lookup":
+        config.num_assistant_tokens = settings.proposal_k
+        config.max_ngram_size = NGRAM
+    return config
+
+
+def measurement(prompt_ids: Sequence[int], result: Any, wall_s: float, mode: str) -> Any:
+    """A ``timing.Measurement`` from a pipeline's result: its own books for prefill, time per token,
+    drafted and accepted; the client's clock for the whole call."""
+    from harness.theory.timing import Measurement
+
+    tokens = [int(t) for t in result.tokens[0]]
+    books = result.perf_metrics
+    ttft = float(books.get_ttft().mean)
+    generate_ms = float(books.get_generate_duration().mean)
+    per_token = timing.per_token_ms(generate_ms - ttft, len(tokens))
+    drafted = accepted = 0
+    draft_ms = 0.0
+    extended = getattr(result, "extended_perf_metrics", None)
+    if mode != "plain":
+        if extended is None or not hasattr(extended, "get_num_accepted_tokens"):
+            raise HarnessError(f"OpenVINO GenAI reported no speculative statistics for a {mode} decode")
+        drafted, accepted = int(extended.get_num_draft_tokens()), int(extended.get_num_accepted_tokens())
+        draft = getattr(extended, "draft_model_metrics", None)
+        draft_ms = float(draft.get_inference_duration().mean) if draft is not None else 0.0
+    forwards = max(0, len(tokens) - accepted)
+    decode_ms = max(0.0, generate_ms - ttft)
+    return Measurement(
+        prompt_tokens=len(prompt_ids),
+        output_ids=tokens,
+        total_s=wall_s,
+        prefill_ms=ttft,
+        target_prefill_ms=ttft,
+        time_per_token_ms=per_token,
+        tokens_per_s=timing.rate(per_token),
+        target_forwards=forwards,
+        draft_forwards=0,
+        target_ms=generate_ms - draft_ms,
+        draft_ms=draft_ms,
+        other_ms=max(0.0, wall_s * 1000 - generate_ms),
+        drafted=drafted,
+        accepted=accepted,
+        # A decode step: plain, one target forward; speculative, one round with its drafting (the
+        # library books no verify forward apart from its round).
+        step_costs={"target": (decode_ms, max(0, forwards - 1))},
+    )
+
+
+def beam_gap(tokens: Sequence[Sequence[int]], scores: Sequence[float], plain: int, other: int) -> float:
+    """The plain token's log-probability lead over the other one among the listed top tokens (one
+    token each, with its log-probability); a token not listed is at most as likely as the last."""
+    by_id = {int(seq[0]): float(s) for seq, s in zip(tokens, scores, strict=True) if seq}
+    floor = min(by_id.values()) if by_id else 0.0
+    return by_id.get(plain, floor) - by_id.get(other, floor)
+
+
+class Pipelines:
+    """The pipelines of one pair, each made on first use: plain, speculative, prompt lookup."""
+
+    def __init__(self, target: Path, draft: Path | None, devices: tuple[str, str], threads: int) -> None:
+        self.target, self.draft, self.devices, self.threads = target, draft, devices, threads
+        self._made: dict[str, Any] = {}
+
+    def get(self, mode: str) -> Any:
+        import openvino_genai
+
+        if mode not in self._made:
+            options: dict[str, Any] = {"INFERENCE_NUM_THREADS": self.threads}
+            if mode == "assisted":
+                if self.draft is None:
+                    raise HarnessError("the pair was loaded without its draft; load it with one to assist")
+                options["draft_model"] = openvino_genai.draft_model(
+                    str(self.draft), self.devices[1], INFERENCE_NUM_THREADS=self.threads
+                )
+            elif mode == "prompt_lookup":
+                options["prompt_lookup"] = True
+            self._made[mode] = openvino_genai.LLMPipeline(str(self.target), self.devices[0], **options)
+        return self._made[mode]
+
+    def close(self) -> None:
+        self._made.clear()
+
+
+class OpenVinoEngine:
+    """OpenVINO GenAI's ``LLMPipeline`` over the pair's GGUF files converted to IR: plain, speculative
+    with the draft model, and n-gram prompt lookup."""
+
+    name: ClassVar[str] = OPENVINO
+
+    def __init__(self, pipelines: Pipelines, eos: int | None) -> None:
+        from harness.weights.openvino_ir import openvino_version
+
+        self.pipelines = pipelines
+        self.eos = eos
+        # Which OpenVINO GenAI decoded: every row this engine writes carries it beside the libraries'.
+        self.versions = {"openvino-genai": openvino_version()}
+
+    @classmethod
+    def check(cls, spec: Any, run: Any) -> None:
+        """Settings the pipelines take, devices OpenVINO has, a pair with GGUF files."""
+        from harness.weights.openvino_ir import openvino_version
+
+        openvino_version()
+        check_settings(run.decoding)
+        ov_device(run.target.device)
+        if run.draft is not None:
+            ov_device(run.draft.device)
+        cls.gguf_files(spec, run, None)
+
+    @staticmethod
+    def gguf_files(spec: Any, run: Any, weights_dir: str | None) -> dict[str, Path]:
+        from harness.pairs import models
+
+        roles = {"target": spec.target, **({"draft": spec.draft} if run.draft is not None else {})}
+        found = {}
+        for role, model in roles.items():
+            where = models.locate_model(model, weights_dir)
+            path = models.gguf_file(model, where.path) if not model.is_tiny else None
+            if path is None:
+                raise HarnessError(
+                    f"--engine {OPENVINO} converts the pair's GGUF files, and {spec.name}'s {role} "
+                    f"{model.name} has none here: use a pair with GGUF weights (the offline qwen2.5-coder "
+                    "pair)"
+                )
+            found[role] = path
+        return found
+
+    @classmethod
+    def load(cls, spec: Any, run: Any, *, weights_dir: str | None = None, verify: bool = False) -> Any:
+        """The pair as OpenVINO GenAI runs it (checked first): its IR folders (converted once), the
+        suite's tokenizer for the prompts."""
+        import torch
+        from transformers import AutoTokenizer
+
+        from harness.pairs import models
+        from harness.weights import openvino_ir, packaged
+
+        cls.check(spec, run)
+        ggufs = cls.gguf_files(spec, run, weights_dir)
+        if verify:
+            for model in (spec.target, spec.draft)[: len(ggufs)]:
+                models.resolve_model(model, weights_dir, verify=True)
+        names = {"target": spec.target.name, "draft": spec.draft.name}
+        irs = {role: openvino_ir.ir_folder(names[role], p, verify=verify) for role, p in ggufs.items()}
+        devices = (ov_device(run.target.device), ov_device(run.draft.device) if run.draft else "CPU")
+        tokenizer = AutoTokenizer.from_pretrained(
+            models.resolve_model(spec.target, weights_dir), local_files_only=True
+        )
+        pipelines = Pipelines(irs["target"], irs.get("draft"), devices, torch.get_num_threads())
+        return models.LoadedPair(
+            spec=spec,
+            target=None,
+            draft=None,
+            tokenizer=tokenizer,
+            target_setup=run.target,
+            draft_setup=run.draft,
+            origins={role: packaged.portable(p) for role, p in ggufs.items()},
+            engine=cls(pipelines, tokenizer.eos_token_id),
+        )
+
+    def _generate(self, mode: str, ids: Sequence[int], config: Any) -> Any:
+        import numpy as np
+        import openvino
+
+        tensor = openvino.Tensor(np.asarray([list(ids)], dtype=np.int64))
+        return self.pipelines.get(mode).generate(tensor, config)
+
+    def decode(self, _pair: Any, ids: list[int], settings: Any) -> Any:
+        check_settings(settings)
+        if not ids:
+            raise HarnessError("empty prompt: give at least one token")
+        config = config_of(settings, self.eos)
+        start = time.perf_counter()
+        result = self._generate(settings.mode, ids, config)
+        return measurement(ids, result, time.perf_counter() - start, settings.mode)
+
+    def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
+        """The plain pipeline's own judgement of the first place ``other`` leaves ``plain``: its top
+        tokens there (beam search over one token) with their log-probabilities."""
+        i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+        if i is None:
+            return None
+        config = config_of(GenerationSettings(max_new_tokens=1, ignore_eos=True), None)
+        config.num_beams = config.num_return_sequences = JUDGE_BEAMS
+        result = self._generate("plain", [*prompt_ids, *plain[:i]], config)
+        return beam_gap(result.tokens, result.scores, plain[i], other[i])
+
+    def close(self) -> None:
+        self.pipelines.close()

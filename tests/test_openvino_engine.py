@@ -1,0 +1,188 @@
+"""The OpenVINO GenAI engine: its settings, devices and books, the IR its reader makes of the
+pair's GGUF files, and its pipelines on the offline pair (the real library, the real files). Its
+equivalence tier, speed gate and HumanEval run in ``perf/``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.base.errors import HarnessError
+from harness.decoding import engines, openvino
+from harness.pairs import models
+from harness.settings import setup
+from harness.settings.results import read_rows
+from harness.settings.setup import GenerationSettings
+from harness.weights import openvino_ir
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = models.get_pair(models.DEFAULT_PAIR)
+
+
+def _run(**given) -> setup.RunSetup:
+    return setup.resolve(SPEC, **{"target_backend": "openvino", "engine": setup.OPENVINO, **given})
+
+
+# --------------------------------------------------------------------------- settings, devices
+
+
+def test_resolve_gives_the_pair_gguf_files_on_the_devices_asked():
+    run = _run(num_assistant_tokens=3, draft_device="cpu")
+    assert run.target == setup.Target("gguf", "stock", "openvino", None, "cpu", "openvino")
+    assert run.draft == setup.Draft("gguf", device="cpu")
+    assert run.decoding.assistant_schedule == "constant"
+    assert _run(target_device="npu").target.device == "npu"  # passed through to OpenVINO
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (dict(target_kernels="invariant"), "--target_kernels applies to --engine transformers"),
+        (dict(draft_precision="fp32"), "--draft_precision applies to --engine transformers"),
+        (dict(target_precision="int4"), "converted to OpenVINO IR"),
+        (dict(target_backend="torch"), "runs a openvino target"),
+    ],
+)
+def test_resolve_refuses_what_openvino_does_not_run(given, expected):
+    with pytest.raises(HarnessError, match=expected):
+        _run(**given)
+
+
+@pytest.mark.parametrize(
+    ("run", "expected"),
+    [
+        (dict(target_device="npu"), "OpenVINO finds no NPU here"),
+        (dict(draft_device="gpu"), "OpenVINO finds no GPU here"),
+        (dict(target_device="tpu"), "runs on cpu, npu, gpu, not 'tpu'"),
+    ],
+)
+def test_a_device_openvino_does_not_have_is_refused_before_anything_loads(run, expected):
+    with pytest.raises(HarnessError, match=expected) as info:
+        engines.check(SPEC, _run(**run))
+    if "finds no" in expected:
+        assert "devices: CPU" in str(info.value)
+
+
+def test_k_outside_what_the_suite_runs_is_refused():
+    with pytest.raises(HarnessError, match="1 to 16"):
+        openvino.check_settings(GenerationSettings(mode="assisted", num_assistant_tokens=17))
+
+
+def test_a_pair_without_gguf_files_is_refused_before_anything_starts():
+    spec = models.get_pair("tiny-qwen2")
+    run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
+    with pytest.raises(HarnessError, match="converts the pair's GGUF files, and tiny-qwen2's target"):
+        engines.check(spec, run)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--target_device", "npu"], "OpenVINO finds no NPU here"),
+        (["--assistant_schedule", "heuristic"], "drafts a constant"),
+        (["--draft_precision", "fp32"], "--draft_precision applies to --engine transformers"),
+    ],
+)
+def test_cli_refuses_what_openvino_cannot_run_in_one_line(capsys, flags, expected):
+    argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "openvino", "--assisted_generation"]
+    assert cli.main([*argv, *flags, "--limit", "1", "--no_progress"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_a_flip_is_judged_among_the_pipelines_own_top_tokens():
+    tokens, scores = [[5], [9], [2]], [-0.1, -0.4, -3.0]
+    assert openvino.beam_gap(tokens, scores, 5, 9) == pytest.approx(0.3)
+    # A token outside the listed top ones is at most as likely as the last of them.
+    assert openvino.beam_gap(tokens, scores, 5, 77) == pytest.approx(2.9)
+
+
+# --------------------------------------------------------------------------- the IR cache
+
+
+def test_an_ir_folder_whose_files_changed_is_not_used(tmp_path):
+    folder = tmp_path / "ir"
+    folder.mkdir()
+    for name in openvino_ir.MODEL_FILES:
+        (folder / name).write_bytes(b"graph " + name.encode())
+    from harness.base import files
+
+    marker = {"files": files.record(folder, list(openvino_ir.MODEL_FILES))}
+    assert not openvino_ir.is_built(folder)  # no marker: an interrupted conversion
+    (folder / openvino_ir.MARKER).write_text(json.dumps(marker))
+    assert openvino_ir.is_built(folder)
+    (folder / "openvino_model.bin").write_bytes(b"cut")
+    assert not openvino_ir.is_built(folder)
+    (folder / "openvino_model.bin").write_bytes(b"graph openvino_model.bin"[::-1])  # same size, new content
+    assert not openvino_ir.is_built(folder)
+
+
+# --------------------------------------------------------------------------- the real pair
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs.get(models.DEFAULT_PAIR, engine="openvino")
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_the_pairs_ir_records_what_was_requantized(pair):
+    ggufs = openvino.OpenVinoEngine.gguf_files(SPEC, _run(), None)
+    marks = {
+        role: json.loads(
+            (openvino_ir.ir_folder(getattr(SPEC, role).name, path) / openvino_ir.MARKER).read_text()
+        )
+        for role, path in ggufs.items()
+    }
+    assert marks["target"]["requantized"] == {}  # Q4_K and Q6_K read as they are
+    assert "Q5_0" in marks["draft"]["requantized"]  # the draft's 5-bit blocks, as Q8_0
+    assert all(set(m["files"]) >= set(openvino_ir.MODEL_FILES) for m in marks.values())
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_speculative_and_plain_books_on_the_real_pair(pair):
+    ids = pair.tokenizer("def add(a, b):\n    return", return_tensors=None)["input_ids"]
+    plain = pair.engine.decode(pair, ids, GenerationSettings(max_new_tokens=24, ignore_eos=True))
+    spec = pair.engine.decode(
+        pair,
+        ids,
+        GenerationSettings(mode="assisted", num_assistant_tokens=3, max_new_tokens=24, ignore_eos=True),
+    )
+    assert len(plain.output_ids) == len(spec.output_ids) == 24
+    assert plain.drafted == 0 and plain.prefill_ms > 0 and plain.tokens_per_s > 0
+    assert spec.drafted > 0 and 0 <= spec.accepted <= spec.drafted and spec.draft_ms > 0
+    assert spec.target_forwards == 24 - spec.accepted
+    if spec.output_ids != plain.output_ids:  # only ever a near tie of the plain pipeline's own
+        gap = pair.engine.gap(ids, plain.output_ids, spec.output_ids)
+        assert gap is not None and gap <= 0.5, gap
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_cli_compare_on_openvino_writes_its_books(tmp_path, pair):
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "openvino", "--task", "decode", "--compare"]
+    argv += ["--limit", "1", "--max_new_tokens", "16", "--json", str(rows_path), "--no_progress"]
+    done = subprocess.run(
+        [sys.executable, "assisted_generation.py", *argv],
+        cwd=ROOT, capture_output=True, text=True, check=False, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Drafted" in done.stdout and "Speedup" in done.stdout  # the seeds' table, acceptance columns
+    rows = {r.mode: r for r in read_rows(rows_path)}
+    assert set(rows) == {"plain", "assisted"} and {r.engine for r in rows.values()} == {"openvino"}
+    assert rows["assisted"].drafted > 0 and rows["plain"].drafted == 0
+    assert {r.versions["openvino-genai"] for r in rows.values()} == {openvino_ir.openvino_version()}
+    command = setup.command(rows["assisted"], setup.defaults(SPEC))
+    assert "--engine openvino" in command and "--target_kernels" not in command
