@@ -140,9 +140,12 @@ def test_default_spec_is_the_documented_list():
         ("kernels=onnxruntime-genai,t=bf16", "kernels=onnxruntime-genai takes t=int4 or t=fp32"),
         ("kernels=llama.cpp,d=fp32", "kernels=llama.cpp runs the pair's draft GGUF; remove d, dv and dk"),
         ("kernels=llama.cpp,t=fp32", "kernels=llama.cpp runs the pair's GGUF files: t=gguf, not t=fp32"),
+        ("kernels=openvino,d=q4k", "kernels=openvino runs the pair's draft GGUF; remove d, dv and dk"),
+        ("kernels=openvino,t=int4", "kernels=openvino runs the pair's GGUF files: t=gguf, not t=int4"),
         (
             "kernels=llama",
-            "kernels 'llama' is not one of stock, invariant, onnxruntime, onnxruntime-genai, llama.cpp",
+            "kernels 'llama' is not one of stock, invariant, onnxruntime, onnxruntime-genai, llama.cpp, "
+            "openvino",
         ),
     ],
 )
@@ -555,3 +558,19 @@ def test_sweep_keys_are_the_settings_own_spellings() -> None:
     assert {"t", "d", "k", "sched", "kernels", "dv", "dk", "mode"} <= spelled
     with pytest.raises(HarnessError, match="known keys: t, kernels, mode, d, dk, dv, k, sched"):
         configs.parse_configs("q=1")
+
+
+@pytest.mark.parametrize(("kernels", "backend"), [("llama.cpp", "llama.cpp"), ("openvino", "openvino")])
+def test_an_engine_of_gguf_files_is_a_sweep_target_with_its_own_draft(kernels, backend) -> None:
+    """``kernels=llama.cpp`` and ``kernels=openvino`` run the pair's GGUF files in that engine's own
+    loop: the target and its draft (or prompt lookup) as the engine runs them, spelled back the same."""
+    from harness.settings import configs
+
+    assisted, lookup = configs.parse_configs(
+        f"kernels={kernels},k=3;kernels={kernels},mode=prompt_lookup,k=5"
+    )
+    run = assisted.run(models.DEFAULT_PAIR, 16)
+    assert (run.target.precision, run.target.backend, run.target.engine) == ("gguf", backend, kernels)
+    assert run.draft is not None and run.draft.precision == "gguf" and run.decoding.num_assistant_tokens == 3
+    assert lookup.run(models.DEFAULT_PAIR, 16).draft is None and lookup.target_kernels == kernels
+    assert assisted.target_kernels == kernels and assisted.target_precision == "gguf"
