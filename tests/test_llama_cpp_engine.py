@@ -91,7 +91,7 @@ def test_settings_the_server_cannot_take_are_refused(settings, expected):
 def test_a_pair_without_gguf_files_is_refused_before_anything_starts():
     spec = models.get_pair("tiny-qwen2")
     run = setup.resolve(spec, target_backend=setup.LLAMACPP, engine=setup.LLAMACPP)
-    with pytest.raises(HarnessError, match="runs GGUF files, and tiny-qwen2's target"):
+    with pytest.raises(HarnessError, match="runs the pair.s GGUF files, and tiny-qwen2.s target"):
         engines.check(spec, run)
 
 

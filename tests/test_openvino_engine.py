@@ -77,7 +77,7 @@ def test_k_outside_what_the_suite_runs_is_refused():
 def test_a_pair_without_gguf_files_is_refused_before_anything_starts():
     spec = models.get_pair("tiny-qwen2")
     run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
-    with pytest.raises(HarnessError, match="converts the pair's GGUF files, and tiny-qwen2's target"):
+    with pytest.raises(HarnessError, match="openvino runs the pair.s GGUF files, and tiny-qwen2.s target"):
         engines.check(spec, run)
 
 

@@ -73,3 +73,17 @@ def problem(folder: str | os.PathLike[str], recorded: dict[str, Any], *, verify:
             if (verify or moved) and _sha256(path) != rec["sha256"]:
                 return f"{path}: content changed since it was written (sha256 differs)"
     return None
+
+
+def seal(
+    out: str | os.PathLike[str], final: str | os.PathLike[str], marker: str, info: dict[str, Any]
+) -> None:
+    """Finish a folder built beside its final place: ``marker`` written last (``info`` and every
+    file's record), then the folder renamed into ``final``; a reader that finds the marker finds
+    every file whole, and an interrupted build never looks finished."""
+    import json
+
+    out = Path(out)
+    info = {**info, "files": record(out, sorted(p.name for p in out.iterdir() if p.is_file()))}
+    (out / marker).write_text(json.dumps(info, indent=2), encoding="utf-8")
+    os.replace(out, final)

@@ -355,15 +355,12 @@ class GenaiEngine:
         held = Models(
             exports["target"], exports.get("draft"), packaged.cache_root() / "genai", load(exports["target"])
         )
-        return models.LoadedPair(
-            spec=spec,
-            target=None,
-            draft=None,
-            tokenizer=AutoTokenizer.from_pretrained(folders["target"], local_files_only=True),
-            target_setup=run.target,
-            draft_setup=run.draft,
-            origins={role: str(path) for role, path in exports.items()},
-            engine=cls(held, vocab_size(exports["target"])),
+        return models.LoadedPair.of_engine(
+            spec,
+            run,
+            AutoTokenizer.from_pretrained(folders["target"], local_files_only=True),
+            {role: str(path) for role, path in exports.items()},
+            cls(held, vocab_size(exports["target"])),
         )
 
     def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:

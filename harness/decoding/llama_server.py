@@ -390,18 +390,7 @@ class LlamaCppEngine:
     def gguf_files(spec: Any, run: Any, weights_dir: str | None) -> dict[str, Path]:
         from harness.pairs import models
 
-        roles = {"target": spec.target, **({"draft": spec.draft} if run.draft is not None else {})}
-        found = {}
-        for role, model in roles.items():
-            where = models.locate_model(model, weights_dir)
-            path = models.gguf_file(model, where.path) if not model.is_tiny else None
-            if path is None:
-                raise HarnessError(
-                    f"--engine {LLAMACPP} runs GGUF files, and {spec.name}'s {role} {model.name} has none "
-                    "here: use a pair with GGUF weights (the offline qwen2.5-coder pair)"
-                )
-            found[role] = path
-        return found
+        return models.pair_gguf_files(spec, run.draft is not None, weights_dir, LLAMACPP)
 
     @classmethod
     def load(cls, spec: Any, run: Any, *, weights_dir: str | None = None, verify: bool = False) -> Any:
@@ -422,15 +411,12 @@ class LlamaCppEngine:
         binary = llama_build.binary("llama-server", packaged.cache_root())
         folder = models.resolve_model(spec.target, weights_dir)
         servers = Servers(binary, ggufs["target"], ggufs.get("draft"), torch.get_num_threads())
-        return models.LoadedPair(
-            spec=spec,
-            target=None,
-            draft=None,
-            tokenizer=AutoTokenizer.from_pretrained(folder, local_files_only=True),
-            target_setup=run.target,
-            draft_setup=run.draft,
-            origins={**{role: packaged.portable(p) for role, p in ggufs.items()}, "binary": str(binary)},
-            engine=cls(servers),
+        return models.LoadedPair.of_engine(
+            spec,
+            run,
+            AutoTokenizer.from_pretrained(folder, local_files_only=True),
+            {**{role: packaged.portable(p) for role, p in ggufs.items()}, "binary": str(binary)},
+            cls(servers),
         )
 
     def decode(self, _pair: Any, ids: list[int], settings: Any) -> Any:

@@ -188,19 +188,7 @@ class OpenVinoEngine:
     def gguf_files(spec: Any, run: Any, weights_dir: str | None) -> dict[str, Path]:
         from harness.pairs import models
 
-        roles = {"target": spec.target, **({"draft": spec.draft} if run.draft is not None else {})}
-        found = {}
-        for role, model in roles.items():
-            where = models.locate_model(model, weights_dir)
-            path = models.gguf_file(model, where.path) if not model.is_tiny else None
-            if path is None:
-                raise HarnessError(
-                    f"--engine {OPENVINO} converts the pair's GGUF files, and {spec.name}'s {role} "
-                    f"{model.name} has none here: use a pair with GGUF weights (the offline qwen2.5-coder "
-                    "pair)"
-                )
-            found[role] = path
-        return found
+        return models.pair_gguf_files(spec, run.draft is not None, weights_dir, OPENVINO)
 
     @classmethod
     def load(cls, spec: Any, run: Any, *, weights_dir: str | None = None, verify: bool = False) -> Any:
@@ -224,15 +212,12 @@ class OpenVinoEngine:
             models.resolve_model(spec.target, weights_dir), local_files_only=True
         )
         pipelines = Pipelines(irs["target"], irs.get("draft"), devices, torch.get_num_threads())
-        return models.LoadedPair(
-            spec=spec,
-            target=None,
-            draft=None,
-            tokenizer=tokenizer,
-            target_setup=run.target,
-            draft_setup=run.draft,
-            origins={role: packaged.portable(p) for role, p in ggufs.items()},
-            engine=cls(pipelines, tokenizer.eos_token_id),
+        return models.LoadedPair.of_engine(
+            spec,
+            run,
+            tokenizer,
+            {role: packaged.portable(p) for role, p in ggufs.items()},
+            cls(pipelines, tokenizer.eos_token_id),
         )
 
     def _generate(self, mode: str, ids: Sequence[int], config: Any) -> Any:

@@ -216,15 +216,12 @@ class ServedEngine:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         engine = cls(plain, speculative, tokenizer)
         engine.check_same_model()
-        return models.LoadedPair(
-            spec=spec,
-            target=None,
-            draft=None,
-            tokenizer=tokenizer,
-            target_setup=run.target,
-            draft_setup=run.draft,
-            origins={"target": plain.url, **({"draft": speculative.url} if speculative else {})},
-            engine=engine,
+        return models.LoadedPair.of_engine(
+            spec,
+            run,
+            tokenizer,
+            {"target": plain.url, **({"draft": speculative.url} if speculative else {})},
+            engine,
         )
 
     def check_same_model(self) -> None:

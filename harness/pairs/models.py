@@ -305,6 +305,14 @@ class LoadedPair:
         """This pair decoding with ``decoding``: the value every row, id and key derives from."""
         return RunSetup(self.spec.name, self.target_setup, self.draft_setup, decoding)
 
+    @classmethod
+    def of_engine(
+        cls, spec: PairSpec, run: RunSetup, tokenizer: Any, origins: dict[str, str], engine: Any
+    ) -> LoadedPair:
+        """A pair an engine of its own decodes (no transformers model held here): the suite's
+        tokenizer for the prompts, where its files came from, and the engine object."""
+        return cls(spec, None, None, tokenizer, run.target, run.draft, origins, engine)
+
 
 def _pin_generation_config(model: PreTrainedModel, tokenizer: Any) -> None:
     """Drop the generation defaults a checkpoint ships (Qwen's sampling, repetition penalty...).
@@ -359,6 +367,24 @@ def gguf_file(spec: ModelSpec, folder: Path | None) -> Path | None:
             return path
     found = sorted(folder.glob("*.gguf")) if folder is not None else []
     return found[0] if len(found) == 1 else None
+
+
+def pair_gguf_files(
+    spec: PairSpec, with_draft: bool, weights_dir: str | None, engine: str
+) -> dict[str, Path]:
+    """The GGUF files an engine that runs them (llama.cpp, OpenVINO) takes for ``spec``: role ->
+    file, the draft's too when ``with_draft``; refused, with what to use, where one has none."""
+    roles = {"target": spec.target, **({"draft": spec.draft} if with_draft else {})}
+    found = {}
+    for role, model in roles.items():
+        path = gguf_file(model, locate_model(model, weights_dir).path) if not model.is_tiny else None
+        if path is None:
+            raise HarnessError(
+                f"--engine {engine} runs the pair's GGUF files, and {spec.name}'s {role} {model.name} has "
+                "none here: use a pair with GGUF weights (the offline qwen2.5-coder pair)"
+            )
+        found[role] = path
+    return found
 
 
 def check_block_precision(name: str, kernels: str, flag: str = "--target_kernels") -> None:

@@ -161,9 +161,7 @@ def _export_locked(name: str, hf_dir: Path, settings: OrtSettings, final: Path) 
             "source": str(hf_dir),
             "source_fingerprint": source_fingerprint(hf_dir),
             "seconds": round(time.perf_counter() - start, 1),
-            "files": files.record(out, sorted(p.name for p in out.iterdir() if p.is_file())),
         }
-        (out / MARKER).write_text(json.dumps(record, indent=2), encoding="utf-8")
-        os.replace(out, final)
+        files.seal(out, final, MARKER, record)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

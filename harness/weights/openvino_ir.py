@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -108,10 +107,8 @@ def _convert_locked(name: str, gguf: Path, final: Path) -> None:
             "openvino-genai": openvino_version(),
             "requantized": json.loads((out / "requantized.json").read_text(encoding="utf-8")),
             "seconds": round(time.perf_counter() - start, 1),
-            "files": files.record(out, sorted(p.name for p in out.iterdir() if p.is_file())),
         }
-        (out / MARKER).write_text(json.dumps(record, indent=2), encoding="utf-8")
-        os.replace(out, final)
+        files.seal(out, final, MARKER, record)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
