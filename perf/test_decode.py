@@ -456,17 +456,6 @@ def test_precision_tier_real_openvino(pairs, equality, divergence_table, pair_na
     _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
 
 
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.openvino
-def test_prompt_lookup_real_openvino(pairs, equality, pair_name, real_prompts):
-    """OpenVINO GenAI's prompt lookup leaves its output unchanged, or flips only near ties, on a
-    prompt that repeats itself (so the lookup proposes, and is checked)."""
-    pair = pairs.get(pair_name, engine="openvino", with_draft=False)
-    s = strategies.get("prompt_lookup").settings(5, "constant", REAL_NEW_TOKENS)
-    cases = [equality.case(pair, p.text, "prompt_lookup", s) for p in PROMPTS[:real_prompts]]
-    assert equivalence.acceptance_problems(cases, "prompt_lookup") == []
-
-
 def real_tier_prompts(n: int) -> list[tasks.Prompt]:
     """The first ``n`` of: the decode and code prompts (alternating), then the HumanEval prompts
     (raw completions), so ``--real-prompts 186`` covers every prompt the suites use."""

@@ -145,18 +145,13 @@ def test_humaneval_pass_at_1_equal_real_llama_cpp(pairs, pair_name, pytestconfig
     _pass_at_1_equal(pair, f"{pair.spec.name}-llama.cpp", pytestconfig, tmp_path, limit=limit)
 
 
-# OpenVINO's HumanEval runs this many problems by default (its flips are near ties of its own
-# kernels, as llama.cpp's); fewer than llama.cpp's: it decodes at about half llama.cpp's speed here.
-OPENVINO_PROBLEMS = 5
-
-
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.openvino
 def test_humaneval_pass_at_1_equal_real_openvino(pairs, pair_name, pytestconfig, tmp_path):
-    """OpenVINO GenAI's own pipelines, plain and speculative (the pair's draft): pass@1 equal."""
+    """OpenVINO GenAI's own pipelines, plain and speculative (the pair's draft): pass@1 equal, on
+    ``--humaneval-limit`` problems (its 5 problems took 3 minutes here: CI runs the default 2)."""
     pair = pairs.get(pair_name, engine="openvino")
-    limit = max(OPENVINO_PROBLEMS, pytestconfig.getoption("--humaneval-limit"))
-    _pass_at_1_equal(pair, f"{pair.spec.name}-openvino", pytestconfig, tmp_path, limit=limit)
+    _pass_at_1_equal(pair, f"{pair.spec.name}-openvino", pytestconfig, tmp_path)
 
 
 def test_humaneval_machinery_tiny_onnxruntime_genai(pairs, tmp_path):

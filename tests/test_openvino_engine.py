@@ -69,9 +69,19 @@ def test_a_device_openvino_does_not_have_is_refused_before_anything_loads(run, e
         assert "devices: CPU" in str(info.value)
 
 
-def test_k_outside_what_the_suite_runs_is_refused():
-    with pytest.raises(HarnessError, match="1 to 16"):
-        openvino.check_settings(GenerationSettings(mode="assisted", num_assistant_tokens=17))
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (GenerationSettings(mode="assisted", num_assistant_tokens=17), "1 to 16"),
+        (
+            GenerationSettings(mode="prompt_lookup", prompt_lookup_num_tokens=5),
+            "reports no drafted or accepted",
+        ),
+    ],
+)
+def test_settings_the_pipelines_cannot_show_are_refused(settings, expected):
+    with pytest.raises(HarnessError, match=expected):
+        openvino.check_settings(settings)
 
 
 def test_a_pair_without_gguf_files_is_refused_before_anything_starts():

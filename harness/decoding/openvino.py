@@ -4,8 +4,8 @@ draft each on a device of their own (``LLMPipeline(target, device, draft_model=d
 
 The pair's GGUF files are converted once to OpenVINO IR by OpenVINO GenAI's own reader
 (``harness.weights.openvino_ir``). Plain decoding is the target's pipeline; speculative decoding the
-pipeline with the draft model and K = ``num_assistant_tokens`` in its ``GenerationConfig``; prompt
-lookup its n-gram pipeline (``prompt_lookup``, n-grams of 2, ``--prompt_lookup N`` tokens a round).
+pipeline with the draft model and K = ``num_assistant_tokens`` in its ``GenerationConfig``. Its
+prompt-lookup pipeline is refused: it books no drafted or accepted tokens.
 Prompts go in and outputs come out as token ids. A row's prefill, time per token, drafted and
 accepted are the library's own books (``perf_metrics``: TTFT, generate duration; speculative:
 ``extended_perf_metrics``' draft tokens and accepted tokens). It books no verify step apart from
@@ -27,7 +27,6 @@ from harness.theory import timing
 # Device names of the suite (``--target_device``/``--draft_device``) -> OpenVINO's.
 DEVICES = {"cpu": "CPU", "npu": "NPU", "gpu": "GPU"}
 MAX_K = 16
-NGRAM = 2  # the n-gram prompt lookup matches (llama.cpp's ngram-simple matches 2 as well)
 # How many of the target's top tokens a flip is judged among (beam search over one token lists
 # them with their log-probabilities); a token outside them is at most as likely as the last.
 JUDGE_BEAMS = 8
@@ -50,6 +49,14 @@ def ov_device(device: str) -> str:
 
 
 def check_settings(settings: Any) -> None:
+    if settings.mode == "prompt_lookup":
+        # Its prompt-lookup pipeline decodes, but books no drafted or accepted tokens (no
+        # speculative statistics; only tokens per step): the suite could not show its proposals.
+        raise HarnessError(
+            f"--engine {OPENVINO} runs plain and draft-model speculative decoding here; its prompt lookup "
+            "reports no drafted or accepted tokens: drop --prompt_lookup, or run it with --engine llama.cpp "
+            "or transformers"
+        )
     if settings.mode != "plain" and not 1 <= settings.proposal_k <= MAX_K:
         raise HarnessError(
             f"K = {settings.proposal_k}: the suite runs OpenVINO's speculative decoding with 1 to {MAX_K}"
@@ -75,9 +82,6 @@ def config_of(settings: Any, eos: int | None) -> Any:
             config.rng_seed = settings.seed
     if settings.mode == "assisted":
         config.num_assistant_tokens = settings.proposal_k
-    elif settings.mode == "prompt_lookup":
-        config.num_assistant_tokens = settings.proposal_k
-        config.max_ngram_size = NGRAM
     return config
 
 
@@ -132,7 +136,7 @@ def beam_gap(tokens: Sequence[Sequence[int]], scores: Sequence[float], plain: in
 
 
 class Pipelines:
-    """The pipelines of one pair, each made on first use: plain, speculative, prompt lookup."""
+    """The pipelines of one pair, each made on first use: plain and speculative."""
 
     def __init__(self, target: Path, draft: Path | None, devices: tuple[str, str], threads: int) -> None:
         self.target, self.draft, self.devices, self.threads = target, draft, devices, threads
@@ -149,8 +153,6 @@ class Pipelines:
                 options["draft_model"] = openvino_genai.draft_model(
                     str(self.draft), self.devices[1], INFERENCE_NUM_THREADS=self.threads
                 )
-            elif mode == "prompt_lookup":
-                options["prompt_lookup"] = True
             self._made[mode] = openvino_genai.LLMPipeline(str(self.target), self.devices[0], **options)
         return self._made[mode]
 
@@ -159,8 +161,8 @@ class Pipelines:
 
 
 class OpenVinoEngine:
-    """OpenVINO GenAI's ``LLMPipeline`` over the pair's GGUF files converted to IR: plain, speculative
-    with the draft model, and n-gram prompt lookup."""
+    """OpenVINO GenAI's ``LLMPipeline`` over the pair's GGUF files converted to IR: plain, and
+    speculative with the draft model."""
 
     name: ClassVar[str] = OPENVINO
 
