@@ -155,12 +155,10 @@ class SuiteSession:
         if any("openvino" in node for node in node_ids):
             # The pair's GGUF files converted to OpenVINO IR (once per machine) while no model is loaded.
             from harness.decoding.openvino import OpenVinoEngine
-            from harness.weights import openvino_ir
 
             spec = models.get_pair(models.DEFAULT_PAIR)
             run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
-            for role, gguf in OpenVinoEngine.gguf_files(spec, run, self.weights_dir).items():
-                openvino_ir.ir_folder(getattr(spec, role).name, gguf)
+            OpenVinoEngine.ir_folders(spec, OpenVinoEngine.gguf_files(spec, run, self.weights_dir))
 
     def summaries(self) -> list[tuple[str, list[str]]]:
         """The end-of-run sections: (title, lines)."""

@@ -353,7 +353,7 @@ def run_real_case(
     m = outcome.m
     rounds = baselines.arm_rounds(m.plain_tps, m.assisted_tps)[arm]
     summary = m.summary()
-    info = {"case_id": case.case_id, "arm": arm, "unit": baselines.ARM_UNITS[arm], "schema": baselines.SCHEMA}
+    info = baselines.entry_info(case.case_id, arm)
     info.update(summary)
     if outcome.gates is not None:
         info["gate"] = {name: g.status for name, g in outcome.gates.items()}

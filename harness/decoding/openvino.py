@@ -177,20 +177,35 @@ class OpenVinoEngine:
     @classmethod
     def check(cls, spec: Any, run: Any) -> None:
         """Settings the pipelines take, devices OpenVINO has, a pair with GGUF files."""
+        cls._checked(spec, run, None)
+
+    @classmethod
+    def _checked(
+        cls, spec: Any, run: Any, weights_dir: str | None
+    ) -> tuple[dict[str, Path], tuple[str, str]]:
+        """What ``check`` checks, kept for ``load``: the pair's GGUF files and OpenVINO's devices."""
         from harness.weights.openvino_ir import openvino_version
 
         openvino_version()
         check_settings(run.decoding)
-        ov_device(run.target.device)
-        if run.draft is not None:
-            ov_device(run.draft.device)
-        cls.gguf_files(spec, run, None)
+        devices = (ov_device(run.target.device), ov_device(run.draft.device) if run.draft else "CPU")
+        return cls.gguf_files(spec, run, weights_dir), devices
 
     @staticmethod
     def gguf_files(spec: Any, run: Any, weights_dir: str | None) -> dict[str, Path]:
         from harness.pairs import models
 
         return models.pair_gguf_files(spec, run.draft is not None, weights_dir, OPENVINO)
+
+    @staticmethod
+    def ir_folders(spec: Any, ggufs: dict[str, Path], *, verify: bool = False) -> dict[str, Path]:
+        """Each role's IR folder, converted from its GGUF file once (``openvino_ir``)."""
+        from harness.weights import openvino_ir
+
+        return {
+            role: openvino_ir.ir_folder(getattr(spec, role).name, p, verify=verify)
+            for role, p in ggufs.items()
+        }
 
     @classmethod
     def load(cls, spec: Any, run: Any, *, weights_dir: str | None = None, verify: bool = False) -> Any:
@@ -200,16 +215,13 @@ class OpenVinoEngine:
         from transformers import AutoTokenizer
 
         from harness.pairs import models
-        from harness.weights import openvino_ir, packaged
+        from harness.weights import packaged
 
-        cls.check(spec, run)
-        ggufs = cls.gguf_files(spec, run, weights_dir)
+        ggufs, devices = cls._checked(spec, run, weights_dir)
         if verify:
             for model in (spec.target, spec.draft)[: len(ggufs)]:
                 models.resolve_model(model, weights_dir, verify=True)
-        names = {"target": spec.target.name, "draft": spec.draft.name}
-        irs = {role: openvino_ir.ir_folder(names[role], p, verify=verify) for role, p in ggufs.items()}
-        devices = (ov_device(run.target.device), ov_device(run.draft.device) if run.draft else "CPU")
+        irs = cls.ir_folders(spec, ggufs, verify=verify)
         tokenizer = AutoTokenizer.from_pretrained(
             models.resolve_model(spec.target, weights_dir), local_files_only=True
         )

@@ -365,6 +365,12 @@ def entry_group(case_id: str, arm: str) -> str:
     return f"{case_id} ratio" if arm == "ratio" else case_id
 
 
+def entry_info(case_id: str, arm: str) -> dict[str, Any]:
+    """What identifies an entry of this suite in its ``extra_info``: the schema, the case, the arm
+    and the unit of its rounds (a stored baseline's and a run's entries alike)."""
+    return {"schema": SCHEMA, "case_id": case_id, "arm": arm, "unit": ARM_UNITS[arm]}
+
+
 def default_names(case: CaseKey) -> dict[str, str]:
     """Entry full names for a case no test names (imported tables, records written outside pytest)."""
     return {arm: f"{case.model}::{case.case_id}[{arm}]" for arm in ARMS}
@@ -392,12 +398,7 @@ def record_entries(record: BaselineRecord, names: dict[str, str] | None = None) 
     entries = []
     for arm in sorted(rounds, key=ARMS.index):
         fullname = names[arm]
-        info: dict[str, Any] = {
-            "schema": SCHEMA,
-            "case_id": record.case.case_id,
-            "arm": arm,
-            "unit": ARM_UNITS[arm],
-        }
+        info = entry_info(record.case.case_id, arm)
         if record.source != "measured":
             info["imported"] = f"{record.source}: a published table; its rounds are the table's examples"
         if not entries:
