@@ -67,9 +67,6 @@ REQUIRED = (
 # whole (no draft time apart, no per-round acceptance), so alpha, c and the predictions are absent.
 NOT_BOOKED = {
     "llama.cpp": {"alpha", "draft_forward_ms", "c", "predicted_speedup", "predicted_speedup_verify"},
-    # OpenVINO GenAI books its draft's time, but per round, not per draft forward, nor which rounds
-    # ended on a rejection: the same numbers are absent.
-    "openvino": {"alpha", "draft_forward_ms", "c", "predicted_speedup", "predicted_speedup_verify"},
 }
 
 

@@ -113,6 +113,22 @@ def test_a_flip_is_judged_among_the_pipelines_own_top_tokens():
     assert openvino.beam_gap(tokens, scores, 5, 77) == pytest.approx(2.9)
 
 
+@pytest.mark.parametrize(
+    ("rounds", "budget_reached", "expected"),
+    [
+        ([1, 2, 4, 4], False, 2),  # two rounds ended short of K+1 = 4 tokens
+        ([4, 4, 2], True, 0),  # the last one the budget may have cut: not judged
+        ([4, 4, 2], False, 1),
+        ([1, 4, 4], True, 1),
+        ([], True, 0),
+    ],
+)
+def test_a_round_that_emitted_fewer_than_k_plus_one_tokens_ended_on_a_rejection(
+    rounds, budget_reached, expected
+):
+    assert openvino.rejected_rounds(rounds, 3, budget_reached) == expected
+
+
 # --------------------------------------------------------------------------- the IR cache
 
 
@@ -171,7 +187,13 @@ def test_speculative_and_plain_books_on_the_real_pair(pair):
     assert len(plain.output_ids) == len(spec.output_ids) == 24
     assert plain.drafted == 0 and plain.prefill_ms > 0 and plain.tokens_per_s > 0
     assert spec.drafted > 0 and 0 <= spec.accepted <= spec.drafted and spec.draft_ms > 0
-    assert spec.target_forwards == 24 - spec.accepted
+    # Its books: one target step per token plain; per round, speculative (each round's verify
+    # forward timed apart from the draft's forwards), with fewer rounds than tokens.
+    assert plain.step_costs["target"][1] == 23 and plain.target_forwards == 24
+    rounds = spec.step_costs["target"][1]
+    assert spec.target_forwards == 1 + rounds < 24 and spec.step_costs["draft"][1] >= spec.drafted / 3
+    assert 0 <= spec.rejected_steps <= rounds
+    assert all(ms > 0 for ms, _ in spec.step_costs.values())
     if spec.output_ids != plain.output_ids:  # only ever a near tie of the plain pipeline's own
         gap = pair.engine.gap(ids, plain.output_ids, spec.output_ids)
         assert gap is not None and gap <= 0.5, gap

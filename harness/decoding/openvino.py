@@ -8,9 +8,11 @@ pipeline with the draft model and K = ``num_assistant_tokens`` in its ``Generati
 prompt-lookup pipeline is refused: it books no drafted or accepted tokens.
 Prompts go in and outputs come out as token ids. A row's prefill, time per token, drafted and
 accepted are the library's own books (``perf_metrics``: TTFT, generate duration; speculative:
-``extended_perf_metrics``' draft tokens and accepted tokens). It books no verify step apart from
-its round, nor which rounds ended on a rejection, so c, alpha and the Leviathan prediction are left
-absent for it, as for llama.cpp.
+``extended_perf_metrics``' draft tokens and accepted tokens). Its raw books time each step of each
+model and count the tokens a step emitted: a plain step is one target forward, a speculative round
+one target verify forward (after the prompt's) and the draft's forwards apart, so c, v and alpha
+(a round that emitted fewer than K+1 tokens ended on a rejection) come from its own clock, and the
+speedup gate adjusts for a host's forward costs as for the other engines.
 """
 
 from __future__ import annotations
@@ -85,9 +87,26 @@ def config_of(settings: Any, eos: int | None) -> Any:
     return config
 
 
-def measurement(prompt_ids: Sequence[int], result: Any, wall_s: float, mode: str) -> Any:
+def model_steps(metrics: Any) -> list[tuple[float, int]]:
+    """(ms, tokens emitted) of each step a model's raw books time (``raw_metrics.m_durations``, in
+    microseconds, beside ``m_batch_sizes``)."""
+    raw = metrics.raw_metrics
+    durations = [float(d) / 1000.0 for d in raw.m_durations]
+    return list(zip(durations, [int(b) for b in raw.m_batch_sizes][: len(durations)], strict=False))
+
+
+def rejected_rounds(rounds: Sequence[int], k: int, budget_reached: bool) -> int:
+    """Rounds (tokens each emitted) that ended on a rejected draft: fewer than K+1 tokens. A last
+    round the token budget cut short is not judged (it may have been cut, not rejected)."""
+    judged = list(rounds[:-1]) if budget_reached and rounds and rounds[-1] <= k else list(rounds)
+    return sum(1 for n in judged if n <= k)
+
+
+def measurement(
+    prompt_ids: Sequence[int], result: Any, wall_s: float, mode: str, k: int = 0, budget: int = 0
+) -> Any:
     """A ``timing.Measurement`` from a pipeline's result: its own books for prefill, time per token,
-    drafted and accepted; the client's clock for the whole call."""
+    drafted, accepted and each model's steps; the client's clock for the whole call."""
     from harness.theory.timing import Measurement
 
     tokens = [int(t) for t in result.tokens[0]]
@@ -97,15 +116,27 @@ def measurement(prompt_ids: Sequence[int], result: Any, wall_s: float, mode: str
     per_token = timing.per_token_ms(generate_ms - ttft, len(tokens))
     drafted = accepted = 0
     draft_ms = 0.0
+    rejected: int | None = None
     extended = getattr(result, "extended_perf_metrics", None)
-    if mode != "plain":
+    if mode == "plain":
+        # Each timed step after the prompt's is one target forward that emitted one token.
+        steps = model_steps(books)
+        forwards = len(tokens)
+        costs = {"target": (sum(ms for ms, _ in steps), len(steps))}
+    else:
         if extended is None or not hasattr(extended, "get_num_accepted_tokens"):
             raise HarnessError(f"OpenVINO GenAI reported no speculative statistics for a {mode} decode")
         drafted, accepted = int(extended.get_num_draft_tokens()), int(extended.get_num_accepted_tokens())
-        draft = getattr(extended, "draft_model_metrics", None)
-        draft_ms = float(draft.get_inference_duration().mean) if draft is not None else 0.0
-    forwards = max(0, len(tokens) - accepted)
-    decode_ms = max(0.0, generate_ms - ttft)
+        draft_ms = float(extended.draft_model_metrics.get_inference_duration().mean)
+        # The first step of each model is the prompt's; the rest are verify rounds and draft forwards.
+        verify = model_steps(extended.main_model_metrics)[1:]
+        drafts = model_steps(extended.draft_model_metrics)[1:]
+        forwards = 1 + len(verify)
+        rejected = rejected_rounds([n for _, n in verify], k, len(tokens) >= budget > 0)
+        costs = {
+            "target": (sum(ms for ms, _ in verify), len(verify)),
+            "draft": (sum(ms for ms, _ in drafts), len(drafts)),
+        }
     return Measurement(
         prompt_tokens=len(prompt_ids),
         output_ids=tokens,
@@ -115,15 +146,14 @@ def measurement(prompt_ids: Sequence[int], result: Any, wall_s: float, mode: str
         time_per_token_ms=per_token,
         tokens_per_s=timing.rate(per_token),
         target_forwards=forwards,
-        draft_forwards=0,
+        draft_forwards=costs.get("draft", (0.0, 0))[1],
         target_ms=generate_ms - draft_ms,
         draft_ms=draft_ms,
         other_ms=max(0.0, wall_s * 1000 - generate_ms),
         drafted=drafted,
         accepted=accepted,
-        # A decode step: plain, one target forward; speculative, one round with its drafting (the
-        # library books no verify forward apart from its round).
-        step_costs={"target": (decode_ms, max(0, forwards - 1))},
+        step_costs=costs,
+        rejected_steps=rejected,
     )
 
 
@@ -248,7 +278,10 @@ class OpenVinoEngine:
         config = config_of(settings, self.eos)
         start = time.perf_counter()
         result = self._generate(settings.mode, ids, config)
-        return measurement(ids, result, time.perf_counter() - start, settings.mode)
+        return measurement(
+            ids, result, time.perf_counter() - start, settings.mode, settings.proposal_k,
+            settings.max_new_tokens,
+        )  # fmt: skip
 
     def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
         """The plain pipeline's own judgement of the first place ``other`` leaves ``plain``: its top
