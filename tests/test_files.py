@@ -4,6 +4,8 @@ modification time moved since it was recorded or when asked (``--verify``)."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
@@ -87,3 +89,36 @@ def test_a_damaged_tiny_model_folder_is_saved_again_not_exported(tmp_path):
     again = tiny.saved_folder("tiny-llama", target, tokenizer, root=str(tmp_path))
     assert again == folder and weights.read_bytes() == good
     assert folder.name.endswith(onnx_export.source_fingerprint(folder)[:16])
+
+
+def test_build_once_builds_once_while_others_wait(tmp_path):
+    out = tmp_path / "built"
+    builds = []
+
+    def build() -> None:
+        builds.append(1)
+        time.sleep(0.3)  # the other caller arrives while this one holds the lock
+        out.write_text("done")
+
+    callers = [
+        threading.Thread(target=files.build_once, args=(tmp_path / ".lock", out.exists, build))
+        for _ in range(3)
+    ]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert builds == [1] and out.read_text() == "done"
+    files.build_once(tmp_path / ".lock", out.exists, build)  # already done: not built again
+    assert builds == [1]
+
+
+def test_a_failed_build_releases_the_lock_for_the_next_caller(tmp_path):
+    def fail() -> None:
+        raise RuntimeError("compiler missing")
+
+    with pytest.raises(RuntimeError):
+        files.build_once(tmp_path / "sub" / ".lock", lambda: False, fail)
+    built = []
+    files.build_once(tmp_path / "sub" / ".lock", lambda: bool(built), lambda: built.append(1))
+    assert built == [1]

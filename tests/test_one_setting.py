@@ -50,6 +50,7 @@ ADD_A_SETTING = textwrap.dedent(
             "reproduce": cli.reproduce(
                 cli.build_parser().parse_args(argv), first[0], setup.defaults(models.get_pair("tiny-llama"))
             ),
+            "default": setup.defaults(models.get_pair("tiny-llama")).get("probe_width"),
             "case_id": other.case_id,
             "default_case_id": bench.case("tiny-llama", 16, 8).case_id,
         },
@@ -75,6 +76,7 @@ def test_a_new_setting_reaches_flag_row_keys_and_command(tmp_path: Path) -> None
     assert seen["resumed"] == 1
     assert seen["key_has_it"]
     assert "--probe_width 3" in seen["reproduce"]
+    assert seen["default"] == 7  # what a command without the flag runs, so the command may leave it out
     assert seen["case_id"].endswith("-probe-width_3"), seen
     assert "probe_width" not in seen["default_case_id"]  # the default leaves every case id as it was
     assert json.loads(rows.read_text().splitlines()[0])["probe_width"] == 3

@@ -7,6 +7,8 @@ import pytest
 from harness.base.errors import HarnessError
 from harness.theory.analysis import (
     expected_tokens_per_forward,
+    first_differing_token,
+    first_divergence,
     leviathan_speedup,
     leviathan_speedup_verify,
     optimal_k,
@@ -268,3 +270,17 @@ def test_simulation_behaves_like_a_power_curve():
     assert rates[0] < 0.01 and rates[-1] > 0.99
     # More repetitions buy power at high noise.
     assert simulate_gate(0.08, 10, 0.15, 2000, 3) > simulate_gate(0.08, 5, 0.15, 2000, 3) + 0.2
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "differing", "divergence"),
+    [
+        ([1, 2, 3], [1, 2, 3], None, None),
+        ([1, 2, 3], [1, 5, 3], 1, 1),
+        ([1, 2], [1, 2, 3], None, 2),  # one stopped early: they part where it ended
+        ([], [4], None, 0),
+    ],
+)
+def test_where_two_outputs_part(a, b, differing, divergence):
+    assert first_differing_token(a, b) == differing
+    assert first_divergence(a, b) == divergence == first_divergence(b, a)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +89,20 @@ def seal(
     info = {**info, "files": record(out, sorted(p.name for p in out.iterdir() if p.is_file()))}
     (out / marker).write_text(json.dumps(info, indent=2), encoding="utf-8")
     os.replace(out, final)
+
+
+def build_once(lock: str | os.PathLike[str], done: Callable[[], bool], build: Callable[[], None]) -> None:
+    """Run ``build`` unless ``done()``, one process at a time per ``lock`` file: pytest-xdist
+    workers and two shells wait for the one building, then find it done (checked again once the
+    lock is held). Holding the lock also makes a killed build's leftovers safe to delete."""
+    if done():
+        return
+    lock = Path(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            if not done():
+                build()
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

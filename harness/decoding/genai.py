@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from harness.base import files
 from harness.base.errors import HarnessError, UnsupportedError
 from harness.settings.setup import GENAI
-from harness.theory import timing
+from harness.theory import analysis, timing
 
 MAX_K = 16  # what the engine's config parser accepts for max_draft_tokens (checked here first)
 # The engine's n-gram decoding (``speculative.ngram_size``): proposals looked up in the prompt and the
@@ -211,7 +211,7 @@ def divergence_gap(
     flip the wide verification forward may make; anything larger is a fault of the engine."""
     import numpy as np
 
-    i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+    i = analysis.first_differing_token(plain, other)
     if i is None:
         return None
     og = _og()

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
 from harness.settings.setup import LLAMACPP, GenerationSettings
-from harness.theory import timing
+from harness.theory import analysis, timing
 
 HOST = "127.0.0.1"  # the only address a server the suite starts listens on
 MAX_K = 64
@@ -285,7 +285,7 @@ def flip_gap(
     """Where ``other`` first leaves ``plain``, the plain token's log-probability lead over the other
     one by the plain decoder's own top log-probabilities there (``complete``: its ``/completion``
     request, the prefix replayed as one prompt); None when they do not differ."""
-    i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+    i = analysis.first_differing_token(plain, other)
     if i is None:
         return None
     settings = GenerationSettings(max_new_tokens=1, ignore_eos=True)

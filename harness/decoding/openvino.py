@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
 from harness.settings.setup import OPENVINO, GenerationSettings
-from harness.theory import timing
+from harness.theory import analysis, timing
 
 # Device names of the suite (``--target_device``/``--draft_device``) -> OpenVINO's.
 DEVICES = {"cpu": "CPU", "npu": "NPU", "gpu": "GPU"}
@@ -286,7 +286,7 @@ class OpenVinoEngine:
     def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
         """The plain pipeline's own judgement of the first place ``other`` leaves ``plain``: its top
         tokens there (beam search over one token) with their log-probabilities."""
-        i = next((j for j, (a, b) in enumerate(zip(plain, other, strict=False)) if a != b), None)
+        i = analysis.first_differing_token(plain, other)
         if i is None:
             return None
         config = config_of(GenerationSettings(max_new_tokens=1, ignore_eos=True), None)

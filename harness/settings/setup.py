@@ -477,27 +477,13 @@ STOCK_FP32: dict[str, Any] = dict(
 
 
 def defaults(spec: Any) -> dict[str, Any]:
-    """The columns a run without flags has (``resolve`` with nothing given, and the decoding
-    defaults): a reproduce command leaves out every flag whose value equals these."""
+    """The columns a run without flags has (``resolve`` with nothing given), read through ``FIELDS``:
+    a reproduce command leaves out every flag whose value equals these."""
     run = resolve(spec)
-    d = run.decoding
-    assert run.draft is not None
-    return {
-        "target_precision": run.target.precision,
-        "target_kernels": run.target.kernels,
-        "target_device": run.target.device,
-        "draft_precision": run.draft.precision,
-        "draft_kernels": run.draft.kernels,
-        "draft_vocab": run.draft.vocab or 0,
-        "draft_device": run.draft.device,
-        "num_assistant_tokens": d.num_assistant_tokens,
-        "assistant_schedule": d.assistant_schedule,
-        "assistant_confidence_threshold": d.assistant_confidence_threshold,
-        "top_p": d.top_p,
-        "top_k": d.top_k,
-        "seed": d.seed,
-        "min_new_tokens": d.min_new_tokens,
-    }
+    # Read as an assisted, sampled run of those settings would be, so the draft's and sampling's
+    # settings have their values (a plain greedy run leaves them None).
+    shown = replace(run, decoding=replace(run.decoding, mode="assisted", do_sample=True))
+    return {f.column: f.get(shown) for f in FIELDS if f.flag is not None}
 
 
 # --------------------------------------------------------------------------- the reproduce command
@@ -538,7 +524,7 @@ def _spell(field: Field, get: Callable[[str], Any], d: Mapping[str, Any]) -> lis
         # The seeds always spell the temperature out when sampling; prompt lookup names its N.
         return [flag, _number(value)] if value is not None else []
     if column == "draft_vocab":
-        if get("mode") != "assisted" or (value or 0) == d.get(column, 0):
+        if get("mode") != "assisted" or (value or 0) == (d.get(column) or 0):
             return []
         return [flag, str(value or 0)]
     # A setting with a default (kernels, devices, the new-token floor, a new setting) compares with

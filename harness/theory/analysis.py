@@ -70,6 +70,19 @@ def _judged_steps(m: Measurement) -> list[list[bool]]:
     return steps
 
 
+def first_differing_token(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where both sequences hold a token and the tokens differ (None: none)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Where two outputs first part: a differing token, or the end of the shorter one (None: equal)."""
+    i = first_differing_token(a, b)
+    if i is not None or len(a) == len(b):
+        return i
+    return min(len(a), len(b))
+
+
 def acceptance_steps(m: Measurement) -> tuple[int, int]:
     """(accepted candidates, verify steps that rejected one) over an assisted run's verify forwards.
 

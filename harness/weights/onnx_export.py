@@ -18,7 +18,6 @@ finished.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -111,19 +110,11 @@ def export(
 ) -> Path:
     """The exported folder for ``hf_dir`` at ``settings``, building it once."""
     final = export_dir(name, hf_dir, settings, cache)
-    if is_exported(final, verify=verify):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # One exporter per source at a time (pytest-xdist workers, two shells): the others wait, then
-    # find the finished export. Holding the lock also makes the partial folders safe to delete.
-    with open(final.parent / ".lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if is_exported(final, verify=verify):
-                return final
-            _export_locked(name, hf_dir, settings, final)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    files.build_once(
+        final.parent / ".lock",
+        lambda: is_exported(final, verify=verify),
+        lambda: _export_locked(name, hf_dir, settings, final),
+    )
     # Sizes only: the sha256s in the marker were computed from these files a moment ago.
     if not is_exported(final):  # pragma: no cover - a disk that lost the files
         raise ChecksumError(f"{final}: the export does not match its recorded sizes; delete it and rerun")

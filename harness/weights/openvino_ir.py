@@ -18,7 +18,6 @@ finished. Cache layout: ``<cache>/openvino/<model>-<source fingerprint>-ov<versi
 
 from __future__ import annotations
 
-import fcntl
 import json
 import shutil
 import subprocess
@@ -69,16 +68,11 @@ def is_built(folder: Path, *, verify: bool = False) -> bool:
 def ir_folder(name: str, gguf: Path, cache: Path | None = None, *, verify: bool = False) -> Path:
     """The IR folder of ``gguf``, converting it once (one converter at a time per model)."""
     final = ir_dir(name, gguf, cache)
-    if is_built(final, verify=verify):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f".{final.name}.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not is_built(final, verify=verify):
-                _convert_locked(name, gguf, final)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    files.build_once(
+        final.parent / f".{final.name}.lock",
+        lambda: is_built(final, verify=verify),
+        lambda: _convert_locked(name, gguf, final),
+    )
     if not is_built(final):  # pragma: no cover - a disk that lost the files
         raise ChecksumError(f"{final}: the conversion does not match its recorded sizes; delete it and rerun")
     return final
