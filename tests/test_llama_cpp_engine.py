@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,25 @@ def _gone(pid: int, within_s: float = 15.0) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+_TAG = "ASSISTED_GENERATION_TEST_TAG"
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes whose environment carries ``_TAG=tag`` (children inherit it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if f"{_TAG}={tag}".encode() in environ and state != "Z":
+            found.append(int(proc.name))
+    return found
 
 
 # --------------------------------------------------------------------------- settings and requests
@@ -209,6 +229,23 @@ def test_a_server_that_dies_mid_run_is_a_clear_error(server_binary):
         server.stop()
 
 
+@pytest.mark.real
+def test_a_server_that_died_between_requests_is_said_once_then_started_afresh(server_binary):
+    servers = llama_server.Servers(server_binary, _draft_gguf(), None, threads=1)
+    try:
+        first = servers.server("plain", 0)
+        first.process.kill()
+        first.process.wait()
+        with pytest.raises(
+            HarnessError, match=r"llama-server \(plain\) exited \(code -9\) since its last request"
+        ):
+            servers.server("plain", 0)
+        again = servers.server("plain", 0)
+        assert again is not first and again.alive()
+    finally:
+        servers.close()
+
+
 _CHILD = """
 import sys, time
 from pathlib import Path
@@ -242,6 +279,7 @@ def test_no_server_outlives_the_process_that_started_it(server_binary, how):
 @pytest.mark.slow
 def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path, server_binary):
     rows_path = tmp_path / "rows.jsonl"
+    tag = uuid.uuid4().hex
     argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "llama.cpp", "--task", "decode", "--compare"]
     argv += ["--limit", "1", "--max_new_tokens", "16", "--json", str(rows_path), "--no_progress"]
     done = subprocess.run(
@@ -250,7 +288,7 @@ def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, llama_build.ENV["llama-server"]: str(server_binary)},
+        env={**os.environ, llama_build.ENV["llama-server"]: str(server_binary), _TAG: tag},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {r.mode: r for r in read_rows(rows_path)}
@@ -264,8 +302,8 @@ def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path
     command = setup.command(rows["assisted"], setup.defaults(models.get_pair(models.DEFAULT_PAIR)))
     assert "--engine llama.cpp" in command and "--target_kernels" not in command
     assert "--assistant_schedule" not in command
-    ours = subprocess.run(["pgrep", "-f", str(server_binary)], capture_output=True, text=True, check=False)
-    assert ours.stdout.strip() == "", f"servers left running: {ours.stdout}"
+    # Only the servers this command started (they inherit its tag), not another test's or run's.
+    assert _tagged(tag) == [], "servers left running"
     assert json.loads(rows_path.read_text().splitlines()[0])["engine"] == "llama.cpp"
 
 

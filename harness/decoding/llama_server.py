@@ -355,10 +355,20 @@ class Servers:
         return ServerArgs(self.binary, self.target, None, k, NGRAM_SIZE, self.threads)
 
     def server(self, mode: str, k: int) -> Server:
+        """The running server of ``mode`` at ``k``, started on first use. One that died since its
+        last request is an error, said with its last log lines, never replaced in silence (a crash
+        would hide among the rows); it is forgotten, so the next request starts a fresh one."""
         key = (mode, 0 if mode == "plain" else k)
-        if key not in self.running or not self.running[key].alive():
-            if key in self.running:
-                self.running[key].stop()  # a server that died: its log goes with it
+        dead = self.running.get(key)
+        if dead is not None and not dead.alive():
+            tail, code = dead.log_tail(), dead.process.returncode if dead.process else None
+            dead.stop()
+            del self.running[key]
+            raise HarnessError(
+                f"llama-server ({mode}) exited (code {code}) since its last request: {tail}; rows "
+                "written so far are kept, and a rerun resumes after them"
+            )
+        if key not in self.running:
             self.running[key] = Server(self.args_for(mode, k)).start()
         return self.running[key]
 
