@@ -1,0 +1,376 @@
+"""What candidate trees would give on a pair, measured before a tree verifier exists.
+
+For each prompt: the target's plain greedy output (the tokens any exact assisted decoding must
+emit), then one forward of the draft over the prompt and that output, which gives the rank of each
+output token in the draft's prediction after the true prefix (``theory.trees``: any tree's
+acceptance is read off these ranks). Beside them, in the same run: one real assisted decode with a
+chain of K (constant schedule), whose accepted count and rounds the chain read off the ranks must
+equal (the check that the table is what decoding sees), and the forward-cost table of both models
+for M = 1..16 rows, from which each tree's round cost and speedup are predicted.
+
+``python -m harness.trees`` prints, per tree size, the tree that accepts most on these prompts, its
+tokens per round, round cost and predicted speedup over plain decoding, against the chain's.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from harness.base.errors import HarnessError
+from harness.decoding import engines
+from harness.decoding.generation import generate
+from harness.experiments.forwards import time_forwards
+from harness.experiments.runner import prompt_ids
+from harness.pairs import models
+from harness.pairs.models import LoadedPair
+from harness.settings import setup
+from harness.settings.setup import GenerationSettings
+from harness.theory import trees
+
+# Ranks past this many count as misses: a tree of at most 16 nodes never holds a deeper one.
+RANKS = 8
+MAX_NODES = 16
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One prompt: the ranks of the target's plain output in the draft's predictions, and what a
+    real chain decode of K accepted."""
+
+    label: str
+    ranks: tuple[int, ...]
+    chain_k: int
+    chain_rounds: int
+    chain_accepted: int
+
+
+def output_ranks(
+    draft: torch.nn.Module, prompt: Sequence[int], output: Sequence[int], ranks: int = RANKS
+) -> list[int]:
+    """Each output token's rank in the draft's prediction after the prompt and the output before
+    it (``trees.MISS`` past ``ranks``), from one forward over the prompt and the output. Rank 0 is
+    the argmax, as the draft's greedy proposal takes it."""
+    from transformers import DynamicCache
+
+    if not prompt or not output:
+        return []
+    ids = torch.tensor([[*prompt, *output[:-1]]], dtype=torch.long, device=draft.device)
+    with torch.inference_mode():
+        logits = draft(ids, past_key_values=DynamicCache(), use_cache=True).logits[0, len(prompt) - 1 :]
+    top = torch.topk(logits.float(), ranks, dim=-1).indices
+    top[:, 0] = logits.argmax(dim=-1)  # ties: the token greedy decoding takes is rank 0
+    found = []
+    for row, token in zip(top.tolist(), output, strict=True):
+        found.append(row.index(int(token)) if int(token) in row else trees.MISS)
+    return found
+
+
+def decode_prompt(pair: LoadedPair, label: str, ids: list[int], new_tokens: int, k: int) -> Decoded:
+    """The plain output's ranks, and a real chain-of-K decode's rounds and accepted candidates."""
+    plain = generate(pair, ids, GenerationSettings(max_new_tokens=new_tokens, ignore_eos=True))
+    chain = generate(
+        pair,
+        ids,
+        GenerationSettings(
+            mode="assisted",
+            num_assistant_tokens=k,
+            assistant_schedule="constant",
+            max_new_tokens=new_tokens,
+            ignore_eos=True,
+        ),
+    )
+    if chain.output_ids != plain.output_ids:
+        raise HarnessError(
+            f"{label}: the assisted output differs from plain; trees are planned on exact decoding only "
+            "(the pair's registered kernels)"
+        )
+    return Decoded(
+        label,
+        tuple(output_ranks(pair.draft, ids, plain.output_ids)),
+        k,
+        chain.target_forwards,
+        chain.accepted,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One tree on the measured prompts: what it accepts and what a round of it costs."""
+
+    label: str
+    size: int
+    depth: int
+    verify_rows: int
+    tokens_per_round: float
+    round_ms: float
+    predicted_speedup: float
+    nodes: tuple[trees.Path, ...]
+
+
+def plan(
+    decoded: Sequence[Decoded],
+    target_ms: dict[int, float],
+    draft_ms: dict[int, float],
+    max_nodes: int = MAX_NODES,
+    chains: Sequence[int] = (1, 2, 3, 4, 5, 6),
+) -> list[Plan]:
+    """The chains and, per size, the tree that accepts most on these prompts, each simulated over
+    every prompt's rounds and costed from the forward-cost table."""
+    counts: Counter[trees.Path] = Counter()
+    for d in decoded:
+        counts.update(trees.path_counts(d.ranks, max_nodes))
+    shapes = [trees.Tree.chain(k) for k in chains]
+    # Grown by frequency alone, a tree is a chain until it is very long (a deep rank-0 path is more
+    # frequent than a second-best token); each depth is a draft forward, a wider level only more
+    # verify rows. So trees are grown within each depth limit, and the costs pick among them.
+    for depth in range(1, max(chains) + 1):
+        within = Counter({p: n for p, n in counts.items() if len(p) <= depth})
+        shapes += [trees.grow(within, n) for n in range(1, max_nodes + 1)]
+    plans, seen = [], set()
+    for tree in shapes:
+        if not tree.nodes or tree.nodes in seen:
+            continue
+        seen.add(tree.nodes)
+        rounds = [trees.simulate(tree, d.ranks) for d in decoded]
+        tpr = sum(r.tokens for r in rounds) / max(1, sum(r.rounds for r in rounds))
+        plans.append(
+            Plan(
+                tree.label(),
+                tree.size,
+                tree.depth,
+                tree.verify_rows,
+                tpr,
+                trees.round_ms(tree, target_ms, draft_ms),
+                trees.predicted_speedup(tpr, tree, target_ms, draft_ms),
+                tree.nodes,
+            )
+        )
+    return plans
+
+
+def chain_problems(decoded: Sequence[Decoded]) -> list[str]:
+    """Where the chain read off the ranks disagrees with the real chain decode (empty: nowhere)."""
+    problems = []
+    for d in decoded:
+        sim = trees.simulate(trees.Tree.chain(d.chain_k), d.ranks)
+        # A round is one verify forward of the target; the real run's first is also its prefill.
+        if (sim.rounds, sim.accepted) != (d.chain_rounds, d.chain_accepted):
+            problems.append(
+                f"{d.label}: ranks give {sim.rounds} rounds accepting {sim.accepted}, the real chain of "
+                f"{d.chain_k} ran {d.chain_rounds} accepting {d.chain_accepted}"
+            )
+    return problems
+
+
+def forward_costs(
+    pair: LoadedPair, rows: Sequence[int] = tuple(range(1, MAX_NODES + 2)), repetitions: int = 5
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Median ms of one forward of M rows, target and draft (the draft's widest level is at most
+    ``MAX_NODES`` rows), timed in the run that decoded the prompts: hosts drift between runs."""
+    target = {m: med for m, (med, _) in time_forwards(pair.target, rows, repetitions=repetitions).items()}
+    widths = [m for m in rows if m <= MAX_NODES]
+    draft = {m: med for m, (med, _) in time_forwards(pair.draft, widths, repetitions=repetitions).items()}
+    return target, draft
+
+
+def table(plans: Sequence[Plan], best_chain: Plan) -> str:
+    from tabulate import tabulate
+
+    body = [
+        [
+            p.label,
+            p.size,
+            p.verify_rows,
+            f"{p.tokens_per_round:.2f}",
+            f"{p.round_ms:.1f}",
+            f"{p.predicted_speedup:.2f}x",
+            f"{p.predicted_speedup / best_chain.predicted_speedup:.3f}",
+        ]
+        for p in plans
+    ]
+    headers = ["Tree", "Nodes", "Verify rows", "Tokens/round", "Round ms", "Predicted", "vs best chain"]
+    return tabulate(body, headers=headers, tablefmt="github")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.trees``: which candidate tree would pay on this pair and host."""
+    import argparse
+
+    from tqdm import tqdm
+
+    from harness.base import platforms, tasks
+    from harness.experiments import humaneval
+    from harness.settings import results
+
+    parser = argparse.ArgumentParser(prog="python -m harness.trees", description=main.__doc__)
+    parser.add_argument("--model_name", default=models.DEFAULT_PAIR, help="registered pair")
+    parser.add_argument(
+        "--prompts",
+        default="code,humaneval",
+        help="comma-separated: code, general (the decode task's prompts), humaneval",
+    )
+    parser.add_argument("--limit", type=int, default=4, help="how many prompts of each kind")
+    parser.add_argument("--max_new_tokens", type=int, default=96, help="tokens per decode")
+    parser.add_argument("--num_assistant_tokens", type=int, default=3, help="K of the real chain decode")
+    parser.add_argument(
+        "--kernels",
+        choices=("invariant",),
+        default=None,
+        help="run both models on the batch-invariant kernels (default: the pair's registered ones)",
+    )
+    parser.add_argument("--repetitions", type=int, default=5, help="timed forwards per M (median)")
+    parser.add_argument("--weights_dir", default=None, help="directory holding the weights (see README)")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="also append each prompt's ranks and each tree's plan as JSON rows here",
+    )
+    parser.add_argument(
+        "--replan",
+        default=None,
+        metavar="FILE",
+        help="plan again from a run's --json rows (its ranks and forward costs), decoding nothing",
+    )
+    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    for name in ("limit", "max_new_tokens", "num_assistant_tokens", "repetitions"):
+        if getattr(args, name) < 1:
+            parser.exit(2, f"error: --{name} must be at least 1\n")
+    kinds = [k.strip() for k in args.prompts.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - {"code", "general", "humaneval"})
+    if unknown or not kinds:
+        parser.exit(2, f"error: --prompts takes code, general and humaneval, not {args.prompts!r}\n")
+    if args.replan:
+        try:
+            decoded, target_ms, draft_ms, context = read_run(args.replan)
+        except HarnessError as exc:
+            parser.exit(2, f"error: {exc}\n")
+        report(decoded, target_ms, draft_ms, f"{context['pair']} on {context['platform']} ({args.replan})")
+        return 0
+    try:
+        spec = models.get_pair(args.model_name)
+        if args.json:
+            results.check_rows_path(Path(args.json))
+        models.offline_env()
+        given_kernels = (
+            {"target_kernels": args.kernels, "draft_kernels": args.kernels} if args.kernels else {}
+        )
+        run = setup.resolve(spec, **given_kernels)
+        pair = engines.load(spec, run, weights_dir=args.weights_dir)
+        if pair.engine is not None or pair.draft is None:
+            raise HarnessError(
+                f"{spec.name}: trees are planned on the harness's own decoding with a draft model"
+            )
+        chosen = []
+        for kind in kinds:
+            if kind == "humaneval":
+                chosen += humaneval.prompts(args.limit, args.max_new_tokens, pair.tokenizer)
+            else:
+                chosen += tasks.decode_prompts(kind)[: args.limit]
+        prompts = [(p.label, prompt_ids(pair, p)) for p in chosen]
+        info = platforms.detect()
+        context = {
+            "pair": spec.name,
+            "platform": info.name,
+            "prompts": args.prompts,
+            "limit": args.limit,
+            "max_new_tokens": args.max_new_tokens,
+            "threads": torch.get_num_threads(),
+            "versions": platforms.library_versions(),
+            "command": shlex.join(["python", "-m", "harness.trees", *given]),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        decoded = []
+        for label, ids in tqdm(prompts, desc="prompts", unit="prompt"):
+            decoded.append(decode_prompt(pair, label, ids, args.max_new_tokens, args.num_assistant_tokens))
+            if args.json:  # each prompt kept as it finishes
+                results.append_row(args.json, {**context, "kind": "prompt", **asdict(decoded[-1])})
+        print(f"timing forwards of 1..{MAX_NODES + 1} rows, target and draft ...", file=sys.stderr)
+        target_ms, draft_ms = forward_costs(pair, repetitions=args.repetitions)
+    except HarnessError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    problems = chain_problems(decoded)
+    plans = report(decoded, target_ms, draft_ms, f"{spec.name} on {info.name}")
+    if problems:
+        print("the ranks disagree with the real chain decode:\n  " + "\n  ".join(problems), file=sys.stderr)
+    if args.json:
+        costs = {
+            **context,
+            "kind": "costs",
+            "chain_checked": not problems,
+            "target_ms": {str(m): v for m, v in target_ms.items()},
+            "draft_ms": {str(m): v for m, v in draft_ms.items()},
+        }
+        results.append_row(args.json, costs)
+        for p in plans:
+            results.append_row(args.json, {**context, "kind": "tree", **asdict(p)})
+    return 1 if problems else 0
+
+
+def report(
+    decoded: Sequence[Decoded], target_ms: dict[int, float], draft_ms: dict[int, float], title: str
+) -> list[Plan]:
+    """Print the plan: costs, the chains, per size the tree predicted fastest, and the best."""
+    plans = plan(decoded, target_ms, draft_ms)
+    chains = [p for p in plans if p.label.startswith("chain")]
+    best_chain = max(chains, key=lambda p: p.predicted_speedup)
+    best_of_size: dict[int, Plan] = {}
+    for p in plans:
+        if p not in chains and (
+            p.size not in best_of_size or p.predicted_speedup > best_of_size[p.size].predicted_speedup
+        ):
+            best_of_size[p.size] = p
+    tokens = sum(len(d.ranks) for d in decoded)
+    print(
+        f"{title}: {len(decoded)} prompts, {tokens} tokens; target {target_ms[1]:.1f} ms a token, "
+        f"draft {draft_ms[1]:.1f} ms (c {draft_ms[1] / target_ms[1]:.2f})"
+    )
+    print("verify forward by rows (x one row): " + ", ".join(
+        f"{m}: {target_ms[m] / target_ms[1]:.2f}" for m in sorted(target_ms)
+    ))  # fmt: skip
+    print("the chains, then per size the tree predicted fastest:")
+    print(table(chains + [best_of_size[n] for n in sorted(best_of_size)], best_chain))
+    best = max(plans, key=lambda p: p.predicted_speedup)
+    print(
+        f"best: {best.label} ({best.size} nodes, {best.tokens_per_round:.2f} tokens a round) "
+        f"{best.predicted_speedup:.2f}x predicted, against the best chain's "
+        f"{best_chain.predicted_speedup:.2f}x ({best_chain.label})"
+    )
+    return plans
+
+
+def read_run(path: str) -> tuple[list[Decoded], dict[int, float], dict[int, float], dict]:
+    """A run's prompts (their ranks) and forward costs from its ``--json`` rows."""
+    import json
+
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"--replan {path}: not a trees run's rows ({exc})") from None
+    costs = [r for r in rows if isinstance(r, dict) and r.get("kind") == "costs"]
+    if not costs:
+        raise HarnessError(
+            f"--replan {path}: no finished run (its forward costs) in it; write one with --json"
+        )
+    last = costs[-1]  # the last finished run, and its prompts
+    run = [r for r in rows if r.get("kind") == "prompt" and r.get("timestamp") == last.get("timestamp")]
+    try:
+        decoded = [
+            Decoded(r["label"], tuple(int(x) for x in r["ranks"]), int(r["chain_k"]),
+                    int(r["chain_rounds"]), int(r["chain_accepted"]))
+            for r in run
+        ]  # fmt: skip
+        target = {int(m): float(v) for m, v in last["target_ms"].items()}
+        draft = {int(m): float(v) for m, v in last["draft_ms"].items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HarnessError(f"--replan {path}: a prompt row lacks {exc}") from None
+    return decoded, target, draft, last
