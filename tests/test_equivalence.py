@@ -11,6 +11,7 @@ from helpers import load_pair
 
 from harness.experiments import equivalence
 from harness.settings.setup import GenerationSettings
+from harness.theory.timing import Measurement
 
 
 def test_divergence_rows_are_written_as_cases_finish(tmp_path):
@@ -57,3 +58,29 @@ def test_each_strategy_states_the_acceptance_it_implies() -> None:
     assert strategies.get("self").settings(4, "dynamic", 16).assistant_schedule == "dynamic"
     with pytest.raises(ValueError, match="draft, self, random, partial, prompt_lookup"):
         strategies.get("medusa")
+
+
+@pytest.mark.parametrize(
+    ("gap", "exact_judge", "near_tie"),
+    [
+        (0.2, True, True),
+        (-0.2, True, False),  # plain decoding's own logits put the other token ahead: a fault
+        (-0.2, False, True),  # a one-prompt replay's rounding put it ahead: a near tie all the same
+        (0.7, False, False),
+        (-0.7, False, False),
+        (None, False, False),
+    ],
+)
+def test_a_flip_is_a_near_tie_by_its_judge(gap, exact_judge, near_tie):
+    m = Measurement(3, [1, 2], 0.1, 1.0, 1.0, 1.0, 1.0, 2, 0, 1.0, 0.0, 0.0, 0, 0)
+    case = equivalence.CaseResult([1], m, m, 1, gap, 0.5, 10, exact_judge)
+    assert case.near_tie is near_tie and case.acceptable is near_tie
+
+
+def test_engines_say_whether_their_judge_replays_plain_decoding_step_for_step():
+    from harness.decoding import genai, llama_server, openvino, served
+
+    assert genai.GenaiEngine.exact_judge
+    assert not any(
+        e.exact_judge for e in (llama_server.LlamaCppEngine, openvino.OpenVinoEngine, served.ServedEngine)
+    )

@@ -298,6 +298,8 @@ class GenaiEngine:
     and its n-gram decoding (the suite's prompt lookup). One object per loaded pair holds its models."""
 
     name: ClassVar[str] = GENAI
+    # Its judge replays plain decoding step for step: the plain token must lead there.
+    exact_judge: ClassVar[bool] = True
 
     def __init__(self, models_of: Models, vocab: int) -> None:
         self.models = models_of

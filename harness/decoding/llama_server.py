@@ -384,6 +384,8 @@ class LlamaCppEngine:
     prompt lookup, ``--prompt_lookup N`` tokens proposed)."""
 
     name: ClassVar[str] = LLAMACPP
+    # Its judge replays the prefix as one prompt: a batched prefill, not plain decoding's steps.
+    exact_judge: ClassVar[bool] = False
 
     def __init__(self, servers: Servers) -> None:
         self.servers = servers

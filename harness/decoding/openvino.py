@@ -195,6 +195,8 @@ class OpenVinoEngine:
     speculative with the draft model."""
 
     name: ClassVar[str] = OPENVINO
+    # Its judge (beam search over one token) reads the prefix as one prompt, not plain decoding's steps.
+    exact_judge: ClassVar[bool] = False
 
     def __init__(self, pipelines: Pipelines, eos: int | None) -> None:
         from harness.weights.openvino_ir import openvino_version

@@ -191,6 +191,8 @@ class ServedEngine:
     """A deployment's plain endpoint and speculative endpoint of one model, under every suite."""
 
     name: ClassVar[str] = SERVED
+    # Its judge replays the prefix as one prompt: a batched prefill, not plain decoding's steps.
+    exact_judge: ClassVar[bool] = False
 
     def __init__(self, plain: Endpoint, speculative: Endpoint | None, tokenizer: Any = None) -> None:
         self.plain = plain
