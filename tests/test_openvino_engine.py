@@ -200,6 +200,20 @@ def test_speculative_and_plain_books_on_the_real_pair(pair):
 
 
 @pytest.mark.real
+@pytest.mark.openvino
+def test_a_failure_inside_the_library_is_a_clear_error(pair):
+    # OpenVINO GenAI checks its configuration in C++ and raises RuntimeError with the check's text
+    # (its speculative sampling also failed such a check once at a 4-token budget's edge).
+    config = openvino.config_of(GenerationSettings(max_new_tokens=2, ignore_eos=True), None)
+    config.num_beams, config.num_return_sequences = 2, 3
+    with pytest.raises(
+        HarnessError, match=r"plain pipeline failed inside the library: Check 'num_beams"
+    ) as err:
+        pair.engine._generate("plain", [1000, 1001, 1002], config)
+    assert "/home/" not in str(err.value) and "rows written so far are kept" in str(err.value)
+
+
+@pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.openvino
 def test_cli_compare_on_openvino_writes_its_books(tmp_path, pair):

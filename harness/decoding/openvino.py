@@ -17,6 +17,7 @@ speedup gate adjusts for a host's forward costs as for the other engines.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -157,6 +158,14 @@ def measurement(
     )
 
 
+def library_error(exc: BaseException) -> str:
+    """The first line of an error OpenVINO GenAI raised (a C++ check's condition), without the path
+    of the machine that built the library."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return re.sub(r" at /\S+", "", first)[:300]
+
+
 def beam_gap(tokens: Sequence[Sequence[int]], scores: Sequence[float], plain: int, other: int) -> float:
     """The plain token's log-probability lead over the other one among the listed top tokens (one
     token each, with its log-probability); a token not listed is at most as likely as the last."""
@@ -271,7 +280,13 @@ class OpenVinoEngine:
         import openvino
 
         tensor = openvino.Tensor(np.asarray([list(ids)], dtype=np.int64))
-        return self.pipelines.get(mode).generate(tensor, config)
+        try:
+            return self.pipelines.get(mode).generate(tensor, config)
+        except RuntimeError as exc:
+            raise HarnessError(
+                f"OpenVINO GenAI's {mode} pipeline failed inside the library: {library_error(exc)}; rows "
+                "written so far are kept, and a rerun resumes after them"
+            ) from None
 
     def decode(self, _pair: Any, ids: list[int], settings: Any) -> Any:
         check_settings(settings)
