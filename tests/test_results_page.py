@@ -169,6 +169,23 @@ def test_each_benchmark_table_names_the_command_that_made_its_rows():
     assert "- command: none today (the benchmark suite measured case " in text
 
 
+def test_each_divergence_tier_names_the_one_test_that_wrote_it():
+    import subprocess
+    import sys
+
+    text = page.results_page(RESULTS)
+    tests = re.findall(r"- command \([^)]+\): `pytest (perf/test_decode\.py::\S+) --real-prompts", text)
+    files = list(RESULTS.glob("*/divergence/*.jsonl"))
+    assert len(tests) == len(files) >= 8, tests
+    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*collect, *sorted(set(tests))],
+        cwd=RESULTS.parent, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    collected = sorted(line for line in done.stdout.splitlines() if "::" in line)
+    assert done.returncode == 0 and collected == sorted(set(tests)), done.stdout[-2000:]
+
+
 def test_a_real_case_is_named_by_its_pytest_selection():
     from harness.base import backends
     from harness.experiments import bench

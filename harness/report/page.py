@@ -289,6 +289,22 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: Swee
 # --------------------------------------------------------------------------- divergence and HumanEval
 
 
+def tier_test(label: str, pair: str) -> str:
+    """The pytest node id of the real tier whose rows carry the precision ``label`` (``"P / K"``:
+    a precision and kernels of the harness's own, or an engine's target and the engine)."""
+    precision, _, rest = label.partition(" / ")
+    engine, _, provider = rest.partition(" ")
+    where = "perf/test_decode.py::"
+    if engine in ("onnxruntime", "onnxruntime-genai"):
+        name = "test_precision_tier_real_" + engine.replace("-", "_")
+        return f"{where}{name}[{pair}-onnxruntime-{provider}]"
+    if engine in ("llama.cpp", "openvino"):
+        return f"{where}test_precision_tier_real_{engine.replace('.', '_')}[{pair}]"
+    if precision == "gguf":
+        return f"{where}test_precision_tier_real_gguf[{pair}]"
+    return f"{where}test_precision_tier_real[{pair}-{precision}-{engine}]"
+
+
 def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]]) -> list[str]:
     """All prompts of each precision tier: exact, near ties (with the largest gap), other."""
     body = []
@@ -309,7 +325,7 @@ def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]])
             ]
         )
         commands.append(
-            f'pytest perf/test_decode.py -k "precision_tier_real and {first.get("pair", "")}" '
+            f"pytest {tier_test(first.get('precision', ''), first.get('pair', ''))} "
             f"--real-prompts {len(records)} --divergence-out {source}"
         )
     table = tabulate(
