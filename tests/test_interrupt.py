@@ -30,8 +30,9 @@ def _start(argv: list[str]) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _interrupt(argv: list[str], rows: Path, sig: signal.Signals, after_rows: int) -> int:
-    """Start a run, send ``sig`` once it has written ``after_rows`` rows (0: while it loads)."""
+def _interrupt(argv: list[str], rows: Path, sig: signal.Signals, after_rows: int) -> tuple[int, str]:
+    """Start a run, send ``sig`` once it has written ``after_rows`` rows (0: while it loads); its
+    exit code and what it printed on stderr."""
     proc = _start(argv)
     deadline = time.monotonic() + 120
     while len(_lines(rows)) < after_rows and proc.poll() is None and time.monotonic() < deadline:
@@ -39,8 +40,8 @@ def _interrupt(argv: list[str], rows: Path, sig: signal.Signals, after_rows: int
     if after_rows == 0:
         time.sleep(0.5)  # inside imports and model building
     proc.send_signal(sig)
-    proc.communicate(timeout=120)
-    return proc.returncode
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
@@ -48,11 +49,12 @@ def _interrupt(argv: list[str], rows: Path, sig: signal.Signals, after_rows: int
 def test_an_interrupted_run_resumes_without_losing_or_duplicating_rows(tmp_path, sig, after_rows):
     rows = tmp_path / "rows.jsonl"
     argv = [*RUN, "--json", str(rows)]
-    code = _interrupt(argv, rows, sig, after_rows)
+    code, err = _interrupt(argv, rows, sig, after_rows)
     kept = [json.loads(line) for line in _lines(rows) if line.strip().endswith("}")]
     if code == 0:
         pytest.skip("the run finished before the signal arrived (a fast machine); nothing to test")
-    assert code in (130, -signal.SIGKILL, -signal.SIGINT), code
+    assert code in (130, -signal.SIGKILL, -signal.SIGINT), (code, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
     assert len(kept) >= (after_rows if sig == signal.SIGINT else max(0, after_rows - 1))
     done = subprocess.run(
         [sys.executable, "assisted_generation.py", *argv],
@@ -69,3 +71,23 @@ def test_an_interrupted_run_resumes_without_losing_or_duplicating_rows(tmp_path,
     # every row written before the interruption is still there, unchanged
     assert all(row in final for row in kept)
     assert f"resumed {len(kept)} of {2 * LIMIT} runs" in done.stderr
+
+
+def test_an_error_raised_while_handling_an_interrupt_counts_as_the_interrupt():
+    from harness.base.errors import caused_by_interrupt
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ImportError("Could not import module 'PreTrainedModel'") from None
+    except ImportError as exc:
+        assert caused_by_interrupt(exc)  # from None hides it from the traceback, not from __context__
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as inner:
+            raise ModuleNotFoundError("lazy import failed") from inner
+    except ModuleNotFoundError as exc:
+        assert caused_by_interrupt(exc)
+    assert not caused_by_interrupt(ValueError("a plain bug"))

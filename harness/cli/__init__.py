@@ -18,7 +18,7 @@ from pathlib import Path
 
 from harness import report
 from harness.base import backends, devices, llamacpp, platforms, tasks
-from harness.base.errors import HarnessError
+from harness.base.errors import HarnessError, caused_by_interrupt
 from harness.cli.parser import EXIT_USAGE, HUMANEVAL_NEW_TOKENS, PROMPTS_FILE_NEW_TOKENS, build_parser
 from harness.decoding import engines
 from harness.experiments import humaneval, runner, sweep
@@ -514,19 +514,25 @@ def llama_reference(ref: llamacpp.Reference | None, line: str, result: sweep.Swe
     return line
 
 
-def _interruptible() -> None:
+def _interruptible(seen: list[int]) -> None:
     """Ctrl-C (SIGINT) always stops a run, its finished rows kept. A process started with SIGINT
     ignored (a shell script's ``cmd &``, some job runners) inherits that, and Python then leaves it
-    ignored: such a run would decode on to the end, whatever an interrupt asked."""
+    ignored: such a run would decode on to the end, whatever an interrupt asked. Each interrupt is
+    noted in ``seen``: while a library loads, it can surface as that library's own error."""
     import signal
     import threading
 
+    def interrupt(signum: int, frame: object) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt
+
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, interrupt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _interruptible()
+    interrupts: list[int] = []
+    _interruptible(interrupts)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -535,6 +541,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Same shape as argparse's own errors, so every usage problem reads alike.
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:
+        if not interrupts and not caused_by_interrupt(exc):
+            raise
+        print("interrupted while preparing; no row was being written", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        # Outside the decoding loops (which say where their rows are): while loading or preparing.
+        print("interrupted while preparing; no row was being written", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
