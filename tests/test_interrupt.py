@@ -54,7 +54,9 @@ def test_an_interrupted_run_resumes_without_losing_or_duplicating_rows(tmp_path,
     if code == 0:
         pytest.skip("the run finished before the signal arrived (a fast machine); nothing to test")
     assert code in (130, -signal.SIGKILL, -signal.SIGINT), (code, err[-2000:])
-    assert "Traceback" not in err, err[-2000:]
+    if code == 130:  # the run's own handling: one line, no traceback (-2: the interrupt came before
+        # the interpreter ran any of the suite's code, in its own start-up, which prints its own)
+        assert "Traceback" not in err, err[-2000:]
     assert len(kept) >= (after_rows if sig == signal.SIGINT else max(0, after_rows - 1))
     done = subprocess.run(
         [sys.executable, "assisted_generation.py", *argv],
