@@ -6,22 +6,17 @@ import sys
 interrupted = []
 
 
-def _on_interrupt(signum, frame):
-    # Ctrl-C while the libraries import can surface as another error (numpy's "cannot load module
-    # more than once", an import error of transformers' lazy modules); remember that it came.
+def _note_interrupt(signum, frame):
+    # Ctrl-C while the libraries import is noted, not raised: an exception raised inside a C
+    # extension's initialisation surfaced as other errors (an import error of transformers' lazy
+    # modules, numpy's "cannot load module more than once") or aborted the process (SIGABRT).
     interrupted.append(signum)
-    raise KeyboardInterrupt
 
 
-signal.signal(signal.SIGINT, _on_interrupt)
-try:
-    from harness.cli import main
-except (Exception, KeyboardInterrupt):
-    if not interrupted:
-        raise
-    print("interrupted while starting; nothing had started", file=sys.stderr)
-    sys.exit(130)
-if interrupted:  # a library caught it while importing and went on: it was still asked for
+signal.signal(signal.SIGINT, _note_interrupt)
+from harness.cli import main  # noqa: E402 - after the handler, so an interrupt while importing is kept
+
+if interrupted:
     print("interrupted while starting; nothing had started", file=sys.stderr)
     sys.exit(130)
 
