@@ -541,13 +541,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Same shape as argparse's own errors, so every usage problem reads alike.
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
+        # Outside the decoding loops (which say where their rows are): an interrupt while loading
+        # or preparing, as itself or as a library's error it caused.
         if not interrupts and not caused_by_interrupt(exc):
             raise
-        print("interrupted while preparing; no row was being written", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        # Outside the decoding loops (which say where their rows are): while loading or preparing.
         print("interrupted while preparing; no row was being written", file=sys.stderr)
         return 130
 
