@@ -337,6 +337,17 @@ def run_real_case(
     """Record one entry of a real case in pytest-benchmark (its rounds), and on the ratio entry,
     which gates, assert the gate's verdict; the case is measured once, by its first entry."""
     pytestconfig = request.config
+    # A compare never reads another case's numbers as this one's: the entry of this test in the
+    # compared run must have measured this case. Checked before measuring (pytest-benchmark loads
+    # the compared runs at configure time), so a stale baseline costs no decoding.
+    for path, entry in plugin.compared_entries(pytestconfig, request.node.nodeid):
+        theirs = (entry.get("extra_info") or {}).get("case_id")
+        if theirs is not None and theirs != case.case_id:
+            pytest.fail(
+                f"--benchmark-compare: {path} holds case {theirs} under this test's name, but this run "
+                f"measures {case.case_id} (the configuration changed): re-record the baseline with "
+                "--update-baselines, or compare against a run of this configuration"
+            )
     outcome = cases.get(case.case_id)
     if outcome is None:
         names = {a: arm_nodeid(request.node.nodeid, arm, a) for a in baselines.ARMS}
@@ -356,16 +367,6 @@ def run_real_case(
         info["gate"] = {name: g.status for name, g in outcome.gates.items()}
         info["baseline_platform"] = outcome.held_to
     plugin.record_rounds(benchmark, rounds, baselines.entry_group(case.case_id, arm), info)
-    # A compare never reads another case's numbers as this one's: the entry of this test in the
-    # compared run must have measured this case.
-    for path, entry in plugin.compared_entries(pytestconfig, request.node.nodeid):
-        theirs = (entry.get("extra_info") or {}).get("case_id")
-        if theirs is not None and theirs != case.case_id:
-            pytest.fail(
-                f"--benchmark-compare: {path} holds case {theirs} under this test's name, but this run "
-                f"measures {case.case_id} (the configuration changed): re-record the baseline with "
-                "--update-baselines, or compare against a run of this configuration"
-            )
     if arm != "ratio" or outcome.gates is None:
         if outcome.not_gated and arm == "ratio":
             pytest.skip(outcome.not_gated)

@@ -79,7 +79,8 @@ def test_benchmark_compare_shows_real_rounds_of_both_arms_against_the_platforms_
 
 def test_a_compare_never_reads_another_cases_numbers_as_this_ones(tmp_path, platform_name, pairs):
     """A stored run whose entry under this test's name measured another configuration (the
-    registered one changed since) fails the compare with what to do, instead of comparing them."""
+    registered one changed since) fails the compare with what to do, before measuring anything,
+    instead of comparing them."""
     pairs.require_weights(models.DEFAULT_PAIR)
     held_to = _held_to(platform_name)
     storage = tmp_path / "storage"
@@ -97,3 +98,5 @@ def test_a_compare_never_reads_another_cases_numbers_as_this_ones(tmp_path, plat
         "holds case benchmark-p128-n32-t_fp32-d_fp32-k9-constant-greedy under this test's name" in done.stdout
     )
     assert "1 failed" in done.stdout and "--update-baselines" in done.stdout
+    # Refused before measuring: not one decode ran, so no benchmark row was written.
+    assert not list((tmp_path / "runs").rglob("*.jsonl")), list((tmp_path / "runs").rglob("*"))

@@ -7,6 +7,7 @@ import pytest
 
 from harness.base.errors import HarnessError
 from harness.settings.baselines import (
+    ARMS,
     BaselineRecord,
     CaseKey,
     MissingBaselineError,
@@ -183,6 +184,21 @@ def test_load_missing_and_list(tmp_path):
     save_baseline(tmp_path, "box", CASE, record_for(CASE, plain, [x * 1.1 for x in assisted]))
     assert sorted(r.case.case_id for r in read_storage(a)) == sorted([CASE.case_id, third.case_id])
     assert len(json.loads(a.read_text())["benchmarks"]) == 6  # ratio, assisted and plain of each
+
+
+def test_a_test_whose_case_changed_keeps_one_entry_per_arm(tmp_path):
+    """The same test re-recorded with another configuration (its budget changed, say) replaces its
+    entries: pytest-benchmark's compare reads one entry per test name, so a stale one left beside
+    the new would be the one compared."""
+    plain, assisted = interleaved(4)
+    names = {arm: f"perf/test_x.py::test_case[{arm}]" for arm in ARMS}
+    path = save_baseline(tmp_path, "box", CASE, record_for(CASE, plain, assisted), names=names)
+    changed = replace(CASE, max_new_tokens=CASE.max_new_tokens // 2)
+    save_baseline(tmp_path, "box", changed, record_for(changed, plain, assisted), names=names)
+    entries = json.loads(path.read_text())["benchmarks"]
+    assert sorted(e["fullname"] for e in entries) == sorted(names.values())
+    assert {e["extra_info"]["case_id"] for e in entries} == {changed.case_id}
+    assert [r.case for r in read_storage(path)] == [changed]
 
 
 def test_compare_to_baseline_passes_unchanged_build(tmp_path):

@@ -89,3 +89,28 @@ def test_cpu_only_layers_are_detected_for_every_quantized_precision(precision, c
 
     model = apply_precision(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16)), precision)
     assert len(_cpu_only_modules(model)) == cpu_only
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_a_cuda_target_verifies_a_cpu_drafts_tokens_exactly(name):
+    """The seeds' split, the target on the accelerator and the draft on the CPU, with CUDA as the
+    accelerator: greedy assisted output is the target's own, token for token, or leaves it only at
+    a near tie of the target's logits; and the draft's tokens were really verified there."""
+    from helpers import load_pair
+
+    from harness.experiments import equivalence
+    from harness.settings.setup import GenerationSettings
+    from harness.weights import tiny
+
+    pair = load_pair(
+        name, target_device="cuda", draft_device="cpu", target_precision="fp32", draft_precision="fp32",
+        target_kernels="stock",
+    )  # fmt: skip
+    assert {p.device.type for p in pair.target.parameters()} == {"cuda"}
+    assert {p.device.type for p in pair.draft.parameters()} == {"cpu"}
+    settings = GenerationSettings(mode="assisted", max_new_tokens=32, ignore_eos=True, num_assistant_tokens=4)
+    result = equivalence.check_case(pair, [tiny.BOS_ID, *range(40, 59)], settings)
+    assert result.acceptable, result.explain()
+    assert len(result.assisted.output_ids) == len(result.plain.output_ids) == 32
+    assert result.assisted.drafted > 0 and result.assisted.accepted > 0

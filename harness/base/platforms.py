@@ -113,6 +113,11 @@ def library_versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "absent"
+    import torch
+
+    # The running build's own string: its local tag (+cpu, +cu130) says which build measured, and a
+    # wheel's metadata can leave it out (a CUDA build's read "2.11.0" beside "2.11.0+cu130").
+    out["torch"] = torch.__version__
     return out
 
 

@@ -99,8 +99,9 @@ def benchmark_section(platform: str, rows: Sequence[Row], source: str) -> list[s
         if made_by is None:
             case_id = first.extra["bench"].get("case_id")
             header[2] = (
-                f"- command: none today (the benchmark suite measured case {case_id} while it was "
-                "registered; the pair's registered configuration has changed since)"
+                f"- command: none today (the benchmark suite measured case {case_id} then; no "
+                "current case is that one: the pair's registered configuration or the case's "
+                "budget has changed since)"
             )
         lines += [*header, ""]
         why = disturbed(run)

@@ -491,11 +491,12 @@ def save_baseline(
     commit_info: dict[str, Any] | None = None,
     saved_at: str | None = None,
 ) -> Path:
-    """Put ``record`` into the platform's storage file in place of the case's earlier entries (the
-    other cases' entries kept), atomically: the old file stays intact unless the new one was
-    completely written. ``names`` gives each arm's entry the full name of its test, which is what
-    ``--benchmark-compare`` matches; ``machine_info``, ``commit_info`` and ``saved_at`` are
-    pytest-benchmark's (default: the record's machine, the checkout's commit, now)."""
+    """Put ``record`` into the platform's storage file in place of the case's earlier entries and
+    of its tests' earlier entries (the other tests' entries kept), atomically: the old file stays
+    intact unless the new one was completely written. ``names`` gives each arm's entry the full
+    name of its test, which is what ``--benchmark-compare`` matches; ``machine_info``,
+    ``commit_info`` and ``saved_at`` are pytest-benchmark's (default: the record's machine, the
+    checkout's commit, now)."""
     if isinstance(record, dict):
         try:
             record = BaselineRecord.from_dict(record)
@@ -507,8 +508,16 @@ def save_baseline(
         )
     path = storage_file(root, platform)
     doc = _read_doc(path) if path.exists() else {"benchmarks": []}
-    kept = [e for e in doc["benchmarks"] if e.get("extra_info", {}).get("case_id") != case.case_id]
-    benchmarks = sorted(kept + record_entries(record, names), key=lambda e: (e["group"], e["fullname"]))
+    entries = record_entries(record, names)
+    # A test's earlier entry goes too when its case changed (the test now measures a new
+    # configuration): pytest-benchmark's compare reads one entry per test name, the last stored.
+    replaced = {e["fullname"] for e in entries}
+    kept = [
+        e
+        for e in doc["benchmarks"]
+        if e.get("extra_info", {}).get("case_id") != case.case_id and e.get("fullname") not in replaced
+    ]
+    benchmarks = sorted(kept + entries, key=lambda e: (e["group"], e["fullname"]))
     if machine_info is None:
         machine_info = dict(record.machine)
     if commit_info is None:
