@@ -4,18 +4,22 @@ Users ship ``generate(assistant_model=...)``, so that is what runs. What this mo
 control and measurement: every setting that changes speed or output is set explicitly on each call
 (transformers reads K, the schedule and the confidence threshold from the *assistant's*
 ``generation_config``, ignores them when passed to the target's ``generate``, ships version-dependent
-defaults for them, and its "heuristic" schedule writes K back into the assistant between calls), and
-every forward of both models is timed (``harness.theory.timing``).
+defaults for them, its "heuristic" schedule writes K back into the assistant between calls, and
+where scikit-learn is installed it re-fits the confidence threshold between rounds), and every
+forward of both models is timed (``harness.theory.timing``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers.generation import candidate_generator
 
 from harness.base.errors import HarnessError
 from harness.pairs.models import LoadedPair
@@ -62,6 +66,29 @@ def pin_assistant(draft: torch.nn.Module, settings: GenerationSettings) -> None:
     # 0 turns the confidence stop off; transformers' default (0.4) would otherwise make every
     # "constant" run silently dynamic.
     config.assistant_confidence_threshold = settings.confidence_threshold_in_effect
+
+
+@contextlib.contextmanager
+def threshold_as_set() -> Iterator[None]:
+    """Run the draft's confidence threshold as the settings state it, on every host.
+
+    transformers' assisted loop re-fits the threshold between rounds (an ROC fit over the draft's
+    probabilities and the target's verdicts) only where scikit-learn happens to be importable, so
+    one run stopped its drafts differently on two hosts (K=7 "dynamic" at threshold 1e-6 ran every
+    round to K here and stopped a round at 4 on a host with scikit-learn), and a row's threshold
+    was not the one that ran. The switch it reads is this module's ``is_sklearn_available``; it is
+    turned off for the call only, and restored after."""
+    found = getattr(candidate_generator, "is_sklearn_available", None)
+    if found is None:
+        raise HarnessError(
+            "this transformers version's assisted loop no longer reads is_sklearn_available: check "
+            "how it adapts the draft's confidence threshold before pinning it (harness.decoding.generation)"
+        )
+    candidate_generator.is_sklearn_available = lambda: False
+    try:
+        yield
+    finally:
+        candidate_generator.is_sklearn_available = found
 
 
 class _InternalDraftCall(logging.Filter):
@@ -131,7 +158,7 @@ def generate(
         watched["draft"] = pair.draft
     torch.manual_seed(settings.seed)
 
-    with torch.inference_mode(), record_forwards(watched) as log:
+    with torch.inference_mode(), threshold_as_set(), record_forwards(watched) as log:
         start = time.perf_counter()
         out = pair.target.generate(ids, **kwargs)
         end = time.perf_counter()
