@@ -277,7 +277,8 @@ def test_host_adjustment_follows_the_cost_model():
     )
     assert faster_target.factor == pytest.approx(expected) and faster_target.factor < 0.9
     assert "c 0.39 -> 0.47" in faster_target.describe()
-    # Without its own alpha, c and v (published tables), a baseline cannot be adjusted.
+    # Without its own c and v (published tables), a baseline cannot be adjusted; nor a run that did
+    # not measure c against a baseline that did.
     assert host_adjustment(record_for(CASE, *interleaved(20)), 5, 0.47, 1.23) is None
     assert host_adjustment(record, 5, float("nan"), 1.2) is None
     assert host_adjustment(record, 5, -0.1, 1.2) is None  # outside the model's domain
@@ -286,6 +287,27 @@ def test_host_adjustment_follows_the_cost_model():
     assert host_adjustment(all_accepted, 5, 0.47, 1.23).factor == pytest.approx(
         (5 * 0.39 + 1.13) / (5 * 0.47 + 1.23)
     )
+
+
+def test_an_engine_that_books_its_rounds_whole_is_adjusted_by_its_round_cost(tmp_path):
+    """llama.cpp's server books a speculative round whole, drafting included: c is not measured
+    (null in its record, NaN in a run) and v is the round in plain steps. The adjustment is then
+    the rounds' cost ratio, which is what Leviathan's ratio is at any acceptance."""
+    booked = {"alpha": None, "c": None, "v": 6.0}
+    record = record_for(CASE, *interleaved(30, n=8), extra=booked)
+    adjusted = host_adjustment(record, 3, float("nan"), 5.0)
+    assert adjusted.factor == pytest.approx(6.0 / 5.0)
+    assert "a round 6 -> 5 plain steps" in adjusted.describe()
+    assert host_adjustment(record, 3, 0.3, 5.0) is None  # booked otherwise than its baseline
+    # Through the gate: a host whose rounds cost 20% fewer plain steps runs 1.2x the speedup, and
+    # passes; the same speedup at the baseline's round cost is an improvement, not a pass.
+    save_baseline(tmp_path, "box", CASE, record)
+    faster = interleaved(31, speedup=1.6 * 1.2, n=8)
+    on_host = compare_to_baseline(tmp_path, "box", CASE, *faster, forward_costs=[(math.nan, 5.0)] * 8)
+    assert on_host["speedup"].status == "pass", on_host["speedup"].message
+    assert "plain steps" in on_host["speedup"].message
+    same_costs = compare_to_baseline(tmp_path, "box", CASE, *faster, forward_costs=[(math.nan, 6.0)] * 8)
+    assert same_costs["speedup"].status == "improvement", same_costs["speedup"].message
 
 
 def test_speedup_gate_forgives_the_host_but_not_the_code(tmp_path):

@@ -32,7 +32,7 @@ from pytest_benchmark.utils import get_commit_info, get_machine_id
 from harness.base import files
 from harness.base.errors import HarnessError
 from harness.settings import setup
-from harness.theory.analysis import leviathan_speedup_verify
+from harness.theory.analysis import round_cost
 from harness.theory.stats import (
     DEFAULT_ALPHA,
     DEFAULT_MARGIN,
@@ -648,40 +648,52 @@ class HostAdjustment:
     the verify cost ratio ``v``, and those depend on the host. Seen here: the same commit on two VMs
     that both report "AMD EPYC, 2 cores, AVX-512" ran the registered case at 1.15x (c 0.41) and 1.04x
     (c 0.47, plain 19% faster), while the speedup over the cost model's prediction stayed at 1.20-1.21x.
-    So the gate expects ``baseline speedup x factor``, where ``factor`` is Leviathan's prediction at the
-    baseline's acceptance with this run's ``c`` and ``v`` over the same prediction with the baseline's.
-    An acceptance drop or time lost outside the forwards still fails the gate; a forward that got
-    slower moves c or v and is absorbed here, so it is watched by the tokens/s numbers (reported next to
-    the gate) and by ``python -m harness.forwards`` on one host.
+    So the gate expects ``baseline speedup x factor``, where ``factor`` is Leviathan's prediction with
+    this run's ``c`` and ``v`` over the same prediction with the baseline's: the baseline's round cost
+    over this run's (``round_cost``), in plain target steps, since the acceptance terms cancel. An
+    acceptance drop or time lost outside the forwards still fails the gate; a forward that got slower
+    moves c or v and is absorbed here, so it is watched by the tokens/s numbers (reported next to the
+    gate) and by ``python -m harness.forwards`` on one host.
     """
 
     factor: float
-    c: tuple[float, float]  # (baseline, this run)
+    c: tuple[float, float]  # (baseline, this run); NaN where the engine books drafting inside v
     v: tuple[float, float]
 
     def describe(self) -> str:
+        if math.isnan(self.c[0]):
+            return (
+                f"baseline adjusted x{self.factor:.3f} for this host's forward costs (a round "
+                f"{self.v[0]:.3g} -> {self.v[1]:.3g} plain steps, its drafting included)"
+            )
         return (
             f"baseline adjusted x{self.factor:.3f} for this host's forward costs "
             f"(c {self.c[0]:.3g} -> {self.c[1]:.3g}, v {self.v[0]:.3g} -> {self.v[1]:.3g})"
         )
 
 
+def _cost(value: Any) -> float:
+    """A stored or measured cost ratio; NaN where it was not measured (stored as null)."""
+    try:
+        return math.nan if value is None else float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def host_adjustment(record: BaselineRecord, k: int, c: float, v: float) -> HostAdjustment | None:
     """The adjustment for a run with cost ratios ``c`` and ``v``; None when the baseline lacks its own
-    (records imported from published tables, or written before they were kept)."""
+    (records imported from published tables, or written before they were kept), or when the run and
+    the baseline did not book their rounds alike (one measured c, the other did not)."""
     extra = record.extra or {}
-    try:
-        alpha, base_c, base_v = (float(extra[key]) for key in ("alpha", "c", "v"))
-    except (KeyError, TypeError, ValueError):
+    if "v" not in extra:
         return None
-    if not all(math.isfinite(x) for x in (alpha, base_c, base_v, c, v)):
+    base_c, base_v, c, v = _cost(extra.get("c")), _cost(extra.get("v")), _cost(c), _cost(v)
+    if math.isnan(base_c) != math.isnan(c):
         return None
-    try:  # the model checks its own inputs (alpha in [0, 1], c >= 0, v > 0)
-        then = leviathan_speedup_verify(alpha, k, base_c, base_v)
-        now = leviathan_speedup_verify(alpha, k, c, v)
-    except HarnessError:
+    then, now = round_cost(k, base_c, base_v), round_cost(k, c, v)
+    if then is None or now is None:
         return None
-    return HostAdjustment(factor=now / then, c=(base_c, c), v=(base_v, v))
+    return HostAdjustment(factor=then / now, c=(base_c, c), v=(base_v, v))
 
 
 def pair_adjustments(
@@ -708,11 +720,7 @@ def _baseline_at_own_costs(
     kept = (record.extra or {}).get("pair_costs")
     if not isinstance(samples, list) or not kept or len(kept) != len(samples):
         return samples
-    try:
-        costs = [(float(c), float(v)) for c, v in kept]
-    except (TypeError, ValueError):  # a pair whose costs were not measured (stored as null)
-        return samples
-    own = pair_adjustments(record, k, costs)
+    own = pair_adjustments(record, k, [(_cost(c), _cost(v)) for c, v in kept])
     return samples if own is None else [x / a.factor for x, a in zip(samples, own, strict=True)]
 
 

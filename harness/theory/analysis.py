@@ -148,6 +148,17 @@ def decode_ms(runs: Sequence[Measurement], role: str) -> float:
     return statistics.median(per_run) if per_run else math.nan
 
 
+def round_cost(k: int, c: float, v: float) -> float | None:
+    """A speculative round's cost in plain target steps: K draft steps and one verification,
+    ``K c + v`` (Leviathan's denominator: two hosts' predictions at one acceptance differ by its
+    ratio); ``v`` alone where ``c`` was not measured because the engine books a round whole, its
+    drafting included (llama.cpp's server). None when ``v`` is not a positive number or ``c`` is
+    negative."""
+    if not (math.isfinite(v) and v > 0) or (math.isfinite(c) and c < 0) or math.isinf(c):
+        return None
+    return v if math.isnan(c) else k * c + v
+
+
 def predict_speedup(alpha: float | None, k: int, c: float, v: float = 1.0) -> float | None:
     """Leviathan et al.'s expected speedup for measured alpha, K, cost ratio c and verify cost v.
 
