@@ -73,8 +73,13 @@ def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> 
             short = dataclasses.replace(base, mode=mode, max_new_tokens=8)
             _generator(pair, short, style)(problems[0])
     generators = {"plain": plain, "assisted": assisted}
-    for job in experiment.interleave(problems, list(generators)):
-        humaneval.run_mode([job.item], generators[job.arm], path, mode=job.arm, style=style)
+    # The measurement loop every experiment shares; each run's row is written (and a finished one
+    # skipped on a rerun) by run_mode, which scores it.
+    experiment.run(
+        experiment.interleave(problems, list(generators)),
+        lambda job: humaneval.run_mode([job.item], generators[job.arm], path, mode=job.arm, style=style),
+        desc=f"{pair.spec.name} HumanEval",
+    )
     return humaneval.summarise(humaneval.read_results(path))
 
 

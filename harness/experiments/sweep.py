@@ -320,10 +320,16 @@ def _read_done(path: Path) -> dict[tuple[str, str, int, str], Row]:
     return done
 
 
+def _arm(target_key: tuple[str, str], config: SweepConfig | None) -> str:
+    """A sweep arm's label: the target's plain decoding (``config`` None) or a configuration's."""
+    return plain_label(*target_key) if config is None else config.label
+
+
 def _measure_group(
     pair_name: str | models.PairSpec,
     target_key: tuple[str, str],
-    jobs: Sequence[tuple[int, Prompt, SweepConfig | None, int]],
+    jobs: Sequence[experiment.Job[Prompt, SweepConfig | None]],
+    stored: Callable[[experiment.Job[Prompt, SweepConfig | None]], Row | None],
     *,
     loader: Loader,
     new_tokens: int,
@@ -333,15 +339,17 @@ def _measure_group(
     rows_path: Path,
     bar: Any,
     warmup_tokens: int,
-) -> dict[tuple[str, str, int, str], Row]:
-    """Load one target, run its pending jobs (already in rotated order), write each row as it finishes.
+) -> list[Row]:
+    """Load one target and run its jobs through the measurement loop (``experiment.run``: stored
+    rows reused, each arm warmed up, each row written as it finishes); every job's row, in order.
 
     A function of its own so every reference to the models dies when it returns and the caller can
     free the target before loading the next.
     """
     target_precision, kernels = target_key
+    pending = [j for j in jobs if stored(j) is None]  # only their drafts are loaded
     draft_keys = sorted(
-        {c.draft_key for _, _, c, _ in jobs if c is not None and c.mode == "assisted"},
+        {j.arm.draft_key for j in pending if j.arm is not None and j.arm.mode == "assisted"},
         key=lambda k: (str(k[0]), k[1] or 0, k[2] if len(k) > 2 else ""),
     )
     pairs = loader(
@@ -362,25 +370,25 @@ def _measure_group(
     def settings_for(config: SweepConfig | None, tokens: int) -> GenerationSettings:
         return _plain_settings(tokens) if config is None else config.settings(tokens)
 
-    if warmup_tokens > 0 and jobs:
-        ids = runner.prompt_ids(any_pair, jobs[0][1])
-        for config in dict.fromkeys(c for _, _, c, _ in jobs):
-            generate(pair_for(config), ids, settings_for(config, min(warmup_tokens, new_tokens)))
+    def warmup(job: experiment.Job[Prompt, SweepConfig | None]) -> None:
+        pair = pair_for(job.arm)
+        generate(
+            pair, runner.prompt_ids(pair, job.item), settings_for(job.arm, min(warmup_tokens, new_tokens))
+        )
 
-    written: dict[tuple[str, str, int, str], Row] = {}
-    for example, prompt, config, position in jobs:
-        pair = pair_for(config)
-        arm = plain_label(*target_key) if config is None else config.label
-        settings = settings_for(config, new_tokens)
-        m = generate(pair, runner.prompt_ids(pair, prompt), settings)
-        sha = _prompt_digest(prompt)
+    def measure(job: experiment.Job[Prompt, SweepConfig | None]) -> Row:
+        pair = pair_for(job.arm)
+        arm = _arm(target_key, job.arm)
+        settings = settings_for(job.arm, new_tokens)
+        m = generate(pair, runner.prompt_ids(pair, job.item), settings)
+        sha = _prompt_digest(job.item)
         sweep_fields = {
             "config": arm,
             "target_kernels": kernels,
-            "prompt": prompt.label,
+            "prompt": job.item.label,
             "prompt_sha": sha,
-            "example": example,
-            "position": position,  # place of this arm in the prompt's rotated order
+            "example": job.index,
+            "position": job.position,  # place of this arm in the prompt's rotated order
             "threads": threads,
             **_forward_numbers(m),
         }
@@ -389,18 +397,21 @@ def _measure_group(
             pair,
             m,
             settings,
-            example=example,
+            example=job.index,
             task=TASK,
-            label=prompt.label,
+            label=job.item.label,
             platform=platform,
             run_id=run_id,
             prompt_sha=sha,
             extra={"sweep": sweep_fields},
         )
-        written[_key(run_id, arm, example, row.extra["sweep"]["prompt_sha"])] = row
         bar.update(1)
         bar.set_postfix(arm=arm, tok_s=f"{row.tokens_per_s:.2f}")
-    return written
+        return row
+
+    return experiment.run(
+        jobs, measure, stored=stored, progress=False, warmup=warmup if warmup_tokens > 0 else None
+    )
 
 
 def run_sweep(
@@ -440,39 +451,37 @@ def run_sweep(
     threads = torch.get_num_threads()
     rows_path = Path(rows_path)
     done = _read_done(rows_path)
-    groups = group_configs(configs)
     digests = [_prompt_digest(p) for p in prompts]
 
-    plans: list[tuple[tuple[str, str], str, list[tuple[int, Prompt, SweepConfig | None, int]]]] = []
-    for target_key, group in groups.items():
+    # Per target: its run id, and its plain arm and configurations interleaved prompt by prompt.
+    plans = []
+    for target_key, group in group_configs(configs).items():
         run_id = _run_id(spec.name, group[0], new_tokens, platform, threads)
-        jobs = []
-        for job in experiment.interleave(prompts, [None, *group]):
-            arm = plain_label(*target_key) if job.arm is None else job.arm.label
-            if _key(run_id, arm, job.index, digests[job.index - 1]) not in done:
-                jobs.append((job.index, job.item, job.arm, job.position))
-        plans.append((target_key, run_id, jobs))
+        jobs = experiment.interleave(prompts, [None, *group])
 
-    total = len(prompts) * sum(len(group) + 1 for group in groups.values())
-    todo = sum(len(jobs) for _, _, jobs in plans)
+        def stored(job, run_id=run_id, target_key=target_key) -> Row | None:
+            # A finished run is known before anything loads: a target with none left is not loaded.
+            return done.get(_key(run_id, _arm(target_key, job.arm), job.index, digests[job.index - 1]))
+
+        plans.append((target_key, run_id, jobs, stored))
+
+    total = sum(len(jobs) for _, _, jobs, _ in plans)
+    todo = sum(stored(job) is None for _, _, jobs, stored in plans for job in jobs)
     print(f"resumed {total - todo} of {total} runs from {rows_path}", file=sys.stderr)
-    bar = tqdm(
-        total=todo,
-        desc=f"{spec.name} sweep",
-        unit="run",
-        file=sys.stderr,
-        disable=not progress,
-    )
+    bar = tqdm(total=todo, desc=f"{spec.name} sweep", unit="run", file=sys.stderr, disable=not progress)
+    rows: dict[tuple[str, int], Row] = {}  # (arm, example) -> row
     try:
-        for target_key, run_id, jobs in plans:
-            if not jobs:
-                continue  # everything of this target is in the rows already: do not even load it
-            bar.set_description(f"{spec.name} target {target_key[0]} ({target_key[1]} kernels)")
-            done.update(
-                _measure_group(
+        for target_key, run_id, jobs, stored in plans:
+            ordered = sorted(jobs, key=lambda j: (j.index, j.order))  # the order run() returns
+            if all(stored(job) is not None for job in jobs):
+                got = [stored(job) for job in ordered]
+            else:
+                bar.set_description(f"{spec.name} target {target_key[0]} ({target_key[1]} kernels)")
+                got = _measure_group(
                     spec.name,
                     target_key,
                     jobs,
+                    stored,
                     loader=loader,
                     new_tokens=new_tokens,
                     run_id=run_id,
@@ -482,36 +491,26 @@ def run_sweep(
                     bar=bar,
                     warmup_tokens=warmup_tokens,
                 )
+                # The group's models are unreachable now; collect them before the next target loads.
+                gc.collect()
+            rows.update(
+                {(_arm(target_key, j.arm), j.index): row for j, row in zip(ordered, got, strict=True)}
             )
-            # The group's models are unreachable now; collect them before the next target loads.
-            gc.collect()
     finally:
         bar.close()
 
-    def rows_of(run_id: str, arm: str) -> dict[int, Row]:
-        return {
-            i + 1: done[key]
-            for i in range(len(prompts))
-            if (key := _key(run_id, arm, i + 1, digests[i])) in done
-        }
+    def rows_of(arm: str) -> dict[int, Row]:
+        return {i: rows[arm, i] for i in range(1, len(prompts) + 1) if (arm, i) in rows}
 
-    plain_by_target: dict[tuple[str, str], dict[int, Row]] = {}
-    for target_key, run_id, _ in plans:
-        plain_by_target[target_key] = rows_of(run_id, plain_label(*target_key))
+    plain_by_target = {key: rows_of(plain_label(*key)) for key, _, _, _ in plans}
     plain_means = {
-        key: statistics.fmean(r.tokens_per_s for r in rows.values())
-        for key, rows in plain_by_target.items()
-        if rows
+        key: statistics.fmean(r.tokens_per_s for r in got.values())
+        for key, got in plain_by_target.items()
+        if got
     }
     best = max(plain_means.items(), key=lambda kv: kv[1]) if plain_means else None
-    run_ids = {target_key: run_id for target_key, run_id, _ in plans}
     results = tuple(
-        summarize(
-            c,
-            plain_by_target[c.target_key],
-            rows_of(run_ids[c.target_key], c.label),
-            best[1] if best else None,
-        )
+        summarize(c, plain_by_target[c.target_key], rows_of(c.label), best[1] if best else None)
         for c in configs
     )
     return SweepResult(
