@@ -341,15 +341,35 @@ def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]])
     return lines + ["", table, ""]
 
 
+def humaneval_test(stem: str) -> str | None:
+    """The pytest node id of the HumanEval test that writes rows file ``stem`` (named by the suite:
+    ``humaneval.rows_name``, then the backend or the engine), or None for a pair not registered."""
+    from harness.pairs import models
+
+    pair = next((p for p in sorted(models.REGISTRY, key=len, reverse=True) if stem.startswith(p)), None)
+    if pair is None:
+        return None
+    rest, where = stem[len(pair) :], "perf/test_humaneval.py::test_humaneval_pass_at_1_equal_real"
+    if rest in ("-llama.cpp", "-openvino"):
+        return f"{where}_{rest[1:].replace('.', '_')}[{pair}]"
+    if rest.startswith("-onnxruntime-genai-"):
+        return f"{where}_onnxruntime_genai[{pair}-onnxruntime-{rest.removeprefix('-onnxruntime-genai-')}]"
+    if rest.startswith("-onnxruntime-"):
+        return f"{where}[{pair}-onnxruntime-{rest.removeprefix('-onnxruntime-')}]"
+    return f"{where}[{pair}]"
+
+
 def _humaneval_command(stem: str, tasks: int) -> str:
-    """The run that writes rows file ``stem`` (named by ``humaneval.rows_name``)."""
+    """The run that writes rows file ``stem``: its one test, its problem count and precisions."""
     from harness.experiments import humaneval
 
-    backend = "onnxruntime" if "-onnxruntime-" in stem.lower() else "torch"
+    test = humaneval_test(stem)
     command = (
-        f'pytest perf/test_humaneval.py -k "pass_at_1_equal_real and not genai" --target-backends {backend} '
-        f"--humaneval-limit {tasks}"
+        f"pytest {test}"
+        if test is not None
+        else 'pytest perf/test_humaneval.py -k "pass_at_1_equal_real and not genai"'
     )
+    command += f" --humaneval-limit {tasks}"
     named = humaneval.named_precisions(stem)
     if named:
         command += f" --humaneval-precision {','.join(named)}"
