@@ -104,6 +104,23 @@ def test_cuda_on_a_cpu_build_fails_before_loading(no_loading: list[str]) -> None
     assert no_loading == []
 
 
+@pytest.mark.parametrize(
+    ("settings", "side"),
+    [({"target_precision": "w8af32", "target_device": "cuda"}, "target"),
+     ({"draft_precision": "w4abf16", "draft_device": "cuda"}, "draft")],
+)  # fmt: skip
+def test_a_precision_without_kernels_for_the_device_fails_before_loading(
+    settings: dict, side: str, monkeypatch: pytest.MonkeyPatch, no_loading: list[str]
+) -> None:
+    """A CPU-only quantized precision on a GPU is refused by the run's check, not by the move to the
+    device after the weights loaded (as a GPU host did)."""
+    # As if this machine had a GPU: the device passes its own check; the precision's kernels do not.
+    monkeypatch.setattr(models.devices, "check_device", lambda name: torch.device(name))
+    with pytest.raises(UnsupportedError, match="has kernels only for cpu, not 'cuda'"):
+        load_pair("tiny-qwen2", target_kernels="stock", **settings)
+    assert no_loading == []
+
+
 def _register(monkeypatch: pytest.MonkeyPatch, target: models.ModelSpec, draft: models.ModelSpec) -> str:
     name, spec = models._pair("bad-pair", target, draft, "general")
     monkeypatch.setitem(models.REGISTRY, name, spec)

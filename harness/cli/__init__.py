@@ -26,7 +26,7 @@ from harness.kernels import llama_build
 from harness.pairs import models
 from harness.report import sweep as sweep_report
 from harness.settings import configs as sweep_spec
-from harness.settings import precision, results, setup
+from harness.settings import results, setup
 from harness.weights import packaged
 
 
@@ -411,15 +411,8 @@ def _sweep_configs(args: argparse.Namespace, spec: models.PairSpec) -> list[swee
         raise HarnessError(f"--task sweep needs --max_new_tokens of at least 2 (got {args.max_new_tokens})")
     configs = sweep_spec.parse_configs(sweep_spec.DEFAULT_SPEC if args.sweep is None else args.sweep)
     for config in configs:
-        engine = config.target_kernels in sweep_spec.OWN_LOOPS
-        if config.target_kernels in (sweep_spec.ORT, sweep_spec.GENAI):
-            backends.OrtSettings(config.target_precision).validate()
-        elif config.target_kernels not in sweep_spec.GGUF_LOOPS:
-            precision.check_precision(config.target_precision, args.target_device)
-        if engine:
-            engines.check(spec, config.run(spec.name, 2))
-        elif config.draft_precision is not None and config.mode == "assisted":
-            precision.check_precision(config.draft_precision, args.draft_device)
+        # Each configuration as the run it loads, checked as every run is (its engine's check).
+        engines.check(spec, config.run(spec.name, 2, args.target_device, args.draft_device))
     return configs
 
 

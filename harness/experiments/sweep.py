@@ -128,14 +128,12 @@ def load_target_group(
         draft_vocab=first_draft[1],
         draft_kernels=first_draft[2],
     )
-    target = config.target
-    if target.backend == "torch":
-        target = dataclasses.replace(target, device=target_device)
-    draft = dataclasses.replace(config.draft, device=draft_device) if config.draft is not None else None
+    run = config.run(spec.name, 2, target_device, draft_device)
+    run = dataclasses.replace(run, decoding=GenerationSettings())
+    target, draft = run.target, run.draft
     if target.engine != "transformers" and draft is not None:
         # The engine's draft is its own, at the target's settings.
-        draft = setup.Draft(target.precision)
-    run = setup.RunSetup(spec.name, target, draft, GenerationSettings())
+        run = dataclasses.replace(run, draft=setup.Draft(target.precision))
     first = engines.load(spec, run, weights_dir=weights_dir, verify=verify)
     if target.engine != "transformers":
         # One draft at the target's settings serves every assisted configuration of this target.

@@ -473,7 +473,8 @@ def check_run(spec: PairSpec, run: RunSetup) -> None:
                 "--target_backend onnxruntime, or choose a torch precision "
                 f"({', '.join(precision.PRECISIONS)})"
             )
-        precision.check_precision(target.precision)
+        # With the device: a precision without kernels for it is refused here, not after loading.
+        precision.check_precision(target.precision, target.device)
         invariant.check_kernels(target.kernels)
         check_block_precision(target.precision, target.kernels)
         if target.kernels == "invariant" and t_dev.type != "cpu":
@@ -484,7 +485,7 @@ def check_run(spec: PairSpec, run: RunSetup) -> None:
     draft = run.draft
     if draft is not None:
         invariant.check_kernels(draft.kernels, "--draft_kernels")
-        precision.check_precision(draft.precision)
+        precision.check_precision(draft.precision, draft.device)
         check_block_precision(draft.precision, draft.kernels, "--draft_kernels")
         devices.check_device(draft.device)
         if spec.target.vocab_size and spec.draft.vocab_size:

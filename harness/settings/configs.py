@@ -32,6 +32,7 @@ Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -172,9 +173,16 @@ class SweepConfig:
             ignore_eos=True,
         ).validate()
 
-    def run(self, pair: str, new_tokens: int) -> setup.RunSetup:
-        """The configuration's assisted runs of ``pair`` as one run setup."""
-        return setup.RunSetup(pair, self.target, self.draft, self.settings(new_tokens))
+    def run(
+        self, pair: str, new_tokens: int, target_device: str = "cpu", draft_device: str = "cpu"
+    ) -> setup.RunSetup:
+        """The configuration's assisted runs of ``pair`` as one run setup, on the devices given (a
+        target on ONNX Runtime or in an engine runs where its runtime puts it)."""
+        target = self.target
+        if target.backend == "torch":
+            target = dataclasses.replace(target, device=target_device)
+        draft = dataclasses.replace(self.draft, device=draft_device) if self.draft is not None else None
+        return setup.RunSetup(pair, target, draft, self.settings(new_tokens))
 
 
 def plain_label(target_precision: str, target_kernels: str = "stock") -> str:
