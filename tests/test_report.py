@@ -399,10 +399,17 @@ def test_a_published_section_shows_one_run_chosen_the_same_way_whatever_was_appe
 @pytest.mark.parametrize(
     ("stem", "options"),
     [
-        ("qwen2.5-coder-1.5b-fp32", "torch --humaneval-limit 164 --humaneval-precision fp32"),
+        (
+            "qwen2.5-coder-1.5b-fp32",
+            "real[qwen2.5-coder-1.5b] --humaneval-limit 164 --humaneval-precision fp32 --humaneval-out",
+        ),
         ("qwen2.5-coder-1.5b-gguf-q4k", "--humaneval-limit 164 --humaneval-precision gguf,q4k"),
-        ("qwen2.5-coder-1.5b", "--target-backends torch --humaneval-limit 164 --humaneval-out"),
-        ("qwen2.5-coder-1.5b-onnxruntime-CPUExecutionProvider", "--target-backends onnxruntime"),
+        ("qwen2.5-coder-1.5b", "real[qwen2.5-coder-1.5b] --humaneval-limit 164 --humaneval-out"),
+        (
+            "qwen2.5-coder-1.5b-onnxruntime-CPUExecutionProvider",
+            "real[qwen2.5-coder-1.5b-onnxruntime-CPUExecutionProvider] --humaneval-limit 164",
+        ),
+        ("qwen2.5-coder-1.5b-llama.cpp", "real_llama_cpp[qwen2.5-coder-1.5b] --humaneval-limit 164"),
     ],
 )
 def test_a_humaneval_table_names_the_run_that_wrote_its_rows(stem, options):
