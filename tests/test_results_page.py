@@ -169,14 +169,11 @@ def test_each_benchmark_table_names_the_command_that_made_its_rows():
     assert "- command: none today (the benchmark suite measured case " in text
 
 
-def test_each_divergence_tier_names_the_one_test_that_wrote_it():
+def _assert_each_collects_alone(tests: list[str]) -> None:
+    """pytest collects exactly these node ids: each names one test that exists."""
     import subprocess
     import sys
 
-    text = page.results_page(RESULTS)
-    tests = re.findall(r"- command \([^)]+\): `pytest (perf/test_decode\.py::\S+) --real-prompts", text)
-    files = list(RESULTS.glob("*/divergence/*.jsonl"))
-    assert len(tests) == len(files) >= 8, tests
     collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
     done = subprocess.run(
         [*collect, *sorted(set(tests))],
@@ -186,12 +183,17 @@ def test_each_divergence_tier_names_the_one_test_that_wrote_it():
     assert done.returncode == 0 and collected == sorted(set(tests)), done.stdout[-2000:]
 
 
+def test_each_divergence_tier_names_the_one_test_that_wrote_it():
+    text = page.results_page(RESULTS)
+    tests = re.findall(r"- command \([^)]+\): `pytest (perf/test_decode\.py::\S+) --real-prompts", text)
+    files = list(RESULTS.glob("*/divergence/*.jsonl"))
+    assert len(tests) == len(files) >= 8, tests
+    _assert_each_collects_alone(tests)
+
+
 def test_each_humaneval_run_names_the_one_test_that_writes_it():
     """Each HumanEval table's command is one test node (collected here), whatever its target or
     engine, so rerunning it remakes those rows and nothing else."""
-    import subprocess
-    import sys
-
     text = page.results_page(RESULTS)
     tests = re.findall(r"- command: `pytest (perf/test_humaneval\.py::\S+) --humaneval-limit", text)
     assert len(tests) == len(list(RESULTS.glob("*/humaneval/*.jsonl"))) >= 3, tests
@@ -199,13 +201,7 @@ def test_each_humaneval_run_names_the_one_test_that_writes_it():
     engines = ["llama.cpp", "openvino", "onnxruntime-genai-CPUExecutionProvider"]
     stems = [*engines, "onnxruntime-CPUExecutionProvider"]
     tests += [page.humaneval_test(f"qwen2.5-coder-1.5b-{stem}") for stem in stems]
-    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-    done = subprocess.run(
-        [*collect, *sorted(set(tests))],
-        cwd=RESULTS.parent, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    collected = sorted(line for line in done.stdout.splitlines() if "::" in line)
-    assert done.returncode == 0 and collected == sorted(set(tests)), done.stdout[-2000:]
+    _assert_each_collects_alone(tests)
     assert page.humaneval_test("someone-elses-pair-fp32") is None
 
 
