@@ -99,9 +99,12 @@ def detect() -> PlatformInfo:
 
 def library_versions() -> dict[str, str]:
     """Versions that change speed or output; recorded with every row and baseline."""
-    out = {"python": platform.python_version()}
+    import torch
+
+    # The running build's own string: its local tag (+cpu, +cu130) says which build measured, and a
+    # wheel's metadata can leave it out (a CUDA build's read "2.11.0" beside "2.11.0+cu130").
+    out = {"python": platform.python_version(), "torch": torch.__version__}
     for dist in (
-        "torch",
         "transformers",
         "tokenizers",
         "gguf",
@@ -113,11 +116,6 @@ def library_versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "absent"
-    import torch
-
-    # The running build's own string: its local tag (+cpu, +cu130) says which build measured, and a
-    # wheel's metadata can leave it out (a CUDA build's read "2.11.0" beside "2.11.0+cu130").
-    out["torch"] = torch.__version__
     return out
 
 

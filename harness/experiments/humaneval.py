@@ -345,17 +345,29 @@ def rows_name(pair: str, precisions: Mapping[str, str] | None = None) -> str:
     return f"{pair}-{target}" if target == draft else f"{pair}-{target}-{draft}"
 
 
+def split_rows_name(stem: str) -> tuple[str, str] | None:
+    """A rows file's name ``stem`` read back: the registered pair it starts with and what follows
+    (``""``, ``-<precisions>`` from ``rows_name``, or a backend's or engine's suffix); None when
+    it names no registered pair."""
+    from harness.pairs import models
+
+    for pair in sorted(models.REGISTRY, key=len, reverse=True):
+        rest = stem[len(pair) :]
+        if stem.lower().startswith(pair) and (not rest or rest.startswith("-")):
+            return pair, rest
+    return None
+
+
 def named_precisions(stem: str) -> list[str]:
     """The precisions ``rows_name`` put in a rows file's name ``stem``; [] when it names none."""
-    from harness.pairs import models
     from harness.settings import precision
 
+    found = split_rows_name(stem)
+    if found is None or not found[1]:
+        return []
     known = {*precision.PRECISIONS, *precision.BLOCK_PRECISIONS}
-    for pair in sorted(models.REGISTRY, key=len, reverse=True):
-        if stem.lower().startswith(pair + "-"):
-            named = stem[len(pair) + 1 :].split("-")
-            return named if 1 <= len(named) <= 2 and all(n in known for n in named) else []
-    return []
+    named = found[1][1:].split("-")
+    return named if 1 <= len(named) <= 2 and all(n in known for n in named) else []
 
 
 def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -485,9 +485,8 @@ def check_run(spec: PairSpec, run: RunSetup) -> None:
     draft = run.draft
     if draft is not None:
         invariant.check_kernels(draft.kernels, "--draft_kernels")
-        precision.check_precision(draft.precision, draft.device)
+        precision.check_precision(draft.precision, draft.device)  # the device's own check too
         check_block_precision(draft.precision, draft.kernels, "--draft_kernels")
-        devices.check_device(draft.device)
         if spec.target.vocab_size and spec.draft.vocab_size:
             vocab.check_reconcilable(
                 spec.target.vocab_size, spec.draft.vocab_size, target=spec.target.name, draft=spec.draft.name

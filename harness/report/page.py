@@ -344,12 +344,12 @@ def divergence_section(platform: str, tiers: Mapping[str, list[dict[str, Any]]])
 def humaneval_test(stem: str) -> str | None:
     """The pytest node id of the HumanEval test that writes rows file ``stem`` (named by the suite:
     ``humaneval.rows_name``, then the backend or the engine), or None for a pair not registered."""
-    from harness.pairs import models
+    from harness.experiments import humaneval
 
-    pair = next((p for p in sorted(models.REGISTRY, key=len, reverse=True) if stem.startswith(p)), None)
-    if pair is None:
+    found = humaneval.split_rows_name(stem)
+    if found is None:
         return None
-    rest, where = stem[len(pair) :], "perf/test_humaneval.py::test_humaneval_pass_at_1_equal_real"
+    (pair, rest), where = found, "perf/test_humaneval.py::test_humaneval_pass_at_1_equal_real"
     if rest in ("-llama.cpp", "-openvino"):
         return f"{where}_{rest[1:].replace('.', '_')}[{pair}]"
     if rest.startswith("-onnxruntime-genai-"):

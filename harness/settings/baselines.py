@@ -685,8 +685,6 @@ def host_adjustment(record: BaselineRecord, k: int, c: float, v: float) -> HostA
     (records imported from published tables, or written before they were kept), or when the run and
     the baseline did not book their rounds alike (one measured c, the other did not)."""
     extra = record.extra or {}
-    if "v" not in extra:
-        return None
     base_c, base_v, c, v = _cost(extra.get("c")), _cost(extra.get("v")), _cost(c), _cost(v)
     if math.isnan(base_c) != math.isnan(c):
         return None
