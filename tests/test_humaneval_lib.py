@@ -98,6 +98,13 @@ def test_prompt_errors_say_what_to_do(problems: list[dict]) -> None:
         # Indented code, comments and nested defs are body, not stops.
         (BODY_WITH_NESTED_CODE, BODY_WITH_NESTED_CODE),
         ("", ""),
+        # Stopped at "\nif " without the token that completed it: the unindented start is cut...
+        ("    return False\n\n\nif", "    return False\n\n"),
+        ("    return x\n\nde", "    return x\n"),
+        # ...but an indented line, a lone newline or a whole stop further back is cut as before.
+        ("    return x\n    if", "    return x\n    if"),
+        ("    return x\n", "    return x\n"),
+        ("    return x\n\ndef f():\n    pass\nif", "    return x\n"),
     ],
 )
 def test_truncate_completion(generated: str, expected: str) -> None:

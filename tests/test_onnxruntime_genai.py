@@ -264,3 +264,25 @@ def test_what_the_engine_does_not_take_is_refused_before_loading(capsys, extra, 
     argv = ["--model_name", "tiny-qwen2", "--engine", "onnxruntime-genai", "--limit", "1", "--no_progress"]
     assert cli.main([*argv, *extra]) == cli.EXIT_USAGE
     assert expected in capsys.readouterr().err
+
+
+def test_the_engine_stops_where_a_stop_string_appears_in_both_modes():
+    """The library has no stop strings; the engine ends a decode at the token that completes one
+    (HumanEval's completions end there instead of running to the budget)."""
+    from harness.decoding import engines
+    from harness.pairs import models
+    from harness.settings import setup
+    from harness.settings.setup import GenerationSettings
+
+    spec = models.get_pair("tiny-qwen2")
+    pair = engines.load(spec, setup.resolve(spec, target_backend="onnxruntime", engine=setup.GENAI))
+    prompt = PROMPTS[0]
+    full = pair.engine.decode(pair, prompt, GenerationSettings(max_new_tokens=24, ignore_eos=True)).output_ids
+    stop = pair.tokenizer.decode(full[8:10])
+    end = next(i for i in range(len(full)) if stop in pair.tokenizer.decode(full[: i + 1]))
+    for mode in ("plain", "assisted"):
+        settings = GenerationSettings(
+            mode=mode, num_assistant_tokens=3, max_new_tokens=24, ignore_eos=True, stop_strings=(stop,)
+        )
+        out = pair.engine.decode(pair, prompt, settings).output_ids
+        assert out == full[: end + 1] and end + 1 < len(full), (mode, out, full)

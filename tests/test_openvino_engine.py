@@ -201,6 +201,23 @@ def test_speculative_and_plain_books_on_the_real_pair(pair):
 
 @pytest.mark.real
 @pytest.mark.openvino
+def test_both_pipelines_stop_where_a_stop_string_appears(pair):
+    """HumanEval stops each completion at its stop strings; an engine that ignored them would decode
+    the whole budget (and score the same after extraction, so only the token count shows it)."""
+    ids = pair.tokenizer("def add(a, b):\n    return", return_tensors=None)["input_ids"]
+    full = pair.engine.decode(pair, ids, GenerationSettings(max_new_tokens=24, ignore_eos=True)).output_ids
+    # The token that completes the first "\n": the pipelines stop just before or just after it.
+    end = next(i for i in range(len(full)) if "\n" in pair.tokenizer.decode(full[: i + 1]))
+    for mode in ("plain", "assisted"):
+        settings = GenerationSettings(
+            mode=mode, num_assistant_tokens=3, max_new_tokens=24, stop_strings=("\n",)
+        )
+        out = pair.engine.decode(pair, ids, settings).output_ids
+        assert out == full[: len(out)] and len(out) in (end, end + 1), (mode, out, full)
+
+
+@pytest.mark.real
+@pytest.mark.openvino
 def test_a_failure_inside_the_library_is_a_clear_error(pair):
     # OpenVINO GenAI checks its configuration in C++ and raises RuntimeError with the check's text
     # (its speculative sampling also failed such a check once at a 4-token budget's edge).

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -172,10 +172,12 @@ def decode_prompt(
     *,
     ignore_eos: bool = True,
     sampling: dict[str, Any] | None = None,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> EngineRun:
     """Decoding of ``prompt_ids`` by the engine, greedy or with ``sampling`` (``Sampling.options``),
     one ``generate_next_token`` per token (the engine drains a speculative round's tokens one call
-    at a time), timed around the calls."""
+    at a time), timed around the calls; it ends early once ``stop`` says so of the tokens so far
+    (the library has no stop strings of its own)."""
     og = _og()
     params = og.GeneratorParams(model)
     params.set_search_options(
@@ -193,6 +195,8 @@ def decode_prompt(
         out.append(int(generator.get_next_tokens()[0]))
         if len(out) == 1:
             first = time.perf_counter()
+        if stop is not None and stop(out):
+            break
     end = time.perf_counter()
     prefill_ms = (first - start) * 1000
     per_token = timing.per_token_ms((end - first) * 1000, len(out))
@@ -371,10 +375,13 @@ class GenaiEngine:
         found = divergence_gap(self.models.plain, prompt_ids, plain, other)
         return None if found is None else found[1]
 
-    def decode(self, _pair: Any, ids: list[int], settings: Any) -> Any:
+    def decode(self, pair: Any, ids: list[int], settings: Any) -> Any:
         from harness.theory.timing import Measurement
 
         check_settings(settings)
+        stops = settings.stop_strings
+        # The whole new text is searched, as transformers' criterion here does (``StopInNewText``).
+        stop = (lambda out: any(s in pair.tokenizer.decode(out) for s in stops)) if stops else None
         model = self.models.model_for(settings.mode, settings.proposal_k)
         sampling = sampling_of(settings)
         run = decode_prompt(
@@ -383,6 +390,7 @@ class GenaiEngine:
             settings.max_new_tokens,
             ignore_eos=settings.ignore_eos,
             sampling=sampling.options(self.vocab) if sampling else None,
+            stop=stop,
         )
         s = run.stats
         speculative = settings.mode != "plain"

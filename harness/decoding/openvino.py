@@ -83,6 +83,12 @@ def config_of(settings: Any, eos: int | None) -> Any:
         config.top_k = settings.top_k or 0
         if settings.seed is not None:
             config.rng_seed = settings.seed
+    if settings.stop_strings:
+        # Asked to keep the token that completes a stop string, as transformers' criterion does;
+        # the library still leaves it out where that token is only the stop string or holds more
+        # (measured: a "\n\n" token for "\n"). Either way it stops where the string appears.
+        config.stop_strings = set(settings.stop_strings)
+        config.include_stop_str_in_output = True
     if settings.mode == "assisted":
         config.num_assistant_tokens = settings.proposal_k
     return config

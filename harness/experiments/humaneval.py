@@ -175,8 +175,14 @@ def stopping_criteria(tokenizer: Any, prompt_len: int, style: str = STYLE_DEFAUL
 
 
 def truncate_completion(text: str, stops: Sequence[str] = STOP_SEQUENCES) -> str:
-    """Cut `text` at the earliest stop sequence (the function body ends there)."""
+    """Cut `text` at the earliest stop sequence (the function body ends there), or, where it holds
+    none, before a trailing start of one that opens a new unindented line ("\nif" of "\nif "):
+    an engine may stop at a stop string yet leave out the token that completed it (OpenVINO GenAI
+    does), and such a line is outside the function body whatever follows it."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
+    if cut == len(text):
+        starts = (s[:n] for s in stops if s.startswith("\n") for n in range(2, len(s)))
+        cut = min((len(text) - len(p) for p in starts if text.endswith(p)), default=cut)
     return text[:cut]
 
 
