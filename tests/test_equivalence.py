@@ -10,6 +10,7 @@ import torch
 from helpers import load_pair
 
 from harness.experiments import equivalence
+from harness.settings import setup
 from harness.settings.setup import GenerationSettings
 from harness.theory.timing import Measurement
 
@@ -20,7 +21,8 @@ def test_divergence_rows_are_written_as_cases_finish(tmp_path):
     path = tmp_path / "out" / "divergence.jsonl"
     table = equivalence.DivergenceTable(rows_path=path)
     for n, ids in enumerate(([5, 6, 7], [9, 10, 11, 12]), start=1):
-        table.add("fp32 / stock", equivalence.check_case(pair, ids, settings), f"p{n}", "tiny-llama")
+        case = equivalence.check_case(pair, ids, settings)
+        table.add("fp32 / stock", case, f"p{n}", "tiny-llama", setup.prompt_digest(ids))
         # On disk before the next case starts: an interrupted run loses nothing it finished.
         assert len(path.read_text().splitlines()) == n
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -32,7 +34,12 @@ def test_divergence_rows_are_written_as_cases_finish(tmp_path):
     # A rerun with the same file finds both prompts done and counts them without decoding.
     again = equivalence.DivergenceTable(rows_path=path)
     done = again.recorded("fp32 / stock", "tiny-llama")
-    assert sorted(done) == ["p1", "p2"]
+    assert sorted(done) == [
+        ("p1", setup.prompt_digest([5, 6, 7])),
+        ("p2", setup.prompt_digest([9, 10, 11, 12])),
+    ]
+    # ...and an edited prompt under the same name is not among them (its digest differs).
+    assert ("p1", setup.prompt_digest([5, 6, 8])) not in done
     assert again.recorded("bf16 / stock", "tiny-llama") == again.recorded("fp32 / stock", "tiny-opt") == {}
     for row in done.values():
         again.add_recorded("fp32 / stock", row)

@@ -252,24 +252,21 @@ def test_rows_say_which_versions_scored_them() -> None:
     assert row["versions"]["python"] == platform.python_version() and "transformers" in row["versions"]
 
 
-def test_rows_resume_skips_finished_tasks(tmp_path: Path) -> None:
+def test_rows_are_read_back_past_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / "he.jsonl"
-    assert he.completed_task_ids(path, "plain") == set()
+    assert he.read_results(path) == []
     results.append_row(path, he.make_row("HumanEval/0", "plain", "    return 1\n", _outcome(True)))
     results.append_row(path, he.make_row("HumanEval/1", "plain", "    return 2\n", _outcome(False)))
     results.append_row(path, he.make_row("HumanEval/0", "assisted", "    return 1\n", _outcome(True)))
     with path.open("a") as fh:  # a run killed mid-write leaves a torn last line
         fh.write('{"benchmark": "humaneval", "task_id": "HumanEval/1", "mo')
-    assert he.completed_task_ids(path, "plain") == {"HumanEval/0", "HumanEval/1"}
-    assert he.completed_task_ids(path, "assisted") == {"HumanEval/0"}
-    todo = [
-        t
-        for t in ("HumanEval/0", "HumanEval/1", "HumanEval/2")
-        if t not in he.completed_task_ids(path, "assisted")
-    ]
-    assert todo == ["HumanEval/1", "HumanEval/2"]
     rows = he.read_results(path)
-    assert len(rows) == 3 and rows[1]["passed"] is False and rows[1]["result"].startswith("failed")
+    assert [(r["task_id"], r["mode"]) for r in rows] == [
+        ("HumanEval/0", "plain"),
+        ("HumanEval/1", "plain"),
+        ("HumanEval/0", "assisted"),
+    ]
+    assert rows[1]["passed"] is False and rows[1]["result"].startswith("failed")
 
 
 def test_rows_carry_the_callers_measurements(tmp_path: Path) -> None:
@@ -388,23 +385,22 @@ def test_the_plot_of_every_problem_stays_readable(tmp_path: Path) -> None:
     assert width <= 1300 and height <= 600
 
 
-def test_run_mode_scores_records_and_resumes(problems: list[dict], tmp_path: Path) -> None:
+def test_score_and_record_extracts_scores_and_flushes_each_row(problems: list[dict], tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
-    calls: list[str] = []
-
-    def generate(problem: dict) -> tuple[str, dict]:
-        # Stands in for the model: the canonical body followed by junk a model might add.
-        calls.append(problem["task_id"])
+    written = []
+    for problem in problems[:3]:
+        # Stands in for the model: the canonical body (a wrong one for HumanEval/1) followed by junk
+        # a model might add.
         body = problem["canonical_solution"] if problem["task_id"] != "HumanEval/1" else "    return []\n"
-        return body + "\n\ndef test():\n    assert False\n", {"total_s": 1.0, "new_tokens": 5}
-
-    first = he.run_mode(problems[:3], generate, path, mode="plain", style="completion")
-    assert [r["passed"] for r in first] == [True, False, True]
-    assert first[0]["total_s"] == 1.0 and "def test" not in first[0]["completion"]
-    again = he.run_mode(problems[:4], generate, path, mode="plain", style="completion")
-    assert [r["task_id"] for r in again] == ["HumanEval/3"]  # the first three were skipped
-    assert calls == ["HumanEval/0", "HumanEval/1", "HumanEval/2", "HumanEval/3"]
-    assert he.summarise(he.read_results(path))["modes"]["plain"]["pass@1"] == 0.75
+        generated = body + "\n\ndef test():\n    assert False\n"
+        row = he.score_and_record(problem, generated, path, mode="plain", measurements={"total_s": 1.0})
+        written.append(row)
+        assert he.read_results(path)[-1] == row  # on disk before the next problem starts
+    assert [r["passed"] for r in written] == [True, False, True]
+    assert written[0]["total_s"] == 1.0 and "def test" not in written[0]["completion"]
+    assert he.summarise(he.read_results(path))["modes"]["plain"]["pass@1"] == 2 / 3
+    with pytest.raises(HarnessError, match="mode must be one of"):
+        he.score_and_record(problems[0], "", path, mode="fast")
 
 
 @pytest.mark.real

@@ -71,3 +71,27 @@ def test_a_bad_humaneval_precision_is_a_usage_error(tmp_path):
     done = _pytest(tmp_path, "--humaneval-precision", "fp33", "--co")
     assert done.returncode != 0
     assert "--humaneval-precision 'fp33'" in done.stderr + done.stdout
+
+
+def test_a_divergence_tier_resumes_its_finished_prompts_and_redoes_an_edited_one(tmp_path):
+    """``--divergence-out`` of an interrupted tier: a rerun counts the prompts it finished, by name
+    and digest; a row whose prompt text was since edited is decoded again, never counted for it."""
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    rows = tmp_path / "div.jsonl"
+    node = "perf/test_decode.py::test_precision_tier[tiny-llama-fp32-stock]"
+
+    def tier() -> list[dict]:
+        done = _pytest(root, node, "-q", "--divergence-out", str(rows))
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return [json.loads(line) for line in rows.read_text().splitlines()]
+
+    first = tier()
+    assert len(first) == 4 and all(r["prompt_sha"] for r in first)
+    assert tier() == first  # all four resumed: nothing decoded or written again
+    edited = [{**first[0], "prompt_sha": "0" * 12}, *first[1:]]  # as if its text had changed since
+    rows.write_text("".join(json.dumps(r) + "\n" for r in edited))
+    again = tier()
+    assert len(again) == 5 and again[-1]["prompt"] == first[0]["prompt"]
+    assert again[-1]["prompt_sha"] == first[0]["prompt_sha"]

@@ -28,7 +28,6 @@ def test_a_humaneval_row_after_a_torn_line_is_not_glued_to_it(tmp_path):
     second = {"benchmark": humaneval.BENCHMARK, "task_id": "HumanEval/1", "mode": "plain"}
     results.append_row(path, second)
     assert humaneval.read_results(path) == [first, second]
-    assert humaneval.completed_task_ids(path, "plain") == {"HumanEval/0", "HumanEval/1"}
 
 
 def test_divergence_rows_resume_after_a_torn_line(tmp_path):
@@ -40,7 +39,7 @@ def test_divergence_rows_resume_after_a_torn_line(tmp_path):
         fh.write('{"precision": "fp32", "pro')  # killed mid-write
     table.add("fp32", case, prompt="b", pair="tiny")
     again = equivalence.DivergenceTable(rows_path=path)
-    assert set(again.recorded("fp32", "tiny")) == {"a", "b"}
+    assert {name for name, _ in again.recorded("fp32", "tiny")} == {"a", "b"}
 
 
 @pytest.mark.parametrize("line", ["[1, 2]", "null", "not json"])
@@ -68,3 +67,39 @@ def test_a_row_carries_every_identity_column():
     from harness.settings import setup
 
     assert set(setup.column_names()) <= {f.name for f in dataclasses.fields(results.Row)}
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(mode="plain"),
+        dict(mode="assisted", num_assistant_tokens=5),
+        dict(mode="prompt_lookup", prompt_lookup_num_tokens=7),
+        dict(mode="assisted", do_sample=True, temperature=0.7, top_p=0.9, seed=3),
+    ],
+    ids=["plain", "assisted", "prompt_lookup", "sampled"],
+)
+def test_a_result_is_looked_up_before_it_runs_by_the_key_its_row_will_have(tmp_path, settings):
+    """Every measurement loop resumes by ``setup.result_key`` of the run it is about to decode; the
+    row it then writes, read back as a row or as a plain record (HumanEval's), has that key."""
+    from harness.experiments import runner
+    from harness.pairs import models
+    from harness.settings import setup
+
+    spec = models.get_pair("tiny-llama")
+    run = setup.resolve(spec)
+    pair = models.LoadedPair.of_engine(spec, run, None, {}, None)
+    decoding = setup.GenerationSettings(max_new_tokens=4, **settings)
+    where = dict(run_id="r1", task="decode", example=2, prompt_sha=setup.prompt_digest([1, 5, 7]))
+    row = runner.make_row(pair, _measurement([4, 4, 4, 4]), decoding, **where)
+    key = setup.result_key(pair.run_setup(decoding), **where)
+    path = tmp_path / "rows.jsonl"
+    results.append_row(path, row.to_dict())
+    assert (
+        row.key() == key == results.read_rows(path)[0].key() == setup.row_key(results.read_records(path)[0])
+    )
+    # Another prompt, example, run or setting is another result.
+    for other in (dict(prompt_sha="x"), dict(example=3), dict(run_id="r2")):
+        assert setup.result_key(pair.run_setup(decoding), **{**where, **other}) != key
+    changed = setup.GenerationSettings(max_new_tokens=5, **settings)
+    assert setup.result_key(pair.run_setup(changed), **where) != key

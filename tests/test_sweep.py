@@ -38,7 +38,7 @@ class CountingLoader:
         self.calls: list[tuple[str, tuple[str, ...], str]] = []
         self._previous: list[weakref.ref] = []
 
-    def __call__(self, pair_name, *, target_precision, draft_precisions, target_kernels):
+    def __call__(self, pair_name, *, target_precision, draft_precisions, target_kernels, **devices):
         gc.collect()
         assert all(ref() is None for ref in self._previous), "the previous target is still in memory"
         self.calls.append((target_precision, tuple(draft_precisions), target_kernels))
@@ -47,6 +47,7 @@ class CountingLoader:
             target_precision=target_precision,
             draft_precisions=draft_precisions,
             target_kernels=target_kernels,
+            **devices,
         )
         self._previous = [weakref.ref(p.target) for p in pairs.values()]
         return pairs
@@ -368,7 +369,8 @@ def test_the_engine_as_a_sweep_target(tmp_path, capsys):
     argv = ["--model_name", "tiny-qwen2", "--task", "sweep", "--limit", "2", "--max_new_tokens", "12",
             "--results_dir", str(tmp_path), "--no_progress", "--sweep", spec]  # fmt: skip
     assert cli.main(argv) == 0
-    rows = read_rows(tmp_path / "rows" / "sweep" / f"tiny-qwen2-{platforms.detect().name}.jsonl")
+    path = tmp_path / "rows" / "sweep" / f"tiny-qwen2-{platforms.detect().name}.jsonl"
+    rows = read_rows(path)
     assert {r.engine for r in rows} == {"onnxruntime-genai"}
     by_arm = {}
     for r in rows:
@@ -380,6 +382,11 @@ def test_the_engine_as_a_sweep_target(tmp_path, capsys):
     ]
     assert all(outputs == plain for outputs in by_arm.values())
     assert "2: t_int4-prompt_lookup-K4-onnxruntime-genai" in capsys.readouterr().out
+    # The engine's rows carry its own draft's setup; the rerun finds each by the key of the run the
+    # configuration is, before loading anything.
+    assert cli.main(argv) == 0
+    assert f"resumed 6 of 6 runs from {path}" in capsys.readouterr().err
+    assert len(read_rows(path)) == len(rows)
 
 
 def test_cli_task_sweep_end_to_end_and_rerun_resumes(tmp_path, capsys, monkeypatch):

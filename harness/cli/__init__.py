@@ -446,13 +446,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             command += [flag, value]
     models.offline_env()
     _use_threads(args.threads)
-    loader = functools.partial(
-        sweep.load_target_group,
-        verify=args.verify,
-        weights_dir=args.weights_dir,
-        target_device=args.target_device,
-        draft_device=args.draft_device,
-    )
+    loader = functools.partial(sweep.load_target_group, verify=args.verify, weights_dir=args.weights_dir)
 
     def measure() -> sweep.SweepResult:
         return sweep.run_sweep(
@@ -465,6 +459,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             platform=platform,
             command=shlex.join(command),
+            devices=(args.target_device, args.draft_device),
         )
 
     started = results.utc_now()

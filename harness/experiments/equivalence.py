@@ -220,7 +220,9 @@ def acceptance_problems(
     return problems + ([why] if why else [])
 
 
-ROW_KEYS = ("precision", "pair", "prompt")  # what identifies a divergence row (``DivergenceTable.add``)
+# What every divergence row holds (``DivergenceTable.add``; rows written before the prompt's digest
+# was added lack it, and are then never resumed: ``recorded``).
+ROW_KEYS = ("precision", "pair", "prompt")
 
 
 @dataclass
@@ -234,15 +236,18 @@ class DivergenceTable:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     rows_path: Path | None = None
 
-    def add(self, precision: str, case: CaseResult, prompt: str = "", pair: str = "") -> None:
-        """Count ``case``; with ``rows_path``, also append it there (``pair`` and ``prompt`` name it
-        for resuming)."""
+    def add(
+        self, precision: str, case: CaseResult, prompt: str = "", pair: str = "", prompt_sha: str = ""
+    ) -> None:
+        """Count ``case``; with ``rows_path``, also append it there (``pair``, ``prompt`` and the
+        prompt's digest name it for resuming)."""
         self._count(precision, len(case.plain.output_ids), case.identical, case.near_tie)
         if self.rows_path is not None:
             row = {
                 "precision": precision,
                 "pair": pair,
                 "prompt": prompt,
+                "prompt_sha": prompt_sha,
                 "prompt_tokens": len(case.prompt_ids),
                 "tokens": len(case.plain.output_ids),
                 "identical": case.identical,
@@ -253,14 +258,15 @@ class DivergenceTable:
             }
             results.append_row(self.rows_path, row)
 
-    def recorded(self, precision: str, pair: str = "") -> dict[str, dict]:
-        """Rows an earlier (interrupted) run wrote for ``pair`` at ``precision``, by prompt name: a
-        rerun with the same file counts them instead of decoding those prompts again."""
+    def recorded(self, precision: str, pair: str = "") -> dict[tuple[str, str], dict]:
+        """Rows an earlier (interrupted) run wrote for ``pair`` at ``precision``, by (prompt name,
+        prompt digest): a rerun with the same file counts them instead of decoding those prompts
+        again, and decodes a prompt whose text changed."""
         if self.rows_path is None:
             return {}
         rows = results.read_records(self.rows_path)
         return {
-            r["prompt"]: r
+            (r["prompt"], r.get("prompt_sha", "")): r
             for r in rows
             if r.get("precision") == precision and r.get("pair", "") == pair and r.get("prompt")
         }

@@ -43,6 +43,11 @@ def interleave(items: Sequence[T], arms: Sequence[A]) -> list[Job[T, A]]:
     return jobs
 
 
+def by_item(jobs: Sequence[Job[T, A]]) -> list[Job[T, A]]:
+    """``jobs`` item by item, each item's arms in their own order: the order ``run`` returns."""
+    return sorted(jobs, key=lambda job: (job.index, job.order))
+
+
 # Tokens of the unrecorded warm-up decode of every arm before the clock starts: enough to take the
 # one-time costs (kernel builds, caches, allocations, first touch of the weights) out of the first
 # measured prompt, short enough to cost little next to a measured run.
@@ -92,4 +97,4 @@ def run(
         if postfix is not None:
             bar.set_postfix(postfix(result))
     bar.close()
-    return [results[key] for key in sorted(results)]
+    return [results[job.index, job.order] for job in by_item(jobs)]

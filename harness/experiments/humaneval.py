@@ -1,4 +1,4 @@
-"""HumanEval: prompts, stop sequences, sandboxed scoring, resumable results and the plain/assisted table.
+"""HumanEval: prompts, stop sequences, sandboxed scoring, recorded results and the plain/assisted table.
 
 The claim under test: assisted generation must not change what a greedy model writes, so HumanEval
 pass@1 with assistance equals pass@1 without. Everything here is a deterministic function of the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -384,46 +384,29 @@ def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise HarnessError(str(exc)) from None
 
 
-def completed_task_ids(path: str | os.PathLike[str], mode: str) -> set[str]:
-    """Task ids already recorded in `path` for `mode`: a rerun skips them."""
-    return {r["task_id"] for r in read_results(path) if r.get("mode") == mode}
-
-
-# The caller's model call: problem -> (generated text, measurements to store with the row).
-Generate = Callable[[Mapping[str, Any]], tuple[str, Mapping[str, Any]]]
-
-
-def run_mode(
-    problems: Iterable[Mapping[str, Any]],
-    generate: Generate,
+def score_and_record(
+    problem: Mapping[str, Any],
+    generated: str,
     path: str | os.PathLike[str],
     *,
     mode: str,
     style: str = STYLE_DEFAULT,
+    measurements: Mapping[str, Any] | None = None,
     timeout: float = 10.0,
     **sandbox_options: Any,
-) -> list[dict[str, Any]]:
-    """Generate, extract, sandbox-score and record each problem not yet in `path` for `mode`.
-
-    Each row is flushed before the next problem starts, so an interrupted run resumes where it
-    stopped. Returns the rows written by this call. Plain and assisted runs both go through here,
-    so they share the same extraction and scoring.
-    """
+) -> dict[str, Any]:
+    """Extract, sandbox-score and record one problem's generated text in ``mode``; the row is
+    flushed before this returns. Plain and assisted runs both go through here, so they share the
+    same extraction and scoring. Which problems are left to run is the measurement loop's to say
+    (``experiment.run``, by the key each row's ``measurements`` carry: ``setup.row_key``)."""
     if mode not in MODES:
         raise HarnessError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     _check_style(style)
-    done = completed_task_ids(path, mode)
-    written = []
-    for problem in problems:
-        if problem["task_id"] in done:
-            continue
-        generated, measurements = generate(problem)
-        completion = extract_completion(problem, generated, style)
-        (outcome,) = run_scored([(problem, completion)], timeout_s=timeout, **sandbox_options)
-        row = make_row(problem["task_id"], mode, completion, outcome, style=style, measurements=measurements)
-        append_row(path, dict(row))
-        written.append(row)
-    return written
+    completion = extract_completion(problem, generated, style)
+    (outcome,) = run_scored([(problem, completion)], timeout_s=timeout, **sandbox_options)
+    row = make_row(problem["task_id"], mode, completion, outcome, style=style, measurements=measurements)
+    append_row(path, dict(row))
+    return row
 
 
 # ---------------------------------------------------------------------------------------- summaries

@@ -228,17 +228,11 @@ def run_prompts(
             return dataclasses.replace(settings, mode=job.arm, max_new_tokens=budget)
 
         def stored(job: experiment.Job[Prompt, str]) -> Row | None:
-            ids = ids_of[job.index - 1]
-            probe = make_row(
-                pair,
-                _empty(len(ids)),
-                settings_of(job),
-                example=job.index,
-                task=task,
-                run_id=run_id,
-                prompt_sha=digests[job.index - 1],
+            run = pair.run_setup(settings_of(job))
+            key = setup.result_key(
+                run, run_id=run_id, task=task, example=job.index, prompt_sha=digests[job.index - 1]
             )
-            return done.get(probe.key())
+            return done.get(key)
 
         def measure(job: experiment.Job[Prompt, str]) -> Row:
             s = settings_of(job)
@@ -275,8 +269,3 @@ def run_prompts(
             progress=progress is not False,
             postfix=lambda row: {"tok_s": f"{row.tokens_per_s:.2f}", "mode": row.mode},
         )
-
-
-def _empty(prompt_tokens: int) -> Measurement:
-    # Only used to compute a row's key before deciding whether to run it.
-    return Measurement(prompt_tokens, [], 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.0, 0, 0)

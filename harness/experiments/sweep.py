@@ -128,14 +128,11 @@ def load_target_group(
         draft_vocab=first_draft[1],
         draft_kernels=first_draft[2],
     )
-    run = config.run(spec.name, 2, target_device, draft_device)
-    run = dataclasses.replace(run, decoding=GenerationSettings())
-    target, draft = run.target, run.draft
-    if target.engine != "transformers" and draft is not None:
-        # The engine's draft is its own, at the target's settings.
-        run = dataclasses.replace(run, draft=setup.Draft(target.precision))
+    run = dataclasses.replace(
+        config.run(spec.name, 2, target_device, draft_device), decoding=GenerationSettings()
+    )
     first = engines.load(spec, run, weights_dir=weights_dir, verify=verify)
-    if target.engine != "transformers":
+    if run.target.engine != "transformers":
         # One draft at the target's settings serves every assisted configuration of this target.
         return {key: first for key in drafts} if drafts else {None: first}
     if not drafts:
@@ -229,17 +226,6 @@ def _run_id(pair: str, config: SweepConfig, new_tokens: int, platform: str, thre
     )
 
 
-def _key(run_id: str, arm: str, example: int, digest: str) -> tuple[str, str, int, str]:
-    return (run_id, arm, example, digest)
-
-
-def _row_key(row: Row) -> tuple[str, str, int, str] | None:
-    s = _sweep_extra(row)
-    if row.task != TASK or not s:
-        return None
-    return _key(row.run_id, s.get("config", ""), int(s.get("example", row.example)), s.get("prompt_sha", ""))
-
-
 def _forward_numbers(m: Measurement) -> dict[str, float | int]:
     """What the summary needs from a run's forwards, kept in its row so resumed rows carry it too."""
     target_ms, target_n = analysis.decode_totals(m, "target")
@@ -305,17 +291,13 @@ def summarize(
 # --------------------------------------------------------------------------- measuring
 
 
-def _read_done(path: Path) -> dict[tuple[str, str, int, str], Row]:
+def _read_done(path: Path) -> dict[tuple[Any, ...], Row]:
     try:
         stored = read_rows(path)
     except ValueError as exc:  # a damaged line mid-file: say which, rather than a traceback
         raise HarnessError(f"cannot resume from {path}: {exc}") from exc
-    done: dict[tuple[str, str, int, str], Row] = {}
-    for row in stored:
-        key = _row_key(row)
-        if key is not None:
-            done[key] = row  # a later row of the same run and arm wins, as in report tables
-    return done
+    # A later row of the same result wins, as in report tables.
+    return {row.key(): row for row in stored}
 
 
 def _arm(target_key: tuple[str, str], config: SweepConfig | None) -> str:
@@ -337,6 +319,7 @@ def _measure_group(
     rows_path: Path,
     bar: Any,
     warmup_tokens: int,
+    devices: tuple[str, str],
 ) -> list[Row]:
     """Load one target and run its jobs through the measurement loop (``experiment.run``: stored
     rows reused, each arm warmed up, each row written as it finishes); every job's row, in order.
@@ -355,6 +338,8 @@ def _measure_group(
         target_precision=target_precision,
         draft_precisions=tuple(draft_keys),
         target_kernels=kernels,
+        target_device=devices[0],
+        draft_device=devices[1],
     )
     any_pair = next(iter(pairs.values()))
 
@@ -424,13 +409,15 @@ def run_sweep(
     platform: str | None = None,
     warmup_tokens: int = WARMUP_TOKENS,
     command: str = "",
+    devices: tuple[str, str] = ("cpu", "cpu"),
 ) -> SweepResult:
     """Measure every configuration on every prompt (plain once per target and prompt) and summarise.
 
-    ``loader(pair_name, target_precision=, draft_precisions=, target_kernels=)`` returns draft
-    precision -> LoadedPair sharing one target (``load_target_group``); it is called once per target
-    that still has unfinished runs. Rows go to ``rows_path`` as each run finishes; rows already there
-    for the same run are reused, not re-measured.
+    ``loader(pair_name, target_precision=, draft_precisions=, target_kernels=, target_device=,
+    draft_device=)`` returns draft precision -> LoadedPair sharing one target (``load_target_group``);
+    it is called once per target that still has unfinished runs, with ``devices`` (target, draft).
+    Rows go to ``rows_path`` as each run finishes; rows already there for the same run are reused,
+    not re-measured.
     """
     spec = models.get_pair(pair_name)
     configs = list(configs)
@@ -451,15 +438,28 @@ def run_sweep(
     done = _read_done(rows_path)
     digests = [_prompt_digest(p) for p in prompts]
 
+    def arm_run(config: SweepConfig | None, first: SweepConfig) -> setup.RunSetup:
+        """The run an arm is on the devices given: a configuration, or its target's plain decoding."""
+        if config is not None:
+            return config.run(spec.name, new_tokens, *devices)
+        run = first.run(spec.name, new_tokens, *devices)
+        return dataclasses.replace(run, draft=None, decoding=_plain_settings(new_tokens))
+
     # Per target: its run id, and its plain arm and configurations interleaved prompt by prompt.
     plans = []
     for target_key, group in group_configs(configs).items():
         run_id = _run_id(spec.name, group[0], new_tokens, platform, threads)
         jobs = experiment.interleave(prompts, [None, *group])
 
-        def stored(job, run_id=run_id, target_key=target_key) -> Row | None:
-            # A finished run is known before anything loads: a target with none left is not loaded.
-            return done.get(_key(run_id, _arm(target_key, job.arm), job.index, digests[job.index - 1]))
+        def stored(job, run_id=run_id, group=group) -> Row | None:
+            # A finished run is known before anything loads (by the key its row has, from the run
+            # the configuration is): a target with none left is not loaded.
+            run = arm_run(job.arm, group[0])
+            return done.get(
+                setup.result_key(
+                    run, run_id=run_id, task=TASK, example=job.index, prompt_sha=digests[job.index - 1]
+                )
+            )
 
         plans.append((target_key, run_id, jobs, stored))
 
@@ -470,7 +470,7 @@ def run_sweep(
     rows: dict[tuple[str, int], Row] = {}  # (arm, example) -> row
     try:
         for target_key, run_id, jobs, stored in plans:
-            ordered = sorted(jobs, key=lambda j: (j.index, j.order))  # the order run() returns
+            ordered = experiment.by_item(jobs)
             if all(stored(job) is not None for job in jobs):
                 got = [stored(job) for job in ordered]
             else:
@@ -488,6 +488,7 @@ def run_sweep(
                     rows_path=rows_path,
                     bar=bar,
                     warmup_tokens=warmup_tokens,
+                    devices=devices,
                 )
                 # The group's models are unreachable now; collect them before the next target loads.
                 gc.collect()

@@ -182,6 +182,10 @@ class SweepConfig:
         if target.backend == "torch":
             target = dataclasses.replace(target, device=target_device)
         draft = dataclasses.replace(self.draft, device=draft_device) if self.draft is not None else None
+        if draft is not None and target.engine != "transformers":
+            # An engine's draft is its own, at the target's settings (the sweep's spelling names it
+            # by the target's precision: ``_parse_one``).
+            draft = setup.Draft(target.precision, device=draft_device)
         return setup.RunSetup(pair, target, draft, self.settings(new_tokens))
 
 

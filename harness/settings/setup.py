@@ -6,12 +6,10 @@ settings (``GenerationSettings``: mode, K and its schedule, sampling, budget). `
 from a pair's registered defaults; it is the only place that does.
 
 ``FIELDS`` lists, once, the settings that identify a result: the column a row carries, the CLI flag
-that sets it and which side of the run it belongs to. Every identity derives from it: a row's resume
-key (``row_key``), the plain row an assisted row is paired with (``pairing_key``), run ids
-(``run_id``), the columns ``runner.make_row`` writes (``columns``).
-
-This module imports no model code, so anything (the registry, the loaders, the experiments, the CLI)
-can build and compare setups before a weight is read.
+that sets it and which side of the run it belongs to. Every identity derives from it: a result's
+resume key (``row_key`` of a row, ``result_key`` of a run before it runs), the plain row an assisted
+row is paired with (``pairing_key``), run ids (``run_id``), the columns ``runner.make_row`` writes
+(``columns``).
 """
 
 from __future__ import annotations
@@ -281,9 +279,11 @@ def _values(row: Any, names: Sequence[str]) -> tuple[Any, ...]:
     return tuple(getattr(row, n, None) for n in names)
 
 
-# Which run and prompt a row belongs to. The prompt's content is part of it: a prompt edited between
-# two runs of one command is another prompt, and its old row must not be resumed in its place.
-_WHERE = ("run_id", "task", "example", "prompt_tokens", "prompt_sha")
+# Which run and prompt a result belongs to. The prompt's content is part of it: a prompt edited
+# between two runs of one command is another prompt, and its old row must not be resumed in its
+# place. Its digest also fixes its length, so the token count is not needed to resume; it stays in
+# pairing, where rows written before the digest existed are paired by it.
+_WHERE = ("run_id", "task", "example", "prompt_sha")
 
 
 def prompt_digest(content: Sequence[int] | str) -> str:
@@ -294,15 +294,22 @@ def prompt_digest(content: Sequence[int] | str) -> str:
 
 def row_key(row: Any) -> tuple[Any, ...]:
     """A finished row's identity within its run: the same prompt decoded with the same settings is
-    the same result (a rerun skips it)."""
+    the same result (a rerun skips it). ``result_key`` gives it before the run, from its setup."""
     return _values(row, (*_WHERE, *column_names()))
+
+
+def result_key(run: RunSetup, *, run_id: str, task: str, example: int, prompt_sha: str) -> tuple[Any, ...]:
+    """The ``row_key`` a row of ``run`` on this prompt will have: every measurement loop looks a
+    finished result up by it before decoding (or before loading anything, as the sweep does)."""
+    where = {"run_id": run_id, "task": task, "example": example, "prompt_sha": prompt_sha}
+    return _values({**where, **run.columns()}, (*_WHERE, *column_names()))
 
 
 def pairing_key(row: Any) -> tuple[Any, ...]:
     """What a plain row must share with an assisted row to be its baseline: the run, the prompt, the
     target's setup, sampling and budget (never across precisions, devices or sampling settings)."""
     sides = ("target", "sampling", "budget")
-    return _values(row, (*_WHERE, *(f.column for f in FIELDS if f.side in sides)))
+    return _values(row, (*_WHERE, "prompt_tokens", *(f.column for f in FIELDS if f.side in sides)))
 
 
 def run_id(
