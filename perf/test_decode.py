@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from scipy import stats
 from harness.base import tasks
 from harness.base.backends import OrtSettings
 from harness.base.errors import UnsupportedError
-from harness.decoding import genai, strategies
+from harness.decoding import genai, llama_server, strategies
 from harness.decoding.generation import generate, generation_config
 from harness.experiments import equivalence, humaneval
 from harness.pairs.models import LoadedPair, get_pair, load_ort_target
@@ -202,20 +203,34 @@ SAMPLING_ENGINES = [
     pytest.param("torch", id="torch"),
     pytest.param("onnxruntime", id="onnxruntime"),
     pytest.param("onnxruntime-genai", id="onnxruntime_genai"),
+    pytest.param("llama.cpp", id="llama_cpp", marks=pytest.mark.llama_cpp),
 ]
 
 
 @pytest.fixture(scope="module", params=SAMPLING_ENGINES)
-def sampling_pair(request, selected_target_backends) -> LoadedPair:
+def sampling_pair(request, selected_target_backends, tmp_path_factory) -> Iterator[LoadedPair]:
     """The sampling pair with its target in torch; exported to ONNX Runtime (int4, the backend's
-    default precision) with the same torch draft; and both exported for onnxruntime-genai, whose
-    own speculative sampling then runs it."""
+    default precision) with the same torch draft; both exported for onnxruntime-genai, whose own
+    speculative sampling then runs it; and both as GGUF files for llama.cpp's server, whose own
+    speculative sampling runs them (its servers stop when the module's tests end)."""
     target = tiny.build_target(SAMPLE_RECIPE)
     draft = tiny.build_draft(SAMPLE_RECIPE, target)
     tokenizer = tiny.build_tokenizer()
     pair = LoadedPair(get_pair("tiny-llama"), target, draft, tokenizer, Target("fp32"), Draft("fp32"))
     if request.param == "torch":
-        return pair
+        yield pair
+        return
+    if request.param == "llama.cpp":
+        folder = tmp_path_factory.mktemp("sampling-gguf")
+        engine = llama_server.LlamaCppEngine.of_files(
+            tiny.gguf_file(target, folder / "target.gguf"), tiny.gguf_file(draft, folder / "draft.gguf")
+        )
+        run = setup.resolve(pair.spec, target_backend=setup.LLAMACPP, engine=setup.LLAMACPP)
+        try:
+            yield LoadedPair.of_engine(pair.spec, run, tokenizer, {}, engine)
+        finally:
+            engine.close()
+        return
     provider = dict(selected_target_backends).get("onnxruntime")
     if provider is None:
         pytest.skip("onnxruntime is not in --target-backends")
@@ -224,10 +239,11 @@ def sampling_pair(request, selected_target_backends) -> LoadedPair:
     if request.param == "onnxruntime-genai":
         folders = {"target": source, "draft": tiny.saved_folder("tiny-sampling-draft", draft, tokenizer)}
         run = setup.resolve(pair.spec, target_backend="onnxruntime", provider=provider, engine=setup.GENAI)
-        return genai.GenaiEngine.load(pair.spec, run, folders=folders)
+        yield genai.GenaiEngine.load(pair.spec, run, folders=folders)
+        return
     exported = load_ort_target("tiny-sampling", source, settings)
     exported.generation_config = target.generation_config
-    return dataclasses.replace(
+    yield dataclasses.replace(
         pair,
         target=exported,
         target_setup=Target(settings.label, backend="onnxruntime", provider=settings.provider),

@@ -403,3 +403,39 @@ def test_endpoints_serving_different_models_are_refused_before_decoding(deployme
     done, rows_path = _served_cli(tmp_path, deployment["plain"], deployment["other"])
     assert done.returncode != 0 and "point both at deployments of one model" in done.stderr
     assert "Traceback" not in done.stderr and not rows_path.exists()
+
+
+@pytest.mark.llama_cpp
+def test_the_server_decodes_a_tiny_gguf_as_transformers_does(tmp_path):
+    """The tiny GGUF the sampling tests give llama.cpp is the tiny model: greedy tokens and the
+    first step's log-probabilities equal transformers' within 0.01 (a wrong name or rope order
+    would not)."""
+    import torch
+
+    from harness.weights import tiny
+
+    recipe = tiny.TinyRecipe(
+        "llama", vocab_size=12, draft_vocab_size=12, hidden=32, layers=2, heads=2, seed=23
+    )
+    model = tiny.build_target(recipe)
+    engine = llama_server.LlamaCppEngine.of_files(tiny.gguf_file(model, tmp_path / "tiny.gguf"), None)
+    try:
+        for prompt in ([1, 5, 7], [1, 9, 9, 3, 4]):
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                want = model.generate(ids, max_new_tokens=8, do_sample=False)[0, len(prompt) :].tolist()
+                logprobs = torch.log_softmax(model(ids).logits[0, -1], -1)
+            got = engine.decode(None, prompt, GenerationSettings(max_new_tokens=8, ignore_eos=True))
+            assert got.output_ids == want
+            body = llama_server.request_body(
+                prompt, GenerationSettings(max_new_tokens=1, ignore_eos=True), n_probs=12
+            )
+            top = engine.servers.server("plain", 0).complete(body)["completion_probabilities"][0][
+                "top_logprobs"
+            ]
+            assert len(top) == 12
+            assert all(abs(t["logprob"] - float(logprobs[t["id"]])) < 0.01 for t in top), top
+    finally:
+        engine.close()
+    with pytest.raises(HarnessError, match="written for Llama models"):
+        tiny.gguf_file(tiny.build_target("tiny-qwen2"), tmp_path / "qwen.gguf")

@@ -408,10 +408,8 @@ class LlamaCppEngine:
     def load(cls, spec: Any, run: Any, *, weights_dir: str | None = None, verify: bool = False) -> Any:
         """The pair as llama.cpp's server runs it (checked first): its GGUF files, the suite's
         tokenizer for the prompts, and the server binary (``harness.kernels.llama_build``)."""
-        import torch
         from transformers import AutoTokenizer
 
-        from harness.kernels import llama_build
         from harness.pairs import models
         from harness.weights import packaged
 
@@ -420,16 +418,30 @@ class LlamaCppEngine:
         if verify:  # every byte of the packaged files checked against their recorded digests
             for model in (spec.target, spec.draft)[: len(ggufs)]:
                 models.resolve_model(model, weights_dir, verify=True)
-        binary = llama_build.binary("llama-server", packaged.cache_root())
+        engine = cls.of_files(ggufs["target"], ggufs.get("draft"))
         folder = models.resolve_model(spec.target, weights_dir)
-        servers = Servers(binary, ggufs["target"], ggufs.get("draft"), torch.get_num_threads())
         return models.LoadedPair.of_engine(
             spec,
             run,
             AutoTokenizer.from_pretrained(folder, local_files_only=True),
-            {**{role: packaged.portable(p) for role, p in ggufs.items()}, "binary": str(binary)},
-            cls(servers),
+            {
+                **{role: packaged.portable(p) for role, p in ggufs.items()},
+                "binary": str(engine.servers.binary),
+            },
+            engine,
         )
+
+    @classmethod
+    def of_files(cls, target: Path, draft: Path | None) -> LlamaCppEngine:
+        """The engine over GGUF files as they are (a registered pair's, or a test's tiny models),
+        with the suite's ``llama-server`` (``harness.kernels.llama_build``: the user's, or built once)."""
+        import torch
+
+        from harness.kernels import llama_build
+        from harness.weights import packaged
+
+        binary = llama_build.binary("llama-server", packaged.cache_root())
+        return cls(Servers(binary, target, draft, torch.get_num_threads()))
 
     def decode(self, _pair: Any, ids: list[int], settings: Any) -> Any:
         check_settings(settings)

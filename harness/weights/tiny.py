@@ -31,6 +31,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from harness.base.errors import HarnessError
+
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 # Long enough for the benchmark task's 2048-token prompts plus 256 new tokens.
 MAX_POSITIONS = 4096
@@ -211,3 +213,88 @@ def saved_folder(
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+# llama.cpp's name for each per-layer weight of a Llama-family model (``blk.N.<name>.weight``).
+_GGUF_LAYER_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def _rope_interleaved(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    # transformers' Llama rotates the two halves of a head; llama.cpp's "llama" rope rotates
+    # neighbouring pairs: each head's rows reordered so both compute the same product.
+    rows = weight.shape[0]
+    return weight.reshape(heads, 2, rows // heads // 2, -1).transpose(1, 2).reshape(weight.shape)
+
+
+def gguf_file(model: PreTrainedModel, path: str | os.PathLike[str]) -> Path:
+    """A tiny Llama model as a GGUF file (fp32 weights, the tiny byte tokenizer's first tokens as
+    its vocabulary), for the engines that read GGUF: llama.cpp's server decodes it as transformers
+    does (the same greedy tokens, log-probabilities within fp32 rounding).
+
+    Written here because llama.cpp's own converter (``convert_hf_to_gguf.py``) ships in its source
+    tree, not in a package; the ``gguf`` package writes the file, and only the names and llama.cpp's
+    rope order are ours."""
+    import gguf
+
+    config = model.config
+    if config.model_type != "llama":
+        raise HarnessError(f"a tiny GGUF is written for Llama models, not {config.model_type!r}")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    by_id = {i: t for t, i in build_tokenizer().get_vocab().items()}
+    tokens = [by_id[i] for i in range(config.vocab_size)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    specials = (PAD_ID, BOS_ID, EOS_ID)
+    writer.add_token_types(
+        [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
+    )
+    # llama.cpp refuses a BPE vocabulary without merges; one merge of two byte tokens changes nothing
+    # for token ids in and out.
+    writer.add_token_merges([f"{tokens[3]} {tokens[4]}"])
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_pad_token_id(PAD_ID)
+    writer.add_add_bos_token(False)
+    for key, weight in model.state_dict().items():
+        weight = weight.detach().float()
+        if key in _GGUF_NAMES:
+            name = _GGUF_NAMES[key]
+        else:
+            _, _, layer, *module, _ = key.split(".")
+            part = ".".join(module)
+            name = f"blk.{layer}.{_GGUF_LAYER_NAMES[part]}.weight"
+            if part in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = config.num_attention_heads if part.endswith("q_proj") else config.num_key_value_heads
+                weight = _rope_interleaved(weight, heads)
+        writer.add_tensor(name, weight.contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
