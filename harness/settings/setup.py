@@ -10,6 +10,9 @@ that sets it and which side of the run it belongs to. Every identity derives fro
 resume key (``row_key`` of a row, ``result_key`` of a run before it runs), the plain row an assisted
 row is paired with (``pairing_key``), run ids (``run_id``), the columns ``runner.make_row`` writes
 (``columns``).
+
+This module imports no model code, so anything (the registry, the loaders, the experiments, the CLI)
+can build and compare setups before a weight is read.
 """
 
 from __future__ import annotations
