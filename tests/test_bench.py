@@ -210,8 +210,12 @@ def test_record_round_trips_and_gates_itself(measured, tmp_path):
     for name, g in gates.items():
         noisy = g.status == "inconclusive" and min(g.ci) < 1 - stats.DEFAULT_MARGIN
         assert g.status == "pass" or noisy, (name, g)
+    # Each pair is adjusted by its own costs against the record's pooled ones, so the factor the
+    # message reports (the pairs' median) moves with how far this run's two pairs were apart; the
+    # ratio above is what must be 1 against itself.
     factor = re.search(r"adjusted x([0-9.]+)", gates["speedup"].message)
-    assert factor and float(factor.group(1)) == pytest.approx(1.0, abs=0.01), gates["speedup"].message
+    lo, hi = baselines.ADJUSTMENT_RANGE
+    assert factor and lo <= float(factor.group(1)) <= hi, gates["speedup"].message
 
 
 def test_arms_share_rounds_but_not_runs(tiny):

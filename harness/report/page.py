@@ -27,7 +27,15 @@ from harness.settings.results import Row
 
 PAGE_NAME = "README.md"
 REGEN = "python assisted_generation.py --regen-tables"
-_VERSIONS = ("torch", "transformers", "onnxruntime", "onnxruntime-genai", "llama.cpp", "openvino-genai", "python")
+_VERSIONS = (
+    "torch",
+    "transformers",
+    "onnxruntime",
+    "onnxruntime-genai",
+    "llama.cpp",
+    "openvino-genai",
+    "python",
+)
 
 
 def _versions(rows: Iterable[Row]) -> str:
