@@ -21,6 +21,7 @@ from harness.experiments import humaneval, sweep
 from harness.pairs import models
 from harness.report import sweep as sweep_report
 from harness.settings import configs as sweep_spec
+from harness.settings import setup
 from harness.settings.results import read_records, read_rows
 
 PAIR = "tiny-qwen2"
@@ -288,6 +289,18 @@ def test_onnxruntime_target_in_a_sweep():
     )
     pair = pairs[("fp32", None)]
     assert (pair.target_setup.backend, pair.target_setup.precision) == ("onnxruntime", "ort-int4-b32-aint8")
+
+
+@pytest.mark.parametrize("kernels", ["onnxruntime-genai", "llama.cpp", "openvino"])
+def test_an_engines_configuration_is_the_run_its_engine_loads(kernels):
+    """An engine's draft is its own, at the target's settings, on the draft device given: the run a
+    configuration is (the sweep's resume key is built from it before loading) is the run loaded."""
+    [config] = sweep_spec.parse_configs(f"kernels={kernels},k=3")
+    run = config.run("qwen2.5-coder-1.5b", 8, "cpu", "npu")
+    assert run.draft == setup.Draft(run.target.precision, device="npu")
+    assert config.draft_precision == config.target_precision  # its label keeps the sweep's spelling
+    [torch_config] = sweep_spec.parse_configs("t=fp32,d=w8af32,k=3")
+    assert torch_config.run("qwen2.5-coder-1.5b", 8, "cpu", "cpu").draft.precision == "w8af32"
 
 
 def test_group_pairs_share_one_target():
