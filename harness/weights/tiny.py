@@ -215,25 +215,6 @@ def saved_folder(
     return final
 
 
-# llama.cpp's name for each per-layer weight of a Llama-family model (``blk.N.<name>.weight``).
-_GGUF_LAYER_NAMES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
-_GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-
-
 def _rope_interleaved(weight: torch.Tensor, heads: int) -> torch.Tensor:
     # transformers' Llama rotates the two halves of a head; llama.cpp's "llama" rope rotates
     # neighbouring pairs: each head's rows reordered so both compute the same product.
@@ -247,8 +228,8 @@ def gguf_file(model: PreTrainedModel, path: str | os.PathLike[str]) -> Path:
     does (the same greedy tokens, log-probabilities within fp32 rounding).
 
     Written here because llama.cpp's own converter (``convert_hf_to_gguf.py``) ships in its source
-    tree, not in a package; the ``gguf`` package writes the file, and only the names and llama.cpp's
-    rope order are ours."""
+    tree, not in a package; the ``gguf`` package writes the file and names the tensors, and only
+    llama.cpp's rope order is ours."""
     import gguf
 
     config = model.config
@@ -281,18 +262,14 @@ def gguf_file(model: PreTrainedModel, path: str | os.PathLike[str]) -> Path:
     writer.add_eos_token_id(EOS_ID)
     writer.add_pad_token_id(PAD_ID)
     writer.add_add_bos_token(False)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
     for key, weight in model.state_dict().items():
         weight = weight.detach().float()
-        if key in _GGUF_NAMES:
-            name = _GGUF_NAMES[key]
-        else:
-            _, _, layer, *module, _ = key.split(".")
-            part = ".".join(module)
-            name = f"blk.{layer}.{_GGUF_LAYER_NAMES[part]}.weight"
-            if part in ("self_attn.q_proj", "self_attn.k_proj"):
-                heads = config.num_attention_heads if part.endswith("q_proj") else config.num_key_value_heads
-                weight = _rope_interleaved(weight, heads)
-        writer.add_tensor(name, weight.contiguous().numpy())
+        if key.endswith("q_proj.weight"):
+            weight = _rope_interleaved(weight, config.num_attention_heads)
+        elif key.endswith("k_proj.weight"):
+            weight = _rope_interleaved(weight, config.num_key_value_heads)
+        writer.add_tensor(names.get_name(key, try_suffixes=(".weight",)), weight.contiguous().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
