@@ -208,6 +208,16 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
                 f"{DECODING.assistant_confidence_threshold})",
             ),
         ),
+        "draft_tree": (
+            "assistance",
+            dict(
+                metavar="PATHS",
+                help="greedy assisted decoding with a static token tree instead of a chain of K: its nodes "
+                "as comma-separated rank paths (0,1,00,000: the draft's first and second choice, then its "
+                "first choices under the first), verified in one target forward; the harness's own loop, "
+                "on the batch-invariant kernels",
+            ),
+        ),
         "prompt_lookup_num_tokens": (
             "assistance",
             dict(

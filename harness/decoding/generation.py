@@ -22,6 +22,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from transformers.generation import candidate_generator
 
 from harness.base.errors import HarnessError
+from harness.decoding import trees
 from harness.pairs.models import LoadedPair
 from harness.settings.setup import SCHEDULES, GenerationSettings
 from harness.theory import timing
@@ -139,6 +140,9 @@ def generate(
         return pair.engine.decode(pair, [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1)], settings)
     if settings.mode == "assisted" and pair.draft is None:
         raise HarnessError(f"{pair.spec.name} was loaded without a draft; load it with its draft to assist")
+    if settings.mode == "assisted" and settings.draft_tree:
+        # transformers' loop verifies chains only: a tree runs in the harness's own.
+        return trees.decode(pair, prompt_ids, settings)
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1).to(pair.target.device)
     if ids.shape[1] == 0:
         raise HarnessError("empty prompt: give at least one token")

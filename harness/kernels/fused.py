@@ -34,6 +34,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
+from harness.base.errors import HarnessError
 from harness.kernels import cppext, invariant, kquants
 
 # Decoder layers whose forward this module reproduces: pre-norm RMSNorm, rotate-half rotary
@@ -252,13 +253,16 @@ class FusedLayer:
         x = hidden_states.reshape(m, width).contiguous()
         return self.fused_rows(x, position_embeddings, cache).view(1, m, width)
 
-    def fused_rows(self, x: torch.Tensor, position_embeddings: tuple, cache: Any) -> torch.Tensor:
-        """The fused layer on rows ``x`` [M, width] (float32, one sequence): its output [M, width]."""
+    def fused_rows(
+        self, x: torch.Tensor, position_embeddings: tuple, cache: Any, visible: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The fused layer on rows ``x`` [M, width] (float32, one sequence): its output [M, width].
+        ``visible``: a token tree's mask over the cache's last entries (``tree_mask``)."""
         plan = self.__dict__.get("_plan")
         if plan is None or plan.owner != id(self):
             plan = self.__dict__["_plan"] = _Plan.of(self)
         run = layer_calls if plan.native is not None else step_calls
-        return run(plan, x, position_embeddings, cache)
+        return run(plan, x, position_embeddings, cache, visible)
 
 
 class FusedStack:
@@ -266,7 +270,10 @@ class FusedStack:
     embedding, rotary tables and final norm as the stack's own modules, the layers' fused steps in a
     plain loop (the same calls in the same order as through each layer's forward: the same bits).
     Anything it does not reproduce takes the stack's own forward: batches, input embeddings, no cache,
-    hidden states or attentions asked for, a padding mask, hooks on a layer, a layer not fused."""
+    hidden states or attentions asked for, a padding mask, hooks on a layer, a layer not fused.
+
+    ``tree_mask`` (a token tree's rows, ``harness.decoding.trees``) is this loop's alone: a call
+    that would take the stack's own forward with one is refused, never run with the mask dropped."""
 
     def forward(
         self,
@@ -276,10 +283,16 @@ class FusedStack:
         past_key_values: Any = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        tree_mask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
         layers = self.layers[: self.config.num_hidden_layers]
         if not _direct(self, layers, input_ids, inputs_embeds, attention_mask, past_key_values, kwargs):
+            if tree_mask is not None:
+                raise HarnessError(
+                    "a token tree runs on fused layers only: one sequence of token ids onto a cache, "
+                    "float32, every layer fused and without hooks"
+                )
             return super().forward(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -297,7 +310,7 @@ class FusedStack:
         position_embeddings = self.rotary_emb(hidden, position_ids)
         x = hidden.reshape(m, -1).contiguous()
         for layer in layers:
-            x = layer.fused_rows(x, position_embeddings, past_key_values)
+            x = layer.fused_rows(x, position_embeddings, past_key_values, tree_mask)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         return BaseModelOutputWithPast(
             last_hidden_state=self.norm(x.view(1, m, -1)),
@@ -334,16 +347,21 @@ def _direct(
     )
 
 
-def layer_calls(plan: _Plan, x: torch.Tensor, position_embeddings: tuple, cache: Any) -> torch.Tensor:
+def layer_calls(
+    plan: _Plan, x: torch.Tensor, position_embeddings: tuple, cache: Any, visible: torch.Tensor | None = None
+) -> torch.Tensor:
     """The layer in two C++ calls around the cache update: the steps of ``step_calls``, in its order."""
     q, keys, values = plan.native.begin(x, *position_embeddings)
     if cache is not None:
         keys, values = append_kv(cache, plan.layer_idx, keys, values)
-    return plan.native.end(x, q, keys, values)
+    return plan.native.end(x, q, keys, values, visible)
 
 
-def step_calls(plan: _Plan, x: torch.Tensor, position_embeddings: tuple, cache: Any) -> torch.Tensor:
-    """The layer one step a call: x [M, width] -> the layer's output [M, width]."""
+def step_calls(
+    plan: _Plan, x: torch.Tensor, position_embeddings: tuple, cache: Any, visible: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The layer one step a call: x [M, width] -> the layer's output [M, width]; ``visible``: which
+    of the cache's last entries each row attends to (a token tree's ancestors; None: causal)."""
     ext = invariant.extension()
     m = x.shape[0]
     h = ext.rms_norm(x, *plan.in_norm)
@@ -355,7 +373,7 @@ def step_calls(plan: _Plan, x: torch.Tensor, position_embeddings: tuple, cache: 
     values = v.view(1, m, plan.kv_heads, plan.dim).transpose(1, 2)
     if cache is not None:
         keys, values = append_kv(cache, plan.layer_idx, keys, values)
-    (o,) = plan.o(ext.attention_md(q, keys[0], values[0], plan.heads, plan.scaling))
+    (o,) = plan.o(ext.attention_md(q, keys[0], values[0], plan.heads, plan.scaling, visible))
     x, h = ext.add_rms_norm(x, o, *plan.post_norm)
     gate, up = plan.gate_up(h)
     (down,) = plan.down(ext.silu_mul(gate, up))

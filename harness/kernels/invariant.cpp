@@ -561,6 +561,12 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
 // dot product, lanes summed pairwise), max, exp and their sum key by key, the weighted values key
 // by key, one division. Nothing depends on M, so a verification row is a decode step's row; and one
 // call serves all M rows (SDPA per row cost ~150 us per row and layer in Python calls alone).
+//
+// A token tree's verification (``visible``, [M, T] over the cache's last T entries, the rows' own
+// last) skips each key a row does not see: not a masked score of -inf, but no step at all, so the
+// row's sums run over exactly the keys, in exactly the order, of a one-token step onto a cache that
+// holds only its path (the tree's nodes are stored parents first). That is what keeps a tree's
+// output the target's own, bit for bit.
 inline float dot8(const float* a, const float* b, int64_t D) {
   __m256 acc = _mm256_setzero_ps();
   int64_t d = 0;
@@ -576,7 +582,7 @@ inline float dot8(const float* a, const float* b, int64_t D) {
 // of its sums.
 void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t k_h, const float* vp, int64_t v_h,
             float* op, int64_t o_h, int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L,
-            float scale) {
+            float scale, const uint8_t* visible = nullptr, int64_t T = 0) {
   const int64_t group = H / Hkv;
 #pragma omp parallel
   {
@@ -588,18 +594,24 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
       const float* qr = qp + h * q_h + i * q_m;
       const float* kh = kp + (h / group) * k_h;
       const float* vh = vp + (h / group) * v_h;
+      // The keys this row sees, in cache order: all of them before the last T, then its own mask.
+      const uint8_t* sees = visible == nullptr ? nullptr : visible + i * T;
+      auto hidden = [&](int64_t j) { return sees != nullptr && j >= L - T && !sees[j - (L - T)]; };
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
+        if (hidden(j)) continue;
         p[j] = dot8(qr, kh + j * D, D) * scale;
         mx = std::max(mx, p[j]);
       }
       float sum = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
+        if (hidden(j)) continue;
         p[j] = std::exp(p[j] - mx);
         sum += p[j];
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < n; ++j) {
+        if (hidden(j)) continue;
         const float w = p[j];
         const float* vr = vh + j * D;
         int64_t d = 0;
@@ -646,7 +658,10 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
 
 // The same attention on a layer's own layout: q [M, H * D] as the projection wrote it, the output
 // [M, H * D] as the output projection reads it (no transposes between the calls).
-torch::Tensor attention_md(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t H, double scaling) {
+// With ``visible`` (bool or uint8 [M, T], T >= M): which of the cache's last T entries each row sees
+// (a token tree's ancestors; each row must see its own entry, the last M being the rows' own).
+torch::Tensor attention_md(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t H, double scaling,
+                           c10::optional<torch::Tensor> visible = c10::nullopt) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && H > 0 && q.size(1) % H == 0,
               "q must be float32 [M, H * D]");
   q = q.contiguous();
@@ -654,9 +669,20 @@ torch::Tensor attention_md(torch::Tensor q, torch::Tensor k, torch::Tensor v, in
   v = kv_rows(v);
   const int64_t M = q.size(0), D = q.size(1) / H;
   check_kv(k, v, H, M, D);
+  torch::Tensor mask;
+  int64_t T = 0;
+  if (visible.has_value()) {
+    mask = visible->to(torch::kUInt8).contiguous();
+    T = mask.dim() == 2 ? mask.size(1) : -1;
+    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == M && T >= M && T <= k.size(1),
+                "visible must be [M, T] with M <= T <= the cache's length");
+    const uint8_t* mp = mask.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < M; ++i) TORCH_CHECK(mp[i * T + T - M + i], "row ", i, " must see its own entry");
+  }
   auto out = torch::empty({M, H * D}, q.options());
   attend(q.data_ptr<float>(), D, H * D, k.data_ptr<float>(), k.stride(0), v.data_ptr<float>(), v.stride(0),
-         out.data_ptr<float>(), D, H * D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
+         out.data_ptr<float>(), D, H * D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling),
+         visible.has_value() ? mask.data_ptr<uint8_t>() : nullptr, T);
   return out;
 }
 
@@ -791,7 +817,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_rows", &attention_rows, "batch-invariant causal attention, one fixed order per row",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"));
   m.def("attention_md", &attention_md, "attention_rows on q [M, H * D], output [M, H * D]", py::arg("q"),
-        py::arg("k"), py::arg("v"), py::arg("heads"), py::arg("scaling"));
+        py::arg("k"), py::arg("v"), py::arg("heads"), py::arg("scaling"), py::arg("visible") = py::none());
   m.def("rms_norm", &rms_norm, "row-wise RMS norm in one fixed order", py::arg("x"), py::arg("w"), py::arg("eps"));
   m.def("add_rms_norm", &add_rms_norm, "(x + r, rms_norm(x + r))", py::arg("x"), py::arg("r"), py::arg("w"),
         py::arg("eps"));

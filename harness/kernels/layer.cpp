@@ -88,9 +88,11 @@ struct Layer {
 
   // The rest of the layer, onto keys and values [1, kv_heads, L, dim] (the cache, this step's rows
   // last): the layer's output [M, width].
-  Tensor end(const Tensor& x, const Tensor& q, const Tensor& keys, const Tensor& values) const {
+  // ``visible``: a token tree's mask over the cache's last entries (inv::attention_md).
+  Tensor end(const Tensor& x, const Tensor& q, const Tensor& keys, const Tensor& values,
+             c10::optional<Tensor> visible) const {
     warm(o);
-    auto attn = o(inv::attention_md(q, keys.select(0, 0), values.select(0, 0), heads, scaling));
+    auto attn = o(inv::attention_md(q, keys.select(0, 0), values.select(0, 0), heads, scaling, visible));
     auto xh = inv::add_rms_norm(x, attn[0], post_w, post_eps);
     auto gu = gate_up(xh[1]);
     auto d = down(inv::silu_mul(gu[0], gu[1]));
@@ -115,5 +117,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("begin", &Layer::begin, "norm, q/k/v, rotary embedding: q, keys, values", py::arg("x"), py::arg("cos"),
            py::arg("sin"))
       .def("end", &Layer::end, "attention onto the cache, and the rest of the layer", py::arg("x"), py::arg("q"),
-           py::arg("keys"), py::arg("values"));
+           py::arg("keys"), py::arg("values"), py::arg("visible") = py::none());
 }

@@ -483,6 +483,13 @@ def check_run(spec: PairSpec, run: RunSetup) -> None:
                 "use --target_kernels stock there"
             )
     draft = run.draft
+    if run.decoding.draft_tree and run.uses_draft:
+        # The tree's rows are one-token steps only where every row is computed on its own.
+        if target.kernels != "invariant" or draft is None or draft.kernels != "invariant":
+            raise UnsupportedError(
+                "--draft_tree runs on the harness's batch-invariant kernels only: pass --target_kernels "
+                "invariant and --draft_kernels invariant (or a pair registered with them)"
+            )
     if draft is not None:
         invariant.check_kernels(draft.kernels, "--draft_kernels")
         precision.check_precision(draft.precision, draft.device)  # the device's own check too

@@ -118,6 +118,7 @@ class CaseKey:
     draft_kernels: str = "stock"  # the draft's kernels ("invariant": the harness's, for speed)
     execution_provider: str | None = None  # the execution provider of an ONNX Runtime target
     engine: str = "transformers"  # what runs the decoding loop (harness.decoding.engines.REGISTRY)
+    draft_tree: str | None = None  # a token tree's rank paths (``--draft_tree``); None: a chain of K
     # Identity settings of ``setup.FIELDS`` beyond the fields above (a setting added since), as
     # (column, value), only where a case's value is not the setting's default.
     more: tuple[tuple[str, Any], ...] = ()
@@ -163,13 +164,18 @@ class CaseKey:
             parts.append(f"dk_{_part(self.draft_kernels)}")
         if self.draft is not None:
             parts.append(f"draft_{_part(self.draft)}")
+        if self.draft_tree is not None:
+            parts.append(f"tree_{_part(self.draft_tree)}")
         parts += [f"{_part(column)}_{_part(str(value))}" for column, value in self.more]
         return "-".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        # Files of cases without a newer setting (a tree, ``more``) read as they always have.
+        if self.draft_tree is None:
+            del data["draft_tree"]
         if not self.more:
-            del data["more"]  # files of cases without a newer setting read as they always have
+            del data["more"]
         return data
 
     @classmethod

@@ -26,6 +26,7 @@ from typing import Any
 
 from harness.base.backends import DEFAULT_PROVIDER, OrtSettings
 from harness.base.errors import HarnessError
+from harness.theory import trees
 
 MODES = ("plain", "assisted", "prompt_lookup")
 # What runs the decoding loop: transformers' generate (torch or ONNX Runtime target behind an
@@ -71,6 +72,10 @@ class GenerationSettings:
     # decoding checks after each verify step, so it may run on by up to K tokens past the step
     # plain decoding stops at; callers that compare outputs cut both at the first stop string.
     stop_strings: tuple[str, ...] = ()
+    # A static token tree the draft proposes each round instead of a chain of K (rank paths, as
+    # ``theory.trees.Tree.parse`` reads them): greedy, on the batch-invariant kernels, in the
+    # harness's own loop (``harness.decoding.trees``). "": a chain, in transformers' loop.
+    draft_tree: str = ""
 
     def validate(self) -> GenerationSettings:
         def bad(what: str) -> HarnessError:
@@ -99,6 +104,10 @@ class GenerationSettings:
             raise bad(f"--top_p must be in (0, 1] (got {self.top_p})")
         if self.top_k < 0:
             raise bad(f"--top_k must be >= 0, 0 meaning off (got {self.top_k})")
+        if self.draft_tree:
+            trees.Tree.parse(self.draft_tree)
+            if self.do_sample:
+                raise bad("--draft_tree decodes greedily: drop --do_sample, or the tree")
         return self
 
     @property
@@ -258,6 +267,13 @@ FIELDS: tuple[Field, ...] = (
         lambda s: s.decoding.prompt_lookup_num_tokens if s.decoding.mode == "prompt_lookup" else None,
         identity=False,
     ),
+    Field(
+        "draft_tree",
+        "--draft_tree",
+        "draft",
+        lambda s: (s.decoding.draft_tree or None) if s.uses_draft else None,
+        sweep=("tree",),
+    ),
     Field("do_sample", "--do_sample", "sampling", lambda s: s.decoding.do_sample),
     Field("temperature", "--temperature", "sampling", _sampled(lambda d: d.temperature)),
     Field("top_p", "--top_p", "sampling", _sampled(lambda d: d.top_p)),
@@ -376,6 +392,11 @@ def resolve(
         backend = ENGINE_BACKEND.get(engine, target_backend)
         if target_backend != backend:
             raise HarnessError(f"engine {engine} runs a {backend} target: pass target_backend={backend!r}")
+        if decoding is not None and decoding.draft_tree:
+            raise HarnessError(
+                f"--draft_tree runs in the harness's own loop, not {engine}'s: drop --engine {engine} "
+                "or the tree"
+            )
         given = dict(draft_precision=draft_precision, draft_vocab=draft_vocab, draft_kernels=draft_kernels)
         for name, value in {**given, "target_kernels": target_kernels}.items():
             if value is not None:

@@ -1,0 +1,239 @@
+"""Greedy assisted decoding with a static token tree (SpecInfer, Sequoia): the harness's own loop.
+
+transformers' assisted loop verifies a chain only, so a tree needs a loop of its own. Each round:
+
+1. The draft proposes the tree (``theory.trees.Tree``: rank paths): one forward over the tokens it
+   has not yet seen, then one forward per level over that level's nodes with children, each node's
+   children being its prediction's top ranks.
+2. The target verifies the round's last token and every node in one forward. A node's row attends
+   to the cache, the round's last token, its ancestors and itself (``fused.FusedStack``'s
+   ``tree_mask``), at the position its depth gives it.
+3. The longest path whose tokens are the target's own greedy choices is accepted, with the target's
+   next token after it; both caches keep only that path (``keep_path``).
+
+Why it is the target's own output, bit for bit: the fused layers compute each row on its own in one
+fixed order, and attention skips every key a row does not see (``kernels/invariant.cpp``), so a
+node's row is exactly the one-token step a plain decode makes at that position with that prefix.
+It therefore runs on the batch-invariant kernels only (the fused layers), and refuses anything else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from harness.base.errors import HarnessError
+from harness.kernels import fused
+from harness.pairs.models import LoadedPair
+from harness.settings.setup import GenerationSettings
+from harness.theory import timing
+from harness.theory.timing import Measurement, record_forwards
+from harness.theory.trees import Path, Tree
+
+
+def check_pair(pair: LoadedPair) -> None:
+    """Refuse a pair a tree cannot run on exactly: both models must be on the fused layers."""
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        if model is None:
+            raise HarnessError(f"{pair.spec.name} was loaded without a draft; a token tree needs one")
+        stack = getattr(model, "model", None)
+        if not isinstance(stack, fused.FusedStack):
+            raise HarnessError(
+                f"a token tree (--draft_tree) runs on the harness's batch-invariant kernels only, and the "
+                f"{role} is not on them: use --target_kernels invariant and --draft_kernels invariant, or "
+                f"a block precision (gguf, q4k)"
+            )
+
+
+def tree_mask(rows: Sequence[Path], seen: Sequence[Path]) -> torch.Tensor:
+    """Which of the cache's last ``len(seen)`` entries (the nodes ``seen``, in cache order) each of
+    ``rows`` (the last ones, each in ``seen``) attends to: its ancestors and itself."""
+    mask = torch.zeros(len(rows), len(seen), dtype=torch.bool)
+    for i, row in enumerate(rows):
+        for j, entry in enumerate(seen):
+            mask[i, j] = row[: len(entry)] == entry
+    return mask
+
+
+def verify_mask(pending: int, nodes: Sequence[Path]) -> torch.Tensor | None:
+    """The target's mask for a round: its ``pending`` tokens (the prompt on the first round, else the
+    last token) causal among themselves, then the nodes, each seeing them all, its ancestors and itself."""
+    if not nodes:
+        return None
+    mask = torch.zeros(pending + len(nodes), pending + len(nodes), dtype=torch.bool)
+    mask[:pending, :pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
+    mask[pending:, :pending] = True
+    mask[pending:, pending:] = tree_mask(nodes, nodes)
+    return mask
+
+
+def keep_path(cache: DynamicCache, start: int, entries: Sequence[int]) -> None:
+    """Keep the cache's first ``start`` entries and then ``entries`` (increasing indices, each at or
+    after its new place), dropping the rest: a round's accepted path moved down onto the prefix."""
+    for layer in cache.layers:
+        for tensor in (layer.keys, layer.values):
+            for i, entry in enumerate(entries):
+                if entry != start + i:
+                    tensor[..., start + i, :] = tensor[..., entry, :]
+    extra = cache.get_seq_length() - start - len(entries)
+    if extra > 0:
+        cache.crop(-extra)  # a count to remove, in transformers' 5.x spelling
+
+
+def _forward(
+    model: torch.nn.Module, ids: Sequence[int], cache: DynamicCache, positions: Sequence[int], mask: Any
+) -> torch.Tensor:
+    out = model(
+        input_ids=torch.tensor([list(ids)], dtype=torch.long),
+        position_ids=torch.tensor([list(positions)], dtype=torch.long),
+        past_key_values=cache,
+        use_cache=True,
+        tree_mask=mask,
+    )
+    return out.logits[0].float()
+
+
+def _cut(tree: Tree, depth: int) -> list[Path]:
+    return [p for p in tree.nodes if len(p) <= depth]
+
+
+class _Draft:
+    """The draft's side of the rounds: its cache, and the tokens it has not seen yet."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.cache = DynamicCache()
+        self.rows: dict[Path, int] = {}  # a node of this round -> its entry in the draft's cache
+
+    def propose(self, seq: list[int], nodes: list[Path]) -> dict[Path, int]:
+        """Each node's token for the sequence ``seq`` (the prefix and the round's last token)."""
+        seen = self.cache.get_seq_length()
+        logits = _forward(self.model, seq[seen:], self.cache, range(seen, len(seq)), None)[-1:]
+        parents: list[Path] = [()]
+        tokens: dict[Path, int] = {}
+        self.rows = {}
+        expanded: list[Path] = []
+        depth = 0
+        while parents:
+            ranks = 1 + max(p[-1] for p in nodes if len(p) == depth + 1)
+            top = torch.topk(logits, ranks, dim=-1).indices
+            top[:, 0] = logits.argmax(dim=-1)  # ties: rank 0 is what greedy drafting takes
+            for i, parent in enumerate(parents):
+                for p in nodes:
+                    if len(p) == depth + 1 and p[:-1] == parent:
+                        tokens[p] = int(top[i, p[-1]])
+            depth += 1
+            parents = [p for p in nodes if len(p) == depth and any(q[:-1] == p for q in nodes)]
+            if not parents:
+                break
+            start = self.cache.get_seq_length()
+            for i, p in enumerate(parents):
+                self.rows[p] = start + i
+            expanded += parents
+            mask = tree_mask(parents, expanded)
+            position = len(seq) - 1 + depth
+            logits = _forward(
+                self.model, [tokens[p] for p in parents], self.cache, [position] * len(parents), mask
+            )
+        return tokens
+
+    def accept(self, seq_before: int, path: list[Path]) -> None:
+        """Keep the prefix of ``seq_before`` tokens and the accepted nodes the draft has entries for."""
+        keep = [self.rows[p] for p in path if p in self.rows]
+        keep_path(self.cache, seq_before, keep)
+
+
+def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSettings) -> Measurement:
+    """Decode one prompt greedily with the settings' tree (``draft_tree``), measured as
+    ``generation.generate`` measures transformers' loop."""
+    if settings.do_sample:
+        raise HarnessError("a token tree (--draft_tree) decodes greedily; leave --do_sample off")
+    check_pair(pair)
+    tree = Tree.parse(settings.draft_tree)
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise HarnessError("empty prompt: give at least one token")
+    eos = (
+        None
+        if settings.ignore_eos
+        else (settings.eos_token_id if settings.eos_token_id is not None else pair.eos_token_id)
+    )
+    stops = set(eos if isinstance(eos, list | tuple) else [eos]) - {None}
+    budget = settings.max_new_tokens
+    draft = _Draft(pair.draft)
+    target_cache = DynamicCache()
+    drafted = accepted = 0
+    out: list[int] = []
+
+    def finished() -> bool:
+        if len(out) >= budget or (stops and any(t in stops for t in out)):
+            return True
+        text = pair.tokenizer.decode(out) if settings.stop_strings else ""
+        return any(s in text for s in settings.stop_strings)
+
+    with torch.inference_mode(), record_forwards({"target": pair.target, "draft": pair.draft}) as log:
+        start = time.perf_counter()
+        while not finished():
+            seq = prompt + out
+            # A round emits its accepted nodes and one token more: never past the budget. The first
+            # round verifies the prompt with its nodes, as transformers' assisted loop does.
+            nodes = _cut(tree, budget - len(out) - 1)
+            tokens = draft.propose(seq, nodes) if nodes else {}
+            seen = target_cache.get_seq_length()
+            verify = _forward(
+                pair.target,
+                [*seq[seen:], *(tokens[p] for p in nodes)],
+                target_cache,
+                [*range(seen, len(seq)), *(len(seq) - 1 + len(p) for p in nodes)],
+                verify_mask(len(seq) - seen, nodes),
+            )
+            choice = verify[len(seq) - seen - 1 :].argmax(dim=-1).tolist()  # the root's row, then the nodes'
+            rows: list[Path] = [(), *nodes]
+            path: list[Path] = []
+            node: Path = ()
+            while True:
+                token = choice[rows.index(node)]
+                child = next((p for p in nodes if p[:-1] == node and tokens[p] == token), None)
+                out.append(token)
+                if child is None or finished():
+                    break
+                path.append(child)
+                node = child
+            drafted += len(nodes)
+            accepted += len(path)
+            keep_path(target_cache, len(seq), [len(seq) + nodes.index(p) for p in path])
+            draft.accept(len(seq), path)
+        end = time.perf_counter()
+
+    output = out[:budget]
+    for i, t in enumerate(output):
+        if t in stops:
+            output = output[: i + 1]
+            break
+    target = log.of("target")
+    draft_forwards = log.of("draft")
+    total_ms = (end - start) * 1000.0
+    target_ms = sum(f.ms for f in target)
+    draft_ms = sum(f.ms for f in draft_forwards)
+    tpt = timing.per_token_ms((end - target[0].end) * 1000.0, len(output))
+    return Measurement(
+        prompt_tokens=len(prompt),
+        output_ids=output,
+        total_s=total_ms / 1000.0,
+        prefill_ms=(target[0].end - start) * 1000.0,
+        target_prefill_ms=target[0].ms,
+        time_per_token_ms=tpt,
+        tokens_per_s=timing.rate(tpt),
+        target_forwards=len(target),
+        draft_forwards=len(draft_forwards),
+        target_ms=target_ms,
+        draft_ms=draft_ms,
+        other_ms=total_ms - target_ms - draft_ms,
+        drafted=drafted,
+        accepted=accepted,
+        forwards=list(log.forwards),
+    )
