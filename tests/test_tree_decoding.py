@@ -21,7 +21,7 @@ from harness.settings.setup import GenerationSettings
 from harness.theory.trees import Tree
 
 # A chain, a second choice at the first depth, a wide and deep tree, a bushy one.
-TREES = ("0,00,000", "0,1,00,000", "0,1,2,00,10,000,0000", "0,1,00,01,10,11,000")
+TREES = ("0+00+000", "0+1+00+000", "0+1+2+00+10+000+0000", "0+1+00+01+10+11+000")
 PROMPTS = (list(range(3, 30)), [7, 7, 7, 19, 4, 4, 100, 3], list(range(200, 260, 3)))
 NEW = 32
 
@@ -59,7 +59,7 @@ def test_a_tree_row_attends_exactly_as_the_step_on_its_path():
     ext = invariant.extension()
     torch.manual_seed(0)
     heads, kv_heads, dim, prefix = 4, 2, 16, 11
-    nodes = Tree.parse("0,1,00,01,10,000").nodes
+    nodes = Tree.parse("0+1+00+01+10+000").nodes
     rows = [(), *nodes]
     n = len(rows)
     q = torch.randn(n, heads * dim)
@@ -116,7 +116,7 @@ def test_the_rounds_are_what_the_draft_ranks_predict(pair):
 def test_the_target_as_its_own_draft_accepts_every_first_choice(pair):
     """Every round accepts the tree's whole rank-0 path and no sibling."""
     same = strategies.SameModel().draft(pair)
-    spec = "0,1,00,10,000"
+    spec = "0+1+00+10+000"
     depth = Tree.parse(spec).depth
     for prompt in PROMPTS:
         m = generate(same, prompt, _tree(spec))
@@ -135,7 +135,7 @@ def test_a_random_draft_is_accepted_by_chance_only(pair):
     random = dataclasses.replace(random, draft=draft)
     drafted = accepted = 0
     for prompt in PROMPTS:
-        m = generate(random, prompt, _tree("0,1,2,00"))
+        m = generate(random, prompt, _tree("0+1+2+00"))
         assert m.output_ids == generate(pair, prompt, _plain()).output_ids
         drafted, accepted = drafted + m.drafted, accepted + m.accepted
     assert strategy.acceptance_problem(drafted, accepted, 512, True) is None
@@ -150,7 +150,7 @@ def test_a_verifier_whose_nodes_see_their_siblings_is_caught(pair, monkeypatch):
         return torch.ones(m, m, dtype=torch.bool).tril() if nodes else None
 
     monkeypatch.setattr(trees, "verify_mask", causal_over_all)
-    spec = "0,1,2,00,10,000,0000"
+    spec = "0+1+2+00+10+000+0000"
     differ = [
         generate(pair, p, _tree(spec)).output_ids != generate(pair, p, _plain()).output_ids for p in PROMPTS
     ]
@@ -167,7 +167,7 @@ def test_eos_and_stop_strings_end_a_tree_decode_where_plain_decoding_ends(pair):
         tree = generate(
             pair,
             prompt,
-            GenerationSettings(mode="assisted", max_new_tokens=NEW, draft_tree="0,1,00,000", **settings),
+            GenerationSettings(mode="assisted", max_new_tokens=NEW, draft_tree="0+1+00+000", **settings),
         )
         assert len(plain.output_ids) < NEW
         assert tree.output_ids[: len(plain.output_ids)] == plain.output_ids
@@ -179,13 +179,13 @@ def test_a_budget_shorter_than_the_tree_is_kept():
     pair = _pair("tiny-qwen2", "w8af32")
     prompt = PROMPTS[0]
     for new in (1, 2, 3):
-        m = generate(pair, prompt, _tree("0,00,000,0000", new=new))
+        m = generate(pair, prompt, _tree("0+00+000+0000", new=new))
         assert m.output_ids == generate(pair, prompt, _plain(new=new)).output_ids
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("", "comma-separated rank paths"), ("0,a", "comma-separated rank paths"), ("1,10,00", "no parent")],
+    [("", "joined by +"), ("0+a", "joined by +"), ("0,1", "joined by +"), ("1+10+00", "no parent")],
 )
 def test_a_bad_tree_is_named(spec, message):
     with pytest.raises(HarnessError, match=message):
@@ -195,36 +195,71 @@ def test_a_bad_tree_is_named(spec, message):
 def test_tree_spelling_round_trips():
     for spec in TREES:
         assert Tree.parse(spec).spec() == spec
-    assert Tree.parse("000,0,00").spec() == "0,00,000"
+    assert Tree.parse("000+0+00").spec() == "0+00+000"
 
 
 def test_a_tree_off_the_invariant_kernels_or_sampled_or_in_another_engine_is_refused():
     with pytest.raises(HarnessError, match="decodes greedily"):
-        GenerationSettings(mode="assisted", do_sample=True, draft_tree="0,1").validate()
+        GenerationSettings(mode="assisted", do_sample=True, draft_tree="0+1").validate()
     spec = "tiny-llama"
     from harness.decoding import engines
     from harness.pairs import models
 
-    stock = setup.resolve(models.get_pair(spec), decoding=_tree("0,1"))
+    stock = setup.resolve(models.get_pair(spec), decoding=_tree("0+1"))
     with pytest.raises(HarnessError, match="batch-invariant kernels only"):
         engines.check(spec, stock)
     with pytest.raises(HarnessError, match="own loop"):
         setup.resolve(
-            models.get_pair(spec), engine="llama.cpp", target_backend="llama.cpp", decoding=_tree("0,1")
+            models.get_pair(spec), engine="llama.cpp", target_backend="llama.cpp", decoding=_tree("0+1")
         )
 
 
 def test_a_tree_from_the_command_line_reaches_rows_and_reproduce_command(tmp_path, capsys):
     path = tmp_path / "rows.jsonl"
     flags = ["--target_kernels", "invariant", "--draft_kernels", "invariant", "--target_precision", "w8af32"]
-    flags += ["--draft_precision", "w8af32", "--draft_tree", "0,1,00"]
+    flags += ["--draft_precision", "w8af32", "--draft_tree", "0+1+00"]
     code, out, err = run_cli(capsys, *TINY, "--compare", *flags, "--json", str(path))
     assert code == 0, err
     rows = read_json_rows(path)
-    assert {r["draft_tree"] for r in rows if r["mode"] == "assisted"} == {"0,1,00"}
+    assert {r["draft_tree"] for r in rows if r["mode"] == "assisted"} == {"0+1+00"}
     assert {r["draft_tree"] for r in rows if r["mode"] == "plain"} == {None}
     by_mode = {(r["example"], r["mode"]): r["output_ids"] for r in rows}
     assert all(by_mode[(e, "plain")] == by_mode[(e, "assisted")] for e in (1, 2))
-    assert "--draft_tree 0,1,00" in out
-    code, _, err = run_cli(capsys, *TINY, "--assisted_generation", "--draft_tree", "0,x")
-    assert code == 2 and "rank paths" in err and "Traceback" not in err
+    assert "--draft_tree 0+1+00" in out
+    code, _, err = run_cli(capsys, *TINY, "--assisted_generation", "--draft_tree", "0+x")
+    assert code == 2 and "joined by +" in err and "Traceback" not in err
+
+
+def test_a_trees_books_are_its_own_verdicts(pair):
+    """Acceptance is read off the tree's own verdicts, not off its verify input as if it were a chain:
+    one entry per round, the path's accepted depths and the miss that ended it."""
+    from harness.theory import analysis
+
+    m = generate(pair, PROMPTS[0], _tree("0+1+00+000"))
+    assert len(m.judged_steps) == m.target_forwards
+    accepted, rejected = analysis.acceptance_steps(m)
+    assert accepted == m.accepted == sum(sum(j) for j in m.judged_steps)
+    assert rejected == sum(False in j for j in m.judged_steps) > 0
+    first = analysis.acceptance_by_position(m)[0]
+    assert first == [sum(1 for j in m.judged_steps if j), sum(1 for j in m.judged_steps if j and j[0])]
+
+
+def test_the_sweep_measures_a_tree_beside_its_chain(tmp_path):
+    from harness.experiments import humaneval, sweep
+    from harness.settings import configs
+
+    arms = "t=w8af32,d=w8af32,k=3,kernels=invariant,dk=invariant"
+    spec = f"{arms};{arms},tree=0+1+00+000"
+    chain, tree = configs.parse_configs(spec)
+    assert tree.label == chain.label + "-tree_0+1+00+000"
+    with pytest.raises(HarnessError, match="kernels=invariant,dk=invariant"):
+        configs.parse_configs("t=w8af32,d=w8af32,tree=0+1")
+    with pytest.raises(HarnessError, match="joined by +"):
+        configs.parse_configs(f"{arms},tree=0+x")
+    result = sweep.run_sweep(
+        "tiny-qwen2", [chain, tree], humaneval.prompts(2, 8), 8, tmp_path / "rows.jsonl", progress=False
+    )
+    by_label = {r.config.label: r for r in result.results}
+    assert by_label[tree.label].identical and by_label[chain.label].identical
+    assert by_label[tree.label].predicted_speedup is None  # Leviathan's formula is a chain's
+    assert by_label[chain.label].predicted_speedup is not None

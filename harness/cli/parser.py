@@ -213,7 +213,7 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
             dict(
                 metavar="PATHS",
                 help="greedy assisted decoding with a static token tree instead of a chain of K: its nodes "
-                "as comma-separated rank paths (0,1,00,000: the draft's first and second choice, then its "
+                "as rank paths joined by + (0+1+00+000: the draft's first and second choice, then its "
                 "first choices under the first), verified in one target forward; the harness's own loop, "
                 "on the batch-invariant kernels",
             ),

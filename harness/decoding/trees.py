@@ -167,6 +167,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     draft = _Draft(pair.draft)
     target_cache = DynamicCache()
     drafted = accepted = 0
+    judged: list[list[bool]] = []
     out: list[int] = []
 
     def finished() -> bool:
@@ -195,16 +196,23 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             rows: list[Path] = [(), *nodes]
             path: list[Path] = []
             node: Path = ()
+            rejected = False
             while True:
                 token = choice[rows.index(node)]
-                child = next((p for p in nodes if p[:-1] == node and tokens[p] == token), None)
+                children = [p for p in nodes if p[:-1] == node]
+                child = next((p for p in children if tokens[p] == token), None)
                 out.append(token)
-                if child is None or finished():
+                if child is None:
+                    rejected = bool(children)  # a leaf ends the path without a verdict
                     break
                 path.append(child)
                 node = child
+                if finished():
+                    break
             drafted += len(nodes)
             accepted += len(path)
+            # Along the path taken: each depth accepted, then the one whose children all missed.
+            judged.append([True] * len(path) + [False] * rejected)
             keep_path(target_cache, len(seq), [len(seq) + nodes.index(p) for p in path])
             draft.accept(len(seq), path)
         end = time.perf_counter()
@@ -236,4 +244,5 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
         drafted=drafted,
         accepted=accepted,
         forwards=list(log.forwards),
+        judged_steps=judged,
     )

@@ -158,7 +158,9 @@ def _config_of(row: Row) -> configs.SweepConfig:
             precision = backends.OrtSettings.from_label(precision).precision
         draft = setup.Draft(precision, row.draft_kernels or "stock", row.draft_vocab)
     k = row.prompt_lookup_num_tokens if row.mode == "prompt_lookup" else row.num_assistant_tokens
-    return configs.SweepConfig(target, draft, row.mode, int(k or 0), row.assistant_schedule or "constant")
+    return configs.SweepConfig(
+        target, draft, row.mode, int(k or 0), row.assistant_schedule or "constant", row.draft_tree or ""
+    )
 
 
 def _arm(row: Row) -> str:

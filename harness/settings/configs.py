@@ -18,6 +18,8 @@ kernels    target kernels: ``stock``, ``invariant``, or ``onnxruntime``  stock
            (the target exported to ONNX Runtime, CPU provider)
 dv         draft scores only the first N token ids (+ special tokens)  whole vocabulary
 dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
+tree       a token tree's rank paths joined by ``+`` (``--draft_tree``)  a chain of K
+           instead of a chain (with kernels=invariant, dk=invariant)
 =========  ==========================================================  ===========================
 
 ``kernels=onnxruntime-genai`` runs the target (t=int4 or t=fp32) in onnxruntime-genai's own loop:
@@ -40,6 +42,7 @@ from harness.base import backends
 from harness.base.errors import HarnessError
 from harness.settings import precision, setup
 from harness.settings.setup import SCHEDULES, GenerationSettings
+from harness.theory import trees
 
 MODES = ("assisted", "prompt_lookup")
 KERNELS = ("stock", "invariant")
@@ -84,6 +87,7 @@ class SweepConfig:
     mode: str = "assisted"
     num_assistant_tokens: int = 5  # K; for prompt lookup the number of tokens proposed
     schedule: str = "constant"
+    tree: str = ""  # a token tree's rank paths (``--draft_tree``) instead of a chain of K
 
     @classmethod
     def of(
@@ -96,6 +100,7 @@ class SweepConfig:
         target_kernels: str = "stock",
         draft_vocab: int | None = None,
         draft_kernels: str = "stock",
+        tree: str = "",
     ) -> SweepConfig:
         """The sweep's spelling (``t``, ``kernels``: stock, invariant, or the ONNX Runtime target in
         transformers' loop or onnxruntime-genai's) as the run's target and draft."""
@@ -108,7 +113,7 @@ class SweepConfig:
         else:
             target = setup.Target(target_precision, target_kernels)
         draft = None if draft_precision is None else setup.Draft(draft_precision, draft_kernels, draft_vocab)
-        return cls(target, draft, mode, num_assistant_tokens, schedule)
+        return cls(target, draft, mode, num_assistant_tokens, schedule, tree)
 
     # The sweep's spelling read back (labels, loaders and keys of stored rows use it).
     @property
@@ -155,6 +160,7 @@ class SweepConfig:
             f"-{self.schedule}-{self.target_kernels}"
             + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
             + ("-dk_invariant" if self.draft_kernels != "stock" else "")
+            + (f"-tree_{self.tree}" if self.tree else "")
         )
 
     @property
@@ -171,6 +177,7 @@ class SweepConfig:
             assistant_schedule=self.schedule,
             prompt_lookup_num_tokens=self.num_assistant_tokens,
             ignore_eos=True,
+            draft_tree=self.tree,
         ).validate()
 
     def run(
@@ -276,13 +283,24 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
             )
             raise HarnessError(f"{where}: kernels={kernels} runs {own}; remove d, dv and dk")
         draft = target
+    tree = values.pop("draft_tree", "")
+    if tree:
+        if mode != "assisted" or kernels != "invariant" or draft_kernels != "invariant":
+            raise HarnessError(
+                f"{where}: tree={tree} runs a draft model on the batch-invariant kernels: "
+                "kernels=invariant,dk=invariant"
+            )
+        try:
+            trees.Tree.parse(tree)
+        except HarnessError as exc:
+            raise HarnessError(f"{where}: {exc}") from None
     for name in (target, draft) if kernels in KERNELS else ((draft,) if kernels == ORT else ()):
         if name is not None:
             try:
                 precision.check_precision(name)
             except HarnessError as exc:
                 raise HarnessError(f"{where}: {exc}") from None
-    return SweepConfig.of(target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels)
+    return SweepConfig.of(target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels, tree)
 
 
 def parse_configs(spec: str) -> list[SweepConfig]:

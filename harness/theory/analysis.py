@@ -59,6 +59,8 @@ def _judged_steps(m: Measurement) -> list[list[bool]]:
     """Per verify step of an assisted run, whether each candidate equals the token the final output
     holds at its position, read off the target's verify inputs; candidates past the token budget are
     left out (cut, not judged)."""
+    if m.judged_steps is not None:
+        return m.judged_steps
     target = [f for f in m.forwards if f.role == "target"]
     if not target:
         return []

@@ -166,6 +166,10 @@ class Measurement:
     # ended on a rejected candidate. None where ``forwards`` hold the record.
     step_costs: dict[str, tuple[float, int]] | None = None
     rejected_steps: int | None = None
+    # What a loop that judges its own candidates records (a token tree, ``harness.decoding.trees``): per
+    # round, each depth of the tree along the path it took, accepted or not. None: read off the
+    # target's verify inputs, which hold a chain's candidates in order.
+    judged_steps: list[list[bool]] | None = None
 
     @property
     def new_tokens(self) -> int:

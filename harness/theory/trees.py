@@ -57,14 +57,14 @@ class Tree:
 
     @classmethod
     def parse(cls, spec: str) -> Tree:
-        """A tree from its spelling (``spec``): comma-separated rank paths, one digit a rank, e.g.
-        ``0,1,00,000`` (the draft's first and second choice, then two more first choices under the
-        first)."""
-        words = [w.strip() for w in spec.split(",") if w.strip()]
+        """A tree from its spelling (``spec``): rank paths joined by ``+``, one digit a rank, e.g.
+        ``0+1+00+000`` (the draft's first and second choice, then two more first choices under the
+        first). Not commas: the sweep's spelling separates its keys with them."""
+        words = [w.strip() for w in spec.split("+") if w.strip()]
         if not words or any(not w.isdigit() for w in words):
             raise HarnessError(
-                f"a tree is comma-separated rank paths of digits, e.g. 0,1,00,000 (a chain of 3 is "
-                f"0,00,000), not {spec!r}"
+                f"a tree is rank paths of digits joined by +, e.g. 0+1+00+000 (a chain of 3 is "
+                f"0+00+000), not {spec!r}"
             )
         return cls.of([[int(c) for c in w] for w in words])
 
@@ -72,7 +72,7 @@ class Tree:
         """The spelling ``parse`` reads (ranks past 9 have none)."""
         if any(r > 9 for p in self.nodes for r in p):
             raise HarnessError("a tree with ranks past 9 has no spelling")
-        return ",".join("".join(str(r) for r in p) for p in self.nodes)
+        return "+".join("".join(str(r) for r in p) for p in self.nodes)
 
     @property
     def size(self) -> int:
