@@ -147,11 +147,12 @@ inline int32_t load32(const int8_t* p) {
   return v;
 }
 
-// Four activation codes broadcast to every lane, straight from memory (a load-port broadcast that
-// vpdpbusd can take as its memory operand, rather than a move through a general register).
-AVX512 inline __m512i bcast512(const int8_t* p) {
-  return _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss(reinterpret_cast<const float*>(p))));
-}
+// Four activation codes broadcast to every lane, straight from memory: spelled as set1 of a loaded
+// int32 so that the compiler folds it into vpdpbusd's own embedded-broadcast operand ({1to16}). A
+// separate vbroadcastss per product took a vector pipe slot of its own: on AMD EPYC (Zen 4) a
+// product with its own broadcast ran at 0.37 ns against 0.27 folded, and with four or more rows a
+// verification forward is bound by these products, not by the weights' bytes.
+AVX512 inline __m512i bcast512(const int8_t* p) { return _mm512_set1_epi32(load32(p)); }
 
 struct Q4KTag {};
 struct Q6KTag {};
