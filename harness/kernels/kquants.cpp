@@ -427,7 +427,18 @@ void group_rows(bool avx512, const uint8_t* grp, const Act& a, int64_t m0, int64
   }
 }
 
-constexpr int64_t ROWS = 4;  // activation rows per pass over a group's weights
+constexpr int64_t ROWS = 4;  // activation rows per pass over a group's weights, at most
+
+// The rows of pass `m0` (a start of `passes(M)`): M split into as few passes of at most ROWS as
+// possible, as evenly as possible. Five rows as 4 + 1 left a pass of one row, whose two product
+// chains wait on each other's latency: 3 + 2 keep the vector units busy. Each row's sums are its
+// own whatever pass it is in, so the split changes no bits.
+int64_t pass_rows(int64_t M, int64_t m0) {
+  const int64_t n = (M + ROWS - 1) / ROWS, base = M / n, extra = M % n;
+  // passes 0..extra-1 hold base + 1 rows, the rest base
+  const int64_t big = extra * (base + 1);
+  return m0 < big ? base + 1 : base;
+}
 
 // Bytes of one group's records: whole blocks, then the row's last block, short or whole.
 int64_t row_bytes(bool q4, const Act& a) {
@@ -454,8 +465,10 @@ torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N
   // other ops share one set of threads.
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      for (int64_t m0 = 0; m0 < M; m0 += ROWS)
-        group_rows<Tag>(avx512, w + g * row, a, m0, std::min(ROWS, M - m0), yp, N, g * G);
+      for (int64_t m0 = 0, rows = 0; m0 < M; m0 += rows) {
+        rows = pass_rows(M, m0);
+        group_rows<Tag>(avx512, w + g * row, a, m0, rows, yp, N, g * G);
+      }
   });
   return y;
 }
@@ -513,8 +526,8 @@ std::vector<torch::Tensor> linears(torch::Tensor x, std::vector<torch::Tensor> b
       const int64_t local = g - start[i], N = ns[i];
       const uint8_t* w = blocks[i].data_ptr<uint8_t>();
       float* yp = ys[i].data_ptr<float>();
-      for (int64_t m0 = 0; m0 < M; m0 += ROWS) {
-        const int64_t count = std::min(ROWS, M - m0);
+      for (int64_t m0 = 0, count = 0; m0 < M; m0 += count) {
+        count = pass_rows(M, m0);
         if (q4[i]) group_rows<Q4KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
         else group_rows<Q6KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
       }
