@@ -123,11 +123,19 @@ def _trees(*argv: str) -> subprocess.CompletedProcess:
 def test_the_planner_keeps_its_ranks_and_plans_again_from_them(tmp_path):
     rows = tmp_path / "trees.jsonl"
     argv = ["--model_name", "tiny-llama", "--kernels", "invariant", "--prompts", "code", "--limit", "2"]
-    done = _trees(*argv, "--max_new_tokens", "16", "--repetitions", "1", "--json", str(rows))
+    done = _trees(
+        *argv, "--max_new_tokens", "16", "--repetitions", "1", "--json", str(rows), "--measure", "best"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     kept = [json.loads(line) for line in rows.read_text().splitlines()]
     kinds = [r["kind"] for r in kept]
-    assert kinds[:3] == ["prompt", "prompt", "costs"] and set(kinds[3:]) == {"tree"}
+    assert kinds[:3] == ["prompt", "prompt", "costs"] and set(kinds[3:]) == {"tree", "measured"}
+    # The best chain and the best tree decoded for real: what the ranks predicted, the plain output.
+    measured = [r for r in kept if r["kind"] == "measured"]
+    assert len(measured) == 4 and len({r["tree"] for r in measured}) == 2
+    assert all(r["identical"] and r["rounds"] == r["predicted_rounds"] for r in measured)
+    assert all(r["accepted"] == r["predicted_accepted"] for r in measured)
+    assert "Rounds as predicted" in done.stdout
     assert kept[2]["chain_checked"] and sorted(map(int, kept[2]["target_ms"])) == list(range(1, 18))
     assert all(len(r["ranks"]) == 16 for r in kept[:2])
     best = [line for line in done.stdout.splitlines() if line.startswith("best:")]
@@ -144,6 +152,7 @@ def test_the_planner_keeps_its_ranks_and_plans_again_from_them(tmp_path):
         (["--prompts", "code,poems"], "--prompts takes code, general and humaneval"),
         (["--limit", "0"], "--limit must be at least 1"),
         (["--replan", "/nonexistent/trees.jsonl"], "not a trees run's rows"),
+        (["--measure", "0+x"], "--measure: a tree is rank paths"),
     ],
 )
 def test_bad_planner_input_is_one_line(argv, expected):

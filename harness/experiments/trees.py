@@ -156,6 +156,83 @@ def plan(
     return plans
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One tree decoded for real on one prompt (``harness.decoding.trees``), beside the prompt's plain
+    decode in the same minute: what it accepted against what the ranks predict, and its time."""
+
+    label: str
+    tree: str  # the tree's spelling (``--draft_tree``)
+    rounds: int
+    accepted: int
+    predicted_rounds: int
+    predicted_accepted: int
+    tokens: int
+    seconds: float
+    plain_seconds: float
+    identical: bool
+
+
+def measure(
+    pair: LoadedPair,
+    prompts: Sequence[tuple[str, list[int]]],
+    decoded: Sequence[Decoded],
+    specs: Sequence[str],
+    new_tokens: int,
+) -> list[Measured]:
+    """Each tree of ``specs`` decoded on each prompt beside a plain decode, their order rotated from
+    prompt to prompt (hosts drift within minutes)."""
+    out = []
+    for i, ((label, ids), d) in enumerate(zip(prompts, decoded, strict=True)):
+        arms = ["", *specs]
+        arms = arms[i % len(arms) :] + arms[: i % len(arms)]
+        runs = {}
+        for spec in arms:
+            mode = "assisted" if spec else "plain"
+            settings = GenerationSettings(
+                mode=mode, max_new_tokens=new_tokens, ignore_eos=True, draft_tree=spec
+            )
+            runs[spec] = generate(pair, ids, settings)
+        plain = runs[""]
+        for spec in specs:
+            m, sim = runs[spec], trees.simulate(trees.Tree.parse(spec), d.ranks)
+            out.append(
+                Measured(
+                    label, spec, m.target_forwards, m.accepted, sim.rounds, sim.accepted, m.new_tokens,
+                    m.total_s, plain.total_s, m.output_ids == plain.output_ids,
+                )
+            )  # fmt: skip
+    return out
+
+
+def measured_table(measured: Sequence[Measured], plans: Sequence[Plan]) -> str:
+    """Per tree: tokens a round measured against the ranks' prediction, and speed against plain."""
+    from tabulate import tabulate
+
+    predicted = {trees.Tree.of(p.nodes).spec(): p for p in plans}
+    body = []
+    for spec in dict.fromkeys(m.tree for m in measured):
+        ms = [m for m in measured if m.tree == spec]
+        tokens, rounds = sum(m.tokens for m in ms), sum(m.rounds for m in ms)
+        plan = predicted.get(spec)
+        body.append(
+            [
+                trees.Tree.parse(spec).label(),
+                spec,
+                f"{tokens / rounds:.2f}",
+                f"{tokens / sum(m.predicted_rounds for m in ms):.2f}",
+                "yes" if all((m.rounds, m.accepted) == (m.predicted_rounds, m.predicted_accepted) for m in ms)
+                else "no",
+                f"{sum(m.plain_seconds for m in ms) / sum(m.seconds for m in ms):.2f}x",
+                f"{plan.predicted_speedup:.2f}x" if plan else "-",
+                "yes" if all(m.identical for m in ms) else "NO",
+            ]
+        )  # fmt: skip
+    headers = ["Tree", "--draft_tree", "Tokens/round", "Predicted", "Rounds as predicted", "Speedup",
+               "Predicted speedup", "Identical"]  # fmt: skip
+    return tabulate(body, headers=headers, tablefmt="github")
+
+
 def chain_problems(decoded: Sequence[Decoded]) -> list[str]:
     """Where the chain read off the ranks disagrees with the real chain decode (empty: nowhere)."""
     problems = []
@@ -181,12 +258,20 @@ def forward_costs(
     return target, draft
 
 
+def _spelling(plan: Plan) -> str:
+    try:
+        return trees.Tree.of(plan.nodes).spec()
+    except HarnessError:  # a rank past 9
+        return "-"
+
+
 def table(plans: Sequence[Plan], best_chain: Plan) -> str:
     from tabulate import tabulate
 
     body = [
         [
             p.label,
+            _spelling(p),
             p.size,
             p.verify_rows,
             f"{p.tokens_per_round:.2f}",
@@ -196,7 +281,8 @@ def table(plans: Sequence[Plan], best_chain: Plan) -> str:
         ]
         for p in plans
     ]
-    headers = ["Tree", "Nodes", "Verify rows", "Tokens/round", "Round ms", "Predicted", "vs best chain"]
+    headers = ["Tree", "--draft_tree", "Nodes", "Verify rows", "Tokens/round", "Round ms", "Predicted"]
+    headers.append("vs best chain")
     return tabulate(body, headers=headers, tablefmt="github")
 
 
@@ -234,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also append each prompt's ranks and each tree's plan as JSON rows here",
     )
     parser.add_argument(
+        "--measure",
+        default=None,
+        metavar="TREES",
+        help="comma-separated trees (--draft_tree spellings) to decode for real on the same prompts "
+        "beside plain decoding, after the plan; 'best': the chain and the tree predicted fastest",
+    )
+    parser.add_argument(
         "--replan",
         default=None,
         metavar="FILE",
@@ -244,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("limit", "max_new_tokens", "num_assistant_tokens", "repetitions"):
         if getattr(args, name) < 1:
             parser.exit(2, f"error: --{name} must be at least 1\n")
+    if args.measure and args.measure.strip() != "best":
+        try:
+            _measured_specs(args.measure, [])
+        except HarnessError as exc:
+            parser.exit(2, f"error: --measure: {exc}\n")
     kinds = [k.strip() for k in args.prompts.split(",") if k.strip()]
     unknown = sorted(set(kinds) - {"code", "general", "humaneval"})
     if unknown or not kinds:
@@ -301,6 +399,18 @@ def main(argv: list[str] | None = None) -> int:
     plans = report(decoded, target_ms, draft_ms, f"{spec.name} on {info.name}")
     if problems:
         print("the ranks disagree with the real chain decode:\n  " + "\n  ".join(problems), file=sys.stderr)
+    measured: list[Measured] = []
+    if args.measure:
+        specs = _measured_specs(args.measure, plans)
+        try:
+            measured = measure(pair, prompts, decoded, specs, args.max_new_tokens)
+        except HarnessError as exc:
+            parser.exit(2, f"error: {exc}\n")
+        print("measured, each beside plain decoding of the same prompts:")
+        print(measured_table(measured, plans))
+        problems += [
+            f"{m.label}: tree {m.tree} output differs from plain" for m in measured if not m.identical
+        ]
     if args.json:
         costs = {
             **context,
@@ -312,7 +422,23 @@ def main(argv: list[str] | None = None) -> int:
         results.append_row(args.json, costs)
         for p in plans:
             results.append_row(args.json, {**context, "kind": "tree", **asdict(p)})
+        for m in measured:
+            results.append_row(args.json, {**context, "kind": "measured", **asdict(m)})
     return 1 if problems else 0
+
+
+def _measured_specs(given: str, plans: Sequence[Plan]) -> list[str]:
+    if given.strip() != "best":
+        specs = [w.strip() for w in given.split(",") if w.strip()]
+        for spec in specs:
+            trees.Tree.parse(spec)
+        return specs
+    chains = [p for p in plans if p.label.startswith("chain")]
+    others = [p for p in plans if p not in chains]
+    best = [max(chains, key=lambda p: p.predicted_speedup)]
+    if others:
+        best.append(max(others, key=lambda p: p.predicted_speedup))
+    return [trees.Tree.of(p.nodes).spec() for p in best]
 
 
 def report(
