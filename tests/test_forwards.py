@@ -98,6 +98,9 @@ def test_json_rows_feed_the_results_page(tmp_path, capsys):
     # recorded one, rounded, so only the bound's columns may differ in the last digit).
     measured = forwards.table(costs).splitlines()[2]
     assert measured.rstrip("|") in printed
+    # A second run appends to the first one's file (the file is this tool's rows, not the CLI's).
+    assert forwards.main([*argv[:-4], "--m", "2", "--json", str(rows_file)]) == 0
+    assert [r["m"] for r in results.read_records(rows_file)] == [1, 3, 2]
 
 
 def test_the_llama_cpp_reference_is_a_line_of_the_table():

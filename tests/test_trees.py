@@ -136,6 +136,12 @@ def test_the_planner_keeps_its_ranks_and_plans_again_from_them(tmp_path):
     assert all(r["identical"] and r["rounds"] == r["predicted_rounds"] for r in measured)
     assert all(r["accepted"] == r["predicted_accepted"] for r in measured)
     assert "Rounds as predicted" in done.stdout
+    # Its own rows file is taken again by a later run (appended to), a results rows file's check not.
+    from harness.settings import results
+
+    results.check_rows_path(rows, keys=tree_runs.ROW_KEYS)
+    with pytest.raises(HarnessError, match="not a rows file"):
+        results.check_rows_path(rows)
     assert kept[2]["chain_checked"] and sorted(map(int, kept[2]["target_ms"])) == list(range(1, 18))
     assert all(len(r["ranks"]) == 16 for r in kept[:2])
     best = [line for line in done.stdout.splitlines() if line.startswith("best:")]

@@ -31,6 +31,10 @@ from harness.settings import setup
 from harness.weights import packaged
 
 
+# What every row this tool keeps holds: an earlier run's file is appended to, any other refused.
+ROW_KEYS = ("pair", "platform", "role", "m", "ms")
+
+
 @dataclass(frozen=True)
 class ForwardCost:
     role: str  # "target" or "draft"
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         model, gguf = gguf_of(args.model_name, args.role)
         bench_binary = llama_build.reference_binary(args.llama_bench, gguf, packaged.cache_root())
         if args.json:
-            results.check_rows_path(Path(args.json))
+            results.check_rows_path(Path(args.json), keys=ROW_KEYS)
 
         def keep(cost: ForwardCost) -> None:
             if args.json:

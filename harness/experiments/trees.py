@@ -35,6 +35,9 @@ from harness.settings import setup
 from harness.settings.setup import GenerationSettings
 from harness.theory import trees
 
+# What every row this tool keeps holds (prompts, costs, plans, measurements): an earlier run's file
+# is appended to, any other refused.
+ROW_KEYS = ("pair", "platform", "kind", "command")
 # Ranks past this many count as misses: a tree of at most 16 nodes never holds a deeper one.
 RANKS = 8
 MAX_NODES = 16
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = models.get_pair(args.model_name)
         if args.json:
-            results.check_rows_path(Path(args.json))
+            results.check_rows_path(Path(args.json), keys=ROW_KEYS)
         models.offline_env()
         given_kernels = (
             {"target_kernels": args.kernels, "draft_kernels": args.kernels} if args.kernels else {}
