@@ -25,7 +25,7 @@ from harness.base.backends import OrtSettings
 from harness.base.errors import UnsupportedError
 from harness.decoding import genai, llama_server, strategies
 from harness.decoding.generation import generate, generation_config
-from harness.experiments import equivalence, humaneval
+from harness.experiments import bench, equivalence, humaneval
 from harness.pairs.models import LoadedPair, get_pair, load_ort_target
 from harness.settings import setup
 from harness.settings.setup import Draft, GenerationSettings, Target
@@ -382,12 +382,13 @@ def _tier_check(
     table,
     equality: equivalence.EqualityRuns,
     max_tokens=None,
+    tree: str = "",
 ):
-    s = strategies.get("draft").settings(5, "constant", new_tokens)
+    s = dataclasses.replace(strategies.get("draft").settings(5, "constant", new_tokens), draft_tree=tree)
     t = pair.target_setup
     runtime = " ".join(filter(None, ("onnxruntime" if t.engine == "transformers" else t.engine, t.provider)))
     runs_on = t.kernels if t.backend == "torch" else runtime
-    label = f"{pair.target_setup.precision} / {runs_on}"
+    label = f"{pair.target_setup.precision} / {runs_on}" + (f" / tree {tree}" if tree else "")
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
     cases = []
     for p in prompts:
@@ -489,6 +490,19 @@ def test_precision_tier_real(
 ):
     pair = pairs.get(pair_name, target_precision=target_precision, target_kernels=kernels)
     _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+
+
+@pytest.mark.pairs(tiny=False)
+def test_precision_tier_real_tree(pairs, equality, divergence_table, pair_name, real_prompts):
+    """The registered pair with the tree case's token tree (``bench.REAL_TREE``) in the harness's
+    own loop: every prompt token-exact (each verified row is the one-token step on its path)."""
+    pairs.require_weights(pair_name)
+    pair = pairs.get(pair_name)
+    draft = pair.draft_setup
+    if pair.target_setup.kernels != "invariant" or draft is None or draft.kernels != "invariant":
+        pytest.skip(f"{pair_name} is not registered on the batch-invariant kernels, which a tree needs")
+    prompts = real_tier_prompts(real_prompts)
+    _tier_check(pair, prompts, REAL_NEW_TOKENS, divergence_table, equality, tree=bench.REAL_TREE)
 
 
 @pytest.mark.pairs(tiny=False)

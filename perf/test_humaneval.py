@@ -16,7 +16,7 @@ import pytest
 
 from harness.base import platforms
 from harness.decoding.generation import generate
-from harness.experiments import experiment, humaneval, runner
+from harness.experiments import bench, experiment, humaneval, runner
 from harness.pairs.models import LoadedPair
 from harness.pytest_plugin import humaneval_precisions
 from harness.report import humaneval as report
@@ -32,11 +32,12 @@ PASS_AT_1_FLOOR = 0.5
 NEW_TOKENS = 256
 
 
-def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> dict:
+def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str, tree: str = "") -> dict:
     """Plain and assisted per problem (interleaved, order rotating), each row scored and flushed as
     it finishes, in the measurement loop every experiment shares: a rerun on the same file skips
-    every result it holds (looked up by the key its row has), each arm is warmed up first. Returns
-    the summary."""
+    every result it holds (looked up by the key its row has), each arm is warmed up first. ``tree``:
+    the assisted arm verifies that token tree (``--draft_tree``) instead of a chain. Returns the
+    summary."""
     base = GenerationSettings(
         mode="plain",
         max_new_tokens=NEW_TOKENS,
@@ -44,6 +45,7 @@ def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str) -> 
         # An engine with its own loop drafts a constant K (its rows say so).
         assistant_schedule=pair.spec.decoding.assistant_schedule if pair.engine is None else "constant",
         stop_strings=humaneval.stop_strings(style),
+        draft_tree=tree,
     )
     settings = {"plain": base, "assisted": dataclasses.replace(base, mode="assisted")}
     ids = {
@@ -188,14 +190,27 @@ def test_humaneval_machinery_tiny_onnxruntime_genai(pairs, tmp_path):
     assert all(r["drafted"] > 0 for r in humaneval.read_results(path) if r["mode"] == "assisted")
 
 
-def _pass_at_1_equal(pair: LoadedPair, name: str, pytestconfig, tmp_path, limit: int | None = None) -> None:
+@pytest.mark.pairs(tiny=False)
+def test_humaneval_pass_at_1_equal_real_tree(pairs, pair_name, pytestconfig, tmp_path):
+    """The registered pair with the tree case's token tree (``bench.REAL_TREE``) in the harness's own
+    loop against plain decoding: every completion the plain one, pass@1 equal."""
+    pair = pairs.get(pair_name)
+    draft = pair.draft_setup
+    if pair.target_setup.kernels != "invariant" or draft is None or draft.kernels != "invariant":
+        pytest.skip(f"{pair_name} is not registered on the batch-invariant kernels, which a tree needs")
+    _pass_at_1_equal(pair, f"{pair.spec.name}-tree", pytestconfig, tmp_path, tree=bench.REAL_TREE)
+
+
+def _pass_at_1_equal(
+    pair: LoadedPair, name: str, pytestconfig, tmp_path, limit: int | None = None, tree: str = ""
+) -> None:
     if pair.spec.kind != "code":
         pytest.skip(f"{pair.spec.name} is not a code model")
     limit = limit or pytestconfig.getoption("--humaneval-limit")
     out = pytestconfig.getoption("--humaneval-out")
     path = Path(out) / f"{name}.jsonl" if out else tmp_path / "he.jsonl"
     problems = humaneval.load_problems(limit=limit)
-    summary = evaluate(pair, problems, path, humaneval.STYLE_DEFAULT)
+    summary = evaluate(pair, problems, path, humaneval.STYLE_DEFAULT, tree)
     print(report.format_table(summary))
     if out:
         report.plot_speedup(humaneval.read_results(path), Path(out) / f"{name}-speedup.png")

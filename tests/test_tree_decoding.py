@@ -65,7 +65,7 @@ def test_a_tree_row_attends_exactly_as_the_step_on_its_path():
     q = torch.randn(n, heads * dim)
     k = torch.randn(kv_heads, prefix + n, dim)
     v = torch.randn(kv_heads, prefix + n, dim)
-    mask = trees.tree_mask(rows, rows)
+    mask = trees.tree_mask(tuple(rows), tuple(rows))
     tree = ext.attention_md(q, k, v, heads, 0.25, mask)
     for i, node in enumerate(rows):
         path = [j for j, entry in enumerate(rows) if node[: len(entry)] == entry]
@@ -248,10 +248,13 @@ def test_the_sweep_measures_a_tree_beside_its_chain(tmp_path):
     from harness.experiments import humaneval, sweep
     from harness.settings import configs
 
-    arms = "t=w8af32,d=w8af32,k=3,kernels=invariant,dk=invariant"
-    spec = f"{arms};{arms},tree=0+1+00+000"
+    arms = "t=w8af32,d=w8af32,kernels=invariant,dk=invariant"
+    spec = f"{arms},k=3;{arms},tree=0+1+00+000"
     chain, tree = configs.parse_configs(spec)
-    assert tree.label == chain.label + "-tree_0+1+00+000"
+    assert chain.label == "t_w8af32-d_w8af32-K3-constant-invariant-dk_invariant"
+    assert tree.label == "t_w8af32-d_w8af32-tree_0+1+00+000-invariant-dk_invariant"
+    with pytest.raises(HarnessError, match="remove k and sched"):
+        configs.parse_configs(f"{arms},k=3,tree=0+1")
     with pytest.raises(HarnessError, match="kernels=invariant,dk=invariant"):
         configs.parse_configs("t=w8af32,d=w8af32,tree=0+1")
     with pytest.raises(HarnessError, match="joined by +"):

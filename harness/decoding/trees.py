@@ -19,6 +19,7 @@ It therefore runs on the batch-invariant kernels only (the fused layers), and re
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -49,9 +50,11 @@ def check_pair(pair: LoadedPair) -> None:
             )
 
 
-def tree_mask(rows: Sequence[Path], seen: Sequence[Path]) -> torch.Tensor:
+@functools.lru_cache(maxsize=256)
+def tree_mask(rows: tuple[Path, ...], seen: tuple[Path, ...]) -> torch.Tensor:
     """Which of the cache's last ``len(seen)`` entries (the nodes ``seen``, in cache order) each of
-    ``rows`` (the last ones, each in ``seen``) attends to: its ancestors and itself."""
+    ``rows`` (the last ones, each in ``seen``) attends to: its ancestors and itself. Cached: a
+    static tree asks for the same few masks every round (read only, never written to)."""
     mask = torch.zeros(len(rows), len(seen), dtype=torch.bool)
     for i, row in enumerate(rows):
         for j, entry in enumerate(seen):
@@ -59,7 +62,8 @@ def tree_mask(rows: Sequence[Path], seen: Sequence[Path]) -> torch.Tensor:
     return mask
 
 
-def verify_mask(pending: int, nodes: Sequence[Path]) -> torch.Tensor | None:
+@functools.lru_cache(maxsize=64)
+def verify_mask(pending: int, nodes: tuple[Path, ...]) -> torch.Tensor | None:
     """The target's mask for a round: its ``pending`` tokens (the prompt on the first round, else the
     last token) causal among themselves, then the nodes, each seeing them all, its ancestors and itself."""
     if not nodes:
@@ -74,11 +78,12 @@ def verify_mask(pending: int, nodes: Sequence[Path]) -> torch.Tensor | None:
 def keep_path(cache: DynamicCache, start: int, entries: Sequence[int]) -> None:
     """Keep the cache's first ``start`` entries and then ``entries`` (increasing indices, each at or
     after its new place), dropping the rest: a round's accepted path moved down onto the prefix."""
-    for layer in cache.layers:
-        for tensor in (layer.keys, layer.values):
-            for i, entry in enumerate(entries):
-                if entry != start + i:
-                    tensor[..., start + i, :] = tensor[..., entry, :]
+    moves = [(start + i, e) for i, e in enumerate(entries) if e != start + i]
+    if moves:  # a path along the stored order (a chain's) is in place already
+        to, source = (torch.tensor(x) for x in zip(*moves, strict=True))
+        for layer in cache.layers:
+            for tensor in (layer.keys, layer.values):
+                tensor[..., to, :] = tensor[..., source, :]  # gathered first, then written
     extra = cache.get_seq_length() - start - len(entries)
     if extra > 0:
         cache.crop(-extra)  # a count to remove, in transformers' 5.x spelling
@@ -134,7 +139,7 @@ class _Draft:
             for i, p in enumerate(parents):
                 self.rows[p] = start + i
             expanded += parents
-            mask = tree_mask(parents, expanded)
+            mask = tree_mask(tuple(parents), tuple(expanded))
             position = len(seq) - 1 + depth
             logits = _forward(
                 self.model, [tokens[p] for p in parents], self.cache, [position] * len(parents), mask
@@ -190,7 +195,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 [*seq[seen:], *(tokens[p] for p in nodes)],
                 target_cache,
                 [*range(seen, len(seq)), *(len(seq) - 1 + len(p) for p in nodes)],
-                verify_mask(len(seq) - seen, nodes),
+                verify_mask(len(seq) - seen, tuple(nodes)),
             )
             choice = verify[len(seq) - seen - 1 :].argmax(dim=-1).tolist()  # the root's row, then the nodes'
             rows: list[Path] = [(), *nodes]

@@ -93,8 +93,9 @@ def case(
     from harness.pairs import models
 
     spec = models.get_pair(pair)
+    tree = settings.pop("draft_tree", "")
     decoding = GenerationSettings(
-        mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, **(sampling or {})
+        mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, draft_tree=tree, **(sampling or {})
     )
     return BenchCase(setup.resolve(spec, decoding=decoding, **settings), prompt_tokens, task)
 
@@ -109,6 +110,17 @@ REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, REAL_FP32_NEW_TOKENS = 128, 32, 16
 def registered_case(spec: Any) -> BenchCase:
     """The pair as registered: for the offline pair, the configuration the CLI runs by default."""
     return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS)
+
+
+# The token tree the offline pair's tree case verifies: the best tree of the planner's measured run
+# (``python -m harness.trees --measure best``, FINDINGS).
+REAL_TREE = "0+1+00"
+
+
+def tree_case(spec: Any) -> BenchCase:
+    """The registered configuration with the draft's guesses as a token tree (``REAL_TREE``) in the
+    harness's own loop instead of a chain in transformers'."""
+    return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, draft_tree=REAL_TREE)
 
 
 def fp32_case(spec: Any) -> BenchCase:
@@ -181,6 +193,7 @@ def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> st
     }
     if spec.name == models.DEFAULT_PAIR:
         selections[fp32_case(spec).case_id] = f"test_benchmark_real and {spec.name}-fp32"
+        selections[tree_case(spec).case_id] = f"test_benchmark_real and {spec.name}-tree"
     selection = selections.get(case_id)
     if selection is None:
         return None
@@ -352,6 +365,8 @@ class CaseMeasurement:
         return costs
 
     def _predict(self, v: float) -> float | None:
+        if self.case.run.decoding.draft_tree:
+            return None  # Leviathan's formula is a chain's; a tree's is planned from ranks (harness.trees)
         return analysis.predict_speedup(self.alpha, self.case.num_assistant_tokens, self.c, v)
 
     @property
@@ -381,6 +396,7 @@ class CaseMeasurement:
             "threads": self.threads,
             "inject_slowdown": self.inject_slowdown,
             "num_assistant_tokens": self.case.num_assistant_tokens,
+            "draft_tree": self.case.run.decoding.draft_tree or None,
             "plain_tokens_per_s": self.mean("plain", "tokens_per_s"),
             "assisted_tokens_per_s": self.mean("assisted", "tokens_per_s"),
             "plain_tokens_per_s_samples": self.plain_tps,

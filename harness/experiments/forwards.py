@@ -30,7 +30,6 @@ from harness.pairs import models
 from harness.settings import setup
 from harness.weights import packaged
 
-
 # What every row this tool keeps holds: an earlier run's file is appended to, any other refused.
 ROW_KEYS = ("pair", "platform", "role", "m", "ms")
 

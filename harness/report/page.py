@@ -179,6 +179,9 @@ def _sweep_spec(config: configs.SweepConfig) -> str:
             items.append(f"dk={config.draft_kernels}")
         if config.draft_vocab is not None:
             items.append(f"dv={config.draft_vocab}")
+    if config.tree:
+        items.append(f"tree={config.tree}")
+        return ",".join(items)
     items.append(f"k={config.num_assistant_tokens}")
     if config.mode == "assisted" and config.schedule != "constant":
         items.append(f"sched={config.schedule}")
@@ -446,6 +449,8 @@ def _case_label(case: baselines.CaseKey) -> str:
     draft = case.draft_precision + ("" if case.draft_kernels == "stock" else f" ({case.draft_kernels})")
     if case.draft_vocab is not None:
         draft += f", vocab {case.draft_vocab}"
+    if case.draft_tree is not None:
+        return f"{target} / {draft}, tree {case.draft_tree}"
     return f"{target} / {draft}, K={case.num_assistant_tokens} {case.assistant_schedule}"
 
 

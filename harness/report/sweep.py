@@ -71,7 +71,7 @@ def _short_table(result: SweepResult) -> str:
                 f"{cell(sp.value, '.2f')}x{ci}",
                 cell(r.vs_best_plain, ".2f", "x"),
                 cell(r.alpha, ".2f"),
-                r.config.num_assistant_tokens,
+                r.config.tree or r.config.num_assistant_tokens,  # a tree has no K: its shape
                 cell(r.c, ".2f"),
                 cell(r.predicted_speedup_verify, ".2f", "x"),
                 "yes" if r.identical else "NO",
@@ -107,7 +107,7 @@ def sweep_table(result: SweepResult, wide: bool = True) -> str:
                 cell(r.vs_best_plain, ".2f", "x"),
                 cell(r.acceptance_rate, ".2f"),
                 cell(r.alpha, ".2f"),
-                r.config.num_assistant_tokens,
+                r.config.tree or r.config.num_assistant_tokens,  # a tree has no K: its shape
                 cell(r.c, ".3f"),
                 cell(r.predicted_speedup, ".2f", "x"),
                 cell(r.predicted_speedup_verify, ".2f", "x"),

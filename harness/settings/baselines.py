@@ -32,6 +32,7 @@ from pytest_benchmark.utils import get_commit_info, get_machine_id
 from harness.base import files
 from harness.base.errors import HarnessError
 from harness.settings import setup
+from harness.theory import trees
 from harness.theory.analysis import round_cost
 from harness.theory.stats import (
     DEFAULT_ALPHA,
@@ -124,6 +125,14 @@ class CaseKey:
     more: tuple[tuple[str, Any], ...] = ()
 
     @property
+    def draft_steps(self) -> int | None:
+        """Draft forwards a round makes: K for a chain, one per level for a token tree (what a
+        round's cost, K c + v, counts)."""
+        if self.draft_tree:
+            return trees.Tree.parse(self.draft_tree).depth
+        return self.num_assistant_tokens
+
+    @property
     def sampling(self) -> str:
         if not self.do_sample:
             return "greedy"
@@ -146,7 +155,10 @@ class CaseKey:
             parts.append(f"n{self.max_new_tokens}")
         parts.append(f"t_{_part(self.target_precision)}")
         parts.append(f"d_{_part(self.draft_precision)}")
-        parts.append(f"k{self.num_assistant_tokens}" if self.num_assistant_tokens is not None else "kdefault")
+        if self.draft_tree is None:  # a tree's shape is its own part, below
+            parts.append(
+                f"k{self.num_assistant_tokens}" if self.num_assistant_tokens is not None else "kdefault"
+            )
         if self.assistant_schedule is not None:
             parts.append(_part(self.assistant_schedule))
         parts.append(self.sampling)
@@ -798,7 +810,7 @@ def compare_to_baseline(
     opts = {"margin": margin, "alpha": alpha}
     base_speedup = _baseline_samples(record.speedup, "value")
     if base_speedup is not None:
-        k = case.num_assistant_tokens
+        k = case.draft_steps
         ratios = [a / p for p, a in zip(plain_tps, assisted_tps, strict=True)]
         metric = f"{case.case_id} speedup"
         pairs = pair_adjustments(record, k, forward_costs) if forward_costs is not None else None

@@ -155,12 +155,12 @@ class SweepConfig:
             # The kernels only show when they are not the stock ones.
             suffix = "" if self.target_kernels == "stock" else f"-{self.target_kernels}"
             return f"t_{self.target_precision}-prompt_lookup-K{self.num_assistant_tokens}{suffix}"
+        # A tree has no K or schedule: its shape names it.
+        proposes = f"tree_{self.tree}" if self.tree else f"K{self.num_assistant_tokens}-{self.schedule}"
         return (
-            f"t_{self.target_precision}-d_{self.draft_precision}-K{self.num_assistant_tokens}"
-            f"-{self.schedule}-{self.target_kernels}"
+            f"t_{self.target_precision}-d_{self.draft_precision}-{proposes}-{self.target_kernels}"
             + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
             + ("-dk_invariant" if self.draft_kernels != "stock" else "")
-            + (f"-tree_{self.tree}" if self.tree else "")
         )
 
     @property
@@ -227,6 +227,7 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
             raise HarnessError(f"{where}: {key!r} is given twice; give each key once per configuration")
         values[field] = value
 
+    given = set(values)
     mode = values.pop("mode", "assisted").lower()
     if mode not in MODES:
         raise HarnessError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
@@ -284,6 +285,8 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
             raise HarnessError(f"{where}: kernels={kernels} runs {own}; remove d, dv and dk")
         draft = target
     tree = values.pop("draft_tree", "")
+    if tree and given & {"num_assistant_tokens", "assistant_schedule"}:
+        raise HarnessError(f"{where}: tree={tree} proposes a tree, not a chain of K: remove k and sched")
     if tree:
         if mode != "assisted" or kernels != "invariant" or draft_kernels != "invariant":
             raise HarnessError(

@@ -191,6 +191,11 @@ def _draft(get: Callable[[Draft], Any]) -> Callable[[RunSetup], Any]:
     return lambda s: get(s.draft) if s.uses_draft else None  # type: ignore[arg-type]
 
 
+def _chained(get: Callable[[GenerationSettings], Any]) -> Callable[[RunSetup], Any]:
+    # K and the schedule shape a chain; a token tree (``draft_tree``) has neither.
+    return lambda s: get(s.decoding) if s.uses_draft and not s.decoding.draft_tree else None
+
+
 def _sampled(get: Callable[[GenerationSettings], Any]) -> Callable[[RunSetup], Any]:
     return lambda s: get(s.decoding) if s.decoding.do_sample else None
 
@@ -237,14 +242,14 @@ FIELDS: tuple[Field, ...] = (
         "num_assistant_tokens",
         "--num_assistant_tokens",
         "draft",
-        lambda s: s.decoding.num_assistant_tokens if s.uses_draft else None,
+        _chained(lambda d: d.num_assistant_tokens),
         sweep=("k",),
     ),
     Field(
         "assistant_schedule",
         "--assistant_schedule",
         "draft",
-        lambda s: s.decoding.assistant_schedule if s.uses_draft else None,
+        _chained(lambda d: d.assistant_schedule),
         sweep=("sched", "schedule"),
     ),
     # None unless the schedule reads it, as temperature when greedy: a value here would be printed
@@ -253,11 +258,7 @@ FIELDS: tuple[Field, ...] = (
         "assistant_confidence_threshold",
         "--assistant_confidence_threshold",
         "draft",
-        lambda s: (
-            s.decoding.assistant_confidence_threshold
-            if s.uses_draft and s.decoding.assistant_schedule == "dynamic"
-            else None
-        ),
+        _chained(lambda d: d.assistant_confidence_threshold if d.assistant_schedule == "dynamic" else None),
         identity=False,
     ),
     Field(
