@@ -162,17 +162,21 @@ def test_eos_and_stop_strings_end_a_tree_decode_where_plain_decoding_ends(pair):
     full = generate(pair, prompt, _plain()).output_ids
     eos = full[9]
     stop = next(t for i in range(8, NEW) if (t := pair.tokenizer.decode(full[i : i + 2])).strip())
-    for settings in (dict(ignore_eos=False, eos_token_id=eos), dict(stop_strings=(stop,))):
+    floor = dict(ignore_eos=False, eos_token_id=full[3], min_new_tokens=8)  # EOS held back until 8
+    for settings in (dict(ignore_eos=False, eos_token_id=eos), dict(stop_strings=(stop,)), floor):
         plain = generate(pair, prompt, GenerationSettings(max_new_tokens=NEW, **settings))
         tree = generate(
             pair,
             prompt,
             GenerationSettings(mode="assisted", max_new_tokens=NEW, draft_tree="0+1+00+000", **settings),
         )
-        assert len(plain.output_ids) < NEW
+        if "min_new_tokens" not in settings:
+            assert len(plain.output_ids) < NEW
         assert tree.output_ids[: len(plain.output_ids)] == plain.output_ids
         if "eos_token_id" in settings:
             assert tree.output_ids == plain.output_ids
+        if "min_new_tokens" in settings:
+            assert len(plain.output_ids) >= 8
 
 
 def test_a_budget_shorter_than_the_tree_is_kept():

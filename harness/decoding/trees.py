@@ -20,6 +20,7 @@ It therefore runs on the batch-invariant kernels only (the fused layers), and re
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -100,6 +101,12 @@ def _forward(
         tree_mask=mask,
     )
     return out.logits[0].float()
+
+
+def _mask_of(ids: set[int], width: int) -> torch.Tensor:
+    mask = torch.zeros(1, width, dtype=torch.bool)
+    mask[0, sorted(ids)] = True
+    return mask
 
 
 def _cut(tree: Tree, depth: int) -> list[Path]:
@@ -197,7 +204,12 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 [*range(seen, len(seq)), *(len(seq) - 1 + len(p) for p in nodes)],
                 verify_mask(len(seq) - seen, tuple(nodes)),
             )
-            choice = verify[len(seq) - seen - 1 :].argmax(dim=-1).tolist()  # the root's row, then the nodes'
+            scores = verify[len(seq) - seen - 1 :]  # the root's row, then the nodes'
+            if stops and len(out) < settings.min_new_tokens:
+                # As transformers' min-new-tokens processor: no EOS before the floor, per emitted position.
+                early = [len(out) + len(p) < settings.min_new_tokens for p in ((), *nodes)]
+                scores[torch.tensor(early)[:, None] & _mask_of(stops, scores.shape[-1])] = -math.inf
+            choice = scores.argmax(dim=-1).tolist()
             rows: list[Path] = [(), *nodes]
             path: list[Path] = []
             node: Path = ()
