@@ -270,3 +270,15 @@ def test_the_sweep_measures_a_tree_beside_its_chain(tmp_path):
     assert by_label[tree.label].identical and by_label[chain.label].identical
     assert by_label[tree.label].predicted_speedup is None  # Leviathan's formula is a chain's
     assert by_label[chain.label].predicted_speedup is not None
+
+
+def test_the_results_page_names_the_tree_tiers_own_test():
+    """A tree tier's divergence rows reproduce through the tree's own test, which exists."""
+    from pathlib import Path
+
+    from harness.report import page
+
+    node = page.tier_test("gguf / invariant / tree 0+1+00", "qwen2.5-coder-1.5b")
+    assert node == "perf/test_decode.py::test_precision_tier_real_tree[qwen2.5-coder-1.5b]"
+    source = (Path(__file__).parents[1] / "perf" / "test_decode.py").read_text()
+    assert "def test_precision_tier_real_tree(" in source

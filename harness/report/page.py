@@ -307,8 +307,10 @@ def tier_test(label: str, pair: str) -> str:
     """The pytest node id of the real tier whose rows carry the precision ``label`` (``"P / K"``:
     a precision and kernels of the harness's own, or an engine's target and the engine)."""
     precision, _, rest = label.partition(" / ")
-    engine, _, provider = rest.partition(" ")
     where = "perf/test_decode.py::"
+    if " / tree " in rest:  # the registered pair's token tree (``_tier_check``'s label)
+        return f"{where}test_precision_tier_real_tree[{pair}]"
+    engine, _, provider = rest.partition(" ")
     if engine in ("onnxruntime", "onnxruntime-genai"):
         name = "test_precision_tier_real_" + engine.replace("-", "_")
         return f"{where}{name}[{pair}-onnxruntime-{provider}]"
