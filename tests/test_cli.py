@@ -219,6 +219,8 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--limit", "two"], "invalid int value: 'two'"),
         (["--seed", str(2**64)], "--seed must be in [0, 2**63)"),
         (["--seed", "-1"], "--seed must be in [0, 2**63)"),
+        (["--draft_tree", "0+1", "--num_assistant_tokens", "3"], "--draft_tree proposes a tree"),
+        (["--draft_tree", "0+1", "--do_sample"], "--draft_tree decodes greedily"),
         (["--draft_vocab", "-1"], "--draft_vocab must be 0 (the whole vocabulary) or a positive count"),
         (["--platform", "../x"], "must be a slug"),
         (["--execution_provider", "CUDAExecutionProvider"], "applies to ONNX Runtime targets only"),

@@ -144,6 +144,11 @@ def _check_ignored(args: argparse.Namespace) -> None:
                     f"--{flag} is a setting of transformers' draft loop; --engine {args.engine} drafts "
                     "a constant --num_assistant_tokens: drop it"
                 )
+    if getattr(args, "draft_tree", None):
+        # A tree proposes its own shape each round: K and the schedules shape a chain.
+        for flag in ("num_assistant_tokens", "assistant_schedule", "assistant_confidence_threshold"):
+            if getattr(args, flag) is not None:
+                raise HarnessError(f"--{flag} shapes a chain of K; --draft_tree proposes a tree: drop one")
     if (
         args.assistant_confidence_threshold is not None
         and (args.assistant_schedule or "dynamic") != "dynamic"

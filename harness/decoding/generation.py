@@ -25,7 +25,6 @@ from harness.base.errors import HarnessError
 from harness.decoding import trees
 from harness.pairs.models import LoadedPair
 from harness.settings.setup import SCHEDULES, GenerationSettings
-from harness.theory import timing
 from harness.theory.analysis import count_acceptance
 from harness.theory.timing import Measurement, record_forwards
 
@@ -168,30 +167,5 @@ def generate(
         end = time.perf_counter()
 
     output = out[0, prompt_len:].tolist()
-    target = log.of("target")
-    draft = log.of("draft")
-    first_end = target[0].end
-    new = len(output)
-    after_first_ms = (end - first_end) * 1000.0
-    tpt = timing.per_token_ms(after_first_ms, new)
-    drafted, accepted = count_acceptance(target, prompt_len, ids[0].tolist() + output)
-    total_ms = (end - start) * 1000.0
-    target_ms = sum(f.ms for f in target)
-    draft_ms = sum(f.ms for f in draft)
-    return Measurement(
-        prompt_tokens=prompt_len,
-        output_ids=output,
-        total_s=total_ms / 1000.0,
-        prefill_ms=(first_end - start) * 1000.0,
-        target_prefill_ms=target[0].ms,
-        time_per_token_ms=tpt,
-        tokens_per_s=timing.rate(tpt),
-        target_forwards=len(target),
-        draft_forwards=len(draft),
-        target_ms=target_ms,
-        draft_ms=draft_ms,
-        other_ms=total_ms - target_ms - draft_ms,
-        drafted=drafted,
-        accepted=accepted,
-        forwards=list(log.forwards),
-    )
+    drafted, accepted = count_acceptance(log.of("target"), prompt_len, ids[0].tolist() + output)
+    return Measurement.of_log(log, start, end, prompt_len, output, drafted, accepted)

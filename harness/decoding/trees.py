@@ -32,7 +32,6 @@ from harness.base.errors import HarnessError
 from harness.kernels import fused
 from harness.pairs.models import LoadedPair
 from harness.settings.setup import GenerationSettings
-from harness.theory import timing
 from harness.theory.timing import Measurement, record_forwards
 from harness.theory.trees import Path, Tree
 
@@ -162,9 +161,7 @@ class _Draft:
 def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSettings) -> Measurement:
     """Decode one prompt greedily with the settings' tree (``draft_tree``), measured as
     ``generation.generate`` measures transformers' loop."""
-    if settings.do_sample:
-        raise HarnessError("a token tree (--draft_tree) decodes greedily; leave --do_sample off")
-    check_pair(pair)
+    check_pair(pair)  # the settings were validated by ``generation.generate`` (greedy, a tree)
     tree = Tree.parse(settings.draft_tree)
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
@@ -239,27 +236,4 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
         if t in stops:
             output = output[: i + 1]
             break
-    target = log.of("target")
-    draft_forwards = log.of("draft")
-    total_ms = (end - start) * 1000.0
-    target_ms = sum(f.ms for f in target)
-    draft_ms = sum(f.ms for f in draft_forwards)
-    tpt = timing.per_token_ms((end - target[0].end) * 1000.0, len(output))
-    return Measurement(
-        prompt_tokens=len(prompt),
-        output_ids=output,
-        total_s=total_ms / 1000.0,
-        prefill_ms=(target[0].end - start) * 1000.0,
-        target_prefill_ms=target[0].ms,
-        time_per_token_ms=tpt,
-        tokens_per_s=timing.rate(tpt),
-        target_forwards=len(target),
-        draft_forwards=len(draft_forwards),
-        target_ms=target_ms,
-        draft_ms=draft_ms,
-        other_ms=total_ms - target_ms - draft_ms,
-        drafted=drafted,
-        accepted=accepted,
-        forwards=list(log.forwards),
-        judged_steps=judged,
-    )
+    return Measurement.of_log(log, start, end, len(prompt), output, drafted, accepted, judged)

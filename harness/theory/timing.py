@@ -171,6 +171,44 @@ class Measurement:
     # target's verify inputs, which hold a chain's candidates in order.
     judged_steps: list[list[bool]] | None = None
 
+    @classmethod
+    def of_log(
+        cls,
+        log: ForwardLog,
+        start: float,
+        end: float,
+        prompt_tokens: int,
+        output_ids: list[int],
+        drafted: int,
+        accepted: int,
+        judged_steps: list[list[bool]] | None = None,
+    ) -> Measurement:
+        """A decode timed by ``record_forwards`` from ``start`` to ``end`` (perf_counter seconds): the
+        target's first forward ends the prefill, the rest is time per token."""
+        target, draft = log.of("target"), log.of("draft")
+        total_ms = (end - start) * 1000.0
+        target_ms = sum(f.ms for f in target)
+        draft_ms = sum(f.ms for f in draft)
+        tpt = per_token_ms((end - target[0].end) * 1000.0, len(output_ids))
+        return cls(
+            prompt_tokens=prompt_tokens,
+            output_ids=output_ids,
+            total_s=total_ms / 1000.0,
+            prefill_ms=(target[0].end - start) * 1000.0,
+            target_prefill_ms=target[0].ms,
+            time_per_token_ms=tpt,
+            tokens_per_s=rate(tpt),
+            target_forwards=len(target),
+            draft_forwards=len(draft),
+            target_ms=target_ms,
+            draft_ms=draft_ms,
+            other_ms=total_ms - target_ms - draft_ms,
+            drafted=drafted,
+            accepted=accepted,
+            forwards=list(log.forwards),
+            judged_steps=judged_steps,
+        )
+
     @property
     def new_tokens(self) -> int:
         return len(self.output_ids)
