@@ -230,10 +230,5 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             keep_path(target_cache, len(seq), [len(seq) + nodes.index(p) for p in path])
             draft.accept(len(seq), path)
         end = time.perf_counter()
-
-    output = out[:budget]
-    for i, t in enumerate(output):
-        if t in stops:
-            output = output[: i + 1]
-            break
-    return Measurement.of_log(log, start, end, len(prompt), output, drafted, accepted, judged)
+    # Nothing to cut: a round's nodes stop short of the budget, and a path ends at an EOS.
+    return Measurement.of_log(log, start, end, len(prompt), out, drafted, accepted, judged)

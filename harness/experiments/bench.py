@@ -365,9 +365,7 @@ class CaseMeasurement:
         return costs
 
     def _predict(self, v: float) -> float | None:
-        if self.case.run.decoding.draft_tree:
-            return None  # Leviathan's formula is a chain's; a tree's is planned from ranks (harness.trees)
-        return analysis.predict_speedup(self.alpha, self.case.num_assistant_tokens, self.c, v)
+        return analysis.predict_speedup(self.alpha, self.case.run.decoding.chain_k, self.c, v)
 
     @property
     def predicted_speedup(self) -> float | None:

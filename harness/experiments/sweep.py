@@ -269,6 +269,7 @@ def summarize(
     # share, so its c is 0 rather than undefined.
     c = 0.0 if config.mode == "prompt_lookup" else _pooled_ms(a, "draft_decode") / target_ms
     v = _pooled_ms(a, "target_decode") / target_ms
+    k = config.decoding(2).chain_k  # None for a tree: Leviathan's formula is a chain's
     assisted_mean = statistics.fmean(assisted_tps)
     return ConfigResult(
         config=config,
@@ -281,13 +282,8 @@ def summarize(
         alpha=alpha,
         c=c,
         v=v,
-        # Leviathan's formula is a chain's; a tree's prediction needs the draft's ranks (``harness.trees``).
-        predicted_speedup=None
-        if config.tree
-        else analysis.predict_speedup(alpha, config.num_assistant_tokens, c, 1.0),
-        predicted_speedup_verify=None
-        if config.tree
-        else analysis.predict_speedup(alpha, config.num_assistant_tokens, c, v),
+        predicted_speedup=analysis.predict_speedup(alpha, k, c, 1.0),
+        predicted_speedup_verify=analysis.predict_speedup(alpha, k, c, v),
         non_forward_share=statistics.fmean(r.other_ms / (r.total_s * 1000.0) for r in a),
         identical=all(list(plain[e].output_ids) == list(assisted[e].output_ids) for e in examples),
     )

@@ -117,6 +117,11 @@ class Plan:
     predicted_speedup: float
     nodes: tuple[trees.Path, ...]
 
+    @property
+    def spec(self) -> str:
+        """The tree's ``--draft_tree`` spelling (its ranks stay below ``RANKS``, one digit each)."""
+        return trees.Tree.of(self.nodes).spec()
+
 
 def plan(
     decoded: Sequence[Decoded],
@@ -212,7 +217,7 @@ def measured_table(measured: Sequence[Measured], plans: Sequence[Plan]) -> str:
     """Per tree: tokens a round measured against the ranks' prediction, and speed against plain."""
     from tabulate import tabulate
 
-    predicted = {trees.Tree.of(p.nodes).spec(): p for p in plans}
+    predicted = {p.spec: p for p in plans}
     body = []
     for spec in dict.fromkeys(m.tree for m in measured):
         ms = [m for m in measured if m.tree == spec]
@@ -261,20 +266,13 @@ def forward_costs(
     return target, draft
 
 
-def _spelling(plan: Plan) -> str:
-    try:
-        return trees.Tree.of(plan.nodes).spec()
-    except HarnessError:  # a rank past 9
-        return "-"
-
-
 def table(plans: Sequence[Plan], best_chain: Plan) -> str:
     from tabulate import tabulate
 
     body = [
         [
             p.label,
-            _spelling(p),
+            p.spec,
             p.size,
             p.verify_rows,
             f"{p.tokens_per_round:.2f}",
@@ -441,7 +439,7 @@ def _measured_specs(given: str, plans: Sequence[Plan]) -> list[str]:
     best = [max(chains, key=lambda p: p.predicted_speedup)]
     if others:
         best.append(max(others, key=lambda p: p.predicted_speedup))
-    return [trees.Tree.of(p.nodes).spec() for p in best]
+    return [p.spec for p in best]
 
 
 def report(

@@ -429,7 +429,7 @@ void group_rows(bool avx512, const uint8_t* grp, const Act& a, int64_t m0, int64
 
 constexpr int64_t ROWS = 4;  // activation rows per pass over a group's weights, at most
 
-// The rows of pass `m0` (a start of `passes(M)`): M split into as few passes of at most ROWS as
+// The rows of the pass that starts at row `m0`: M split into as few passes of at most ROWS as
 // possible, as evenly as possible. Five rows as 4 + 1 left a pass of one row, whose two product
 // chains wait on each other's latency: 3 + 2 keep the vector units busy. Each row's sums are its
 // own whatever pass it is in, so the split changes no bits.

@@ -168,7 +168,9 @@ class SweepConfig:
         """What loads one target: configurations sharing it are measured against the same plain runs."""
         return (self.target_precision, self.target_kernels)
 
-    def settings(self, new_tokens: int) -> GenerationSettings:
+    def decoding(self, new_tokens: int) -> GenerationSettings:
+        """The configuration's decoding as spelled, not validated: rows read back from an engine
+        carry K=0, which a run would refuse but a summary still reads."""
         # ignore_eos: plain and assisted decode exactly new_tokens, so their tokens/s cover the same work.
         return GenerationSettings(
             mode=self.mode,
@@ -178,7 +180,10 @@ class SweepConfig:
             prompt_lookup_num_tokens=self.num_assistant_tokens,
             ignore_eos=True,
             draft_tree=self.tree,
-        ).validate()
+        )
+
+    def settings(self, new_tokens: int) -> GenerationSettings:
+        return self.decoding(new_tokens).validate()
 
     def run(
         self, pair: str, new_tokens: int, target_device: str = "cpu", draft_device: str = "cpu"

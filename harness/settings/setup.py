@@ -116,6 +116,11 @@ class GenerationSettings:
         return self.prompt_lookup_num_tokens if self.mode == "prompt_lookup" else self.num_assistant_tokens
 
     @property
+    def chain_k(self) -> int | None:
+        """K of the chain a round proposes; None for a token tree (it has no K)."""
+        return None if self.draft_tree else self.proposal_k
+
+    @property
     def confidence_threshold_in_effect(self) -> float:
         return self.assistant_confidence_threshold if self.assistant_schedule == "dynamic" else 0.0
 

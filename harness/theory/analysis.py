@@ -161,13 +161,14 @@ def round_cost(k: int, c: float, v: float) -> float | None:
     return v if math.isnan(c) else k * c + v
 
 
-def predict_speedup(alpha: float | None, k: int, c: float, v: float = 1.0) -> float | None:
+def predict_speedup(alpha: float | None, k: int | None, c: float, v: float = 1.0) -> float | None:
     """Leviathan et al.'s expected speedup for measured alpha, K, cost ratio c and verify cost v.
 
     None when an input was not measured (no candidate was ever tried, or a mode without the forwards
-    a ratio needs): a missing prediction reads as "-" in tables rather than a made-up number.
+    a ratio needs) or there is no chain of K (``k`` None: a token tree, whose rounds the formula does
+    not describe): a missing prediction reads as "-" in tables rather than a made-up number.
     """
-    if alpha is None or not (math.isfinite(c) and math.isfinite(v)) or v <= 0:
+    if k is None or alpha is None or not (math.isfinite(c) and math.isfinite(v)) or v <= 0:
         return None
     return leviathan_speedup_verify(alpha, k, c, v)
 
