@@ -106,6 +106,45 @@ def test_rows_do_not_depend_on_batch_threads_or_isa(kind, m, n, nb, threads, see
     assert torch.equal(batched, avx2)
 
 
+def spelled_codes(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The activation quantization spelled in numpy float32: per block of 256, d = amax / 127 and
+    codes = clip(rint(x * (127 / amax)), -127, 127), rounded half to even; an all-zero block has d 0,
+    a block holding inf or NaN d NaN, and both codes 0."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // kquants.QK, kquants.QK).astype(np.float32)
+    codes = np.zeros(blocks.shape, dtype=np.int8)
+    d = np.zeros(blocks.shape[:2], dtype=np.float32)
+    for i, j in np.ndindex(*d.shape):
+        block = blocks[i, j]
+        amax = np.abs(block).max()
+        if not np.isfinite(block).all():
+            d[i, j] = np.nan
+        elif amax > 0:
+            d[i, j] = amax / np.float32(127)
+            inv = np.float32(127) / amax
+            codes[i, j] = np.clip(np.rint(block * inv), -127, 127).astype(np.int8)
+    return codes.reshape(m, k), d
+
+
+@given(seed=st.integers(0, 2**16), m=st.integers(1, 5), nb=st.integers(1, 4), exponent=st.integers(-30, 30))
+@settings(max_examples=40, deadline=None)
+def test_activation_codes_are_the_spelled_quantization(seed, m, nb, exponent):
+    """The kernels' activation codes and scales (computed eight lanes at a time) are the scalar
+    spelling's, exact halves rounded to even included, whatever the magnitude."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((m, nb * kquants.QK)) * 10.0**exponent).astype(np.float32)
+    x[0, : kquants.QK // 2] = rng.integers(-254, 255, kquants.QK // 2) / 2  # exact halves after scaling
+    x[0, 0] = 127.0  # so that block's scale is 1 and its halves stay halves
+    if m > 1:
+        x[1, : kquants.QK] = 0.0
+    if m > 2:
+        x[2, 7] = np.inf if seed % 2 else np.nan
+    q, d = (t.numpy() for t in kquants.extension().quantize_act(torch.from_numpy(x)))
+    codes, scales = spelled_codes(x)
+    np.testing.assert_array_equal(q, codes)
+    np.testing.assert_array_equal(d, scales)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_non_finite_and_zero_rows(kind):
     _, lin = layer(kind, 8, 2)

@@ -88,27 +88,47 @@ struct Act {
   }
 };
 
-// Scalar on purpose: both kernel paths read the same codes, and the cost is one pass over x.
+// Eight lanes at a time (AVX2, the build's baseline, so both kernel paths read these same codes):
+// the largest magnitude is exact in any order, and each code is the scalar steps' own IEEE product,
+// rounded to nearest even and clamped. One call quantizes a row before the threads start, so its
+// time is the threads' wait: scalar, it cost ~1 ns a value.
 void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int16_t* s16, int16_t* s32) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < K / QK; ++b) {
     const float* xb = x + b * QK;
     int8_t* qb = q + b * QK;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t i = 0; i < QK; ++i) {
-      finite = finite && std::isfinite(xb[i]);
-      amax = std::max(amax, std::fabs(xb[i]));
+    __m256 top = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+    for (int64_t i = 0; i < QK; i += 8) {
+      const __m256 v = _mm256_and_ps(_mm256_loadu_ps(xb + i), magnitude);
+      top = _mm256_max_ps(top, v);
+      odd = _mm256_or_ps(odd, _mm256_cmp_ps(v, inf, _CMP_NLT_UQ));  // inf or NaN
     }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top);
+    float amax = 0.0f;
+    for (float l : lanes) amax = std::max(amax, l);
     std::memset(qb, 0, QK);
-    if (!finite) {  // no scale represents a non-finite block: the output is NaN, as a float matmul's
+    if (_mm256_movemask_ps(odd) != 0) {  // no scale represents a non-finite block: the output is NaN, as a float matmul's
       d[b] = std::numeric_limits<float>::quiet_NaN();
     } else if (amax == 0.0f) {
       d[b] = 0.0f;
     } else {
       const float inv = 127.0f / amax;
       d[b] = amax / 127.0f;
-      for (int64_t i = 0; i < QK; ++i)
-        qb[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(xb[i] * inv))));
+      const __m256 scale = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+      auto codes = [&](int64_t i) {
+        const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + i), scale),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        return _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
+      };
+      for (int64_t i = 0; i < QK; i += 32) {
+        // codes are within +-127, so the saturating packs only narrow; the permute undoes their lane order
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(codes(i), codes(i + 8)),
+                                             _mm256_packs_epi32(codes(i + 16), codes(i + 24)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + i), _mm256_permutevar8x32_epi32(p, order));
+      }
     }
     for (int64_t g = 0; g < QK / 16; ++g) {
       int32_t t = 0;
