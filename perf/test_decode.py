@@ -498,8 +498,7 @@ def test_precision_tier_real_tree(pairs, equality, divergence_table, pair_name, 
     own loop: every prompt token-exact (each verified row is the one-token step on its path)."""
     pairs.require_weights(pair_name)
     pair = pairs.get(pair_name)
-    draft = pair.draft_setup
-    if pair.target_setup.kernels != "invariant" or draft is None or draft.kernels != "invariant":
+    if not setup.invariant_pair(pair.target_setup, pair.draft_setup):
         pytest.skip(f"{pair_name} is not registered on the batch-invariant kernels, which a tree needs")
     prompts = real_tier_prompts(real_prompts)
     _tier_check(pair, prompts, REAL_NEW_TOKENS, divergence_table, equality, tree=bench.REAL_TREE)

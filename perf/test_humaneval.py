@@ -195,8 +195,7 @@ def test_humaneval_pass_at_1_equal_real_tree(pairs, pair_name, pytestconfig, tmp
     """The registered pair with the tree case's token tree (``bench.REAL_TREE``) in the harness's own
     loop against plain decoding: every completion the plain one, pass@1 equal."""
     pair = pairs.get(pair_name)
-    draft = pair.draft_setup
-    if pair.target_setup.kernels != "invariant" or draft is None or draft.kernels != "invariant":
+    if not setup.invariant_pair(pair.target_setup, pair.draft_setup):
         pytest.skip(f"{pair_name} is not registered on the batch-invariant kernels, which a tree needs")
     _pass_at_1_equal(pair, f"{pair.spec.name}-tree", pytestconfig, tmp_path, tree=bench.REAL_TREE)
 

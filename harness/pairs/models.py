@@ -22,7 +22,7 @@ from harness.base.backends import OrtSettings
 from harness.base.errors import HarnessError, UnknownModelError, UnsupportedError
 from harness.kernels import fused, invariant, kquants
 from harness.settings import precision
-from harness.settings.setup import Draft, GenerationSettings, RunSetup, Target
+from harness.settings.setup import Draft, GenerationSettings, RunSetup, Target, invariant_pair
 from harness.weights import packaged, tiny, weights
 
 
@@ -485,7 +485,7 @@ def check_run(spec: PairSpec, run: RunSetup) -> None:
     draft = run.draft
     if run.decoding.draft_tree and run.uses_draft:
         # The tree's rows are one-token steps only where every row is computed on its own.
-        if target.kernels != "invariant" or draft is None or draft.kernels != "invariant":
+        if not invariant_pair(target, draft):
             raise UnsupportedError(
                 "--draft_tree runs on the harness's batch-invariant kernels only: pass --target_kernels "
                 "invariant and --draft_kernels invariant (or a pair registered with them)"

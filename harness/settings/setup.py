@@ -153,6 +153,12 @@ class Draft:
     endpoint: str | None = None  # a served deployment's URL (engine "served"): its speculative decoding
 
 
+def invariant_pair(target: Target, draft: Draft | None) -> bool:
+    """Target and draft both on the batch-invariant kernels: where every verified row is computed
+    on its own, which a token tree's exactness needs."""
+    return target.kernels == "invariant" and draft is not None and draft.kernels == "invariant"
+
+
 @dataclass(frozen=True)
 class RunSetup:
     pair: str
