@@ -36,7 +36,7 @@ MACHINE = {"name": "test-box-2c", "cpu": "test cpu", "cores": 2, "accelerator": 
 VERSIONS = {"python": "3.11", "torch": "x"}
 
 
-def record_for(case, plain, assisted, **kw):
+def record_for(case, plain, assisted, machine=MACHINE, **kw):
     return make_record(
         case,
         plain,
@@ -44,7 +44,7 @@ def record_for(case, plain, assisted, **kw):
         time_per_token_ms={"plain": 1000 / np.mean(plain), "assisted": 1000 / np.mean(assisted)},
         prefill_ms={"plain": 120.0, "assisted": 130.0},
         acceptance=0.7,
-        machine=MACHINE,
+        machine=machine,
         versions=VERSIONS,
         date="2025-01-01",
         **kw,
@@ -260,6 +260,19 @@ def test_compare_to_baseline_catches_slower_target(tmp_path):
     assert results["speedup"].status == "pass"
     assert results["plain_tokens_per_s"].status == "regression"
     assert results["assisted_tokens_per_s"].status == "regression"
+
+
+def test_tokens_per_s_of_another_cpu_kind_is_not_comparable_never_a_regression(tmp_path):
+    zen4 = {**MACHINE, "cpu_id": "family 25 model 17 stepping 1"}
+    save_baseline(tmp_path, "box", CASE, record_for(CASE, *interleaved(10, n=10), machine=zen4))
+    slower = interleaved(13, plain_rate=8.0, n=10)
+    same_kind = compare_to_baseline(tmp_path, "box", CASE, *slower, cpu_id="family 25 model 17 stepping 2")
+    assert same_kind["plain_tokens_per_s"].status == "regression"
+    other = compare_to_baseline(tmp_path, "box", CASE, *slower, cpu_id="family 26 model 2 stepping 1")
+    for name in ("plain_tokens_per_s", "assisted_tokens_per_s"):
+        assert other[name].status == "not comparable" and not other[name].failed
+        assert "REGRESSION" not in other[name].message and "family 26 model 2" in other[name].message
+    assert other["speedup"].status == "pass"  # host-independent: still gated
 
 
 # A baseline that kept its cost model inputs (as every measured one does since they were added).

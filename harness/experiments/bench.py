@@ -465,6 +465,7 @@ class CaseMeasurement:
             self.plain_tps,
             self.assisted_tps,
             forward_costs=self.pair_costs,
+            cpu_id=platforms.detect().cpu_id,
         )
         if self.deterministic:
             record = baselines.load_baseline(root, platform or self.platform, self.case.key())

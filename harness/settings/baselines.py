@@ -777,6 +777,7 @@ def compare_to_baseline(
     assisted_tps: Sequence[float],
     *,
     forward_costs: Sequence[tuple[float, float]] | None = None,
+    cpu_id: str | None = None,
     margin: float = DEFAULT_MARGIN,
     alpha: float = DEFAULT_ALPHA,
 ) -> dict[str, GateResult]:
@@ -786,8 +787,9 @@ def compare_to_baseline(
     overall speed; with ``forward_costs`` (each interleaved pair's ``c`` and ``v``) each pair's ratio
     is first adjusted for how its forward costs move the speedup (``pair_adjustments``), and
     "speedup_unadjusted" keeps the plain comparison. "assisted_tokens_per_s" and "plain_tokens_per_s"
-    catch a slower target, which can leave the speedup unchanged. A gate is skipped when the baseline
-    lacks that number.
+    catch a slower target, which can leave the speedup unchanged; they read "not comparable" when
+    ``cpu_id`` (this host's, ``platforms.detect().cpu_id``) names another CPU family or model than the
+    baseline's. A gate is skipped when the baseline lacks that number.
     """
     record = load_baseline(root, platform, case)
     path = storage_file(root, platform)
@@ -841,9 +843,24 @@ def compare_to_baseline(
                 )
             results["speedup"] = adjusted
             results["speedup_unadjusted"] = plain
+    other_cpu = cpu_kind(cpu_id) != cpu_kind(record.machine.get("cpu_id"))
     for mode, current in (("assisted", assisted_tps), ("plain", plain_tps)):
         base = _baseline_samples(record.tokens_per_s.get(mode), "mean")
         if base is not None:
             metric = f"{case.case_id} {mode} tokens/s"
-            results[f"{mode}_tokens_per_s"] = gate(current, base, metric=metric, **opts)
+            result = gate(current, base, metric=metric, **opts)
+            if cpu_id is not None and other_cpu:
+                result = result.as_not_comparable(
+                    metric,
+                    f"the baseline was measured on a {record.machine.get('cpu_id') or 'unrecorded'} CPU "
+                    f"and this host's is {cpu_id}; absolute tokens/s compare within one CPU kind only",
+                )
+            results[f"{mode}_tokens_per_s"] = result
     return results
+
+
+def cpu_kind(cpu_id: str | None) -> str | None:
+    """A CPU id's family and model ("family 25 model 17"): its stepping does not move a kernel's speed."""
+    if not cpu_id:
+        return None
+    return re.sub(r"\s*stepping \S+", "", cpu_id).strip()

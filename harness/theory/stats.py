@@ -40,7 +40,7 @@ DEFAULT_MARGIN = 0.08
 DEFAULT_ALPHA = 0.01
 _BOOTSTRAP_SEED = 20240713  # fixed so a CI (and a baseline file holding it) is reproducible byte for byte
 
-Status = Literal["pass", "regression", "improvement", "inconclusive"]
+Status = Literal["pass", "regression", "improvement", "inconclusive", "not comparable"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,14 @@ class GateResult:
 
     def as_inconclusive(self, why: str) -> GateResult:
         return dataclasses.replace(self, status="inconclusive", message=f"{self.message} INCONCLUSIVE: {why}")
+
+    def as_not_comparable(self, metric: str, why: str) -> GateResult:
+        """The same figures, judged not at all: a verdict across host kinds would be the hosts'."""
+        return dataclasses.replace(
+            self,
+            status="not comparable",
+            message=f"{metric}: ratio {self.ratio:.3f}x to the baseline, not comparable: {why}",
+        )
 
 
 def _as_positive_array(values: Sequence[float] | float, what: str) -> np.ndarray:
