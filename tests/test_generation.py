@@ -295,7 +295,7 @@ def test_eos_override_stops_at_that_token(llama: models.LoadedPair, mode: str) -
     [
         ({"num_assistant_tokens": 0}, "num_assistant_tokens must be at least 1"),
         ({"assistant_schedule": "fast"}, "assistant_schedule 'fast'"),
-        ({"do_sample": True, "temperature": 0.0}, "temperature must be > 0"),
+        ({"do_sample": True, "temperature": 0.0}, "temperature must be a finite number > 0"),
         ({"do_sample": True, "top_p": 1.5}, "top_p must be in"),
         ({"do_sample": True, "top_k": -1}, "top_k must be >= 0"),
         # Out of range is a typo whether or not sampling is on.

@@ -9,6 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from harness.base import tasks
 from harness.base.errors import HarnessError
 from harness.base.tasks import (
     TASKS,
@@ -238,3 +239,15 @@ def test_prompts_file_byte_order_mark_is_not_part_of_the_prompt(tmp_path) -> Non
     plain = tmp_path / "p.txt"
     plain.write_bytes("\ufeffwrite a sort\n".encode())
     assert load_prompts_file(plain, 16)[0].text == "write a sort"
+
+
+def test_a_prompts_source_that_never_ends_is_refused_at_once() -> None:
+    with pytest.raises(HarnessError, match=r"/dev/zero holds more than 64 MiB \(or never ends\)"):
+        load_prompts_file("/dev/zero", 16)
+
+
+def test_a_line_past_any_context_is_refused_before_tokenizing(tmp_path) -> None:
+    path = tmp_path / "p.txt"
+    path.write_text("short one\n" + "x" * (tasks.MAX_PROMPT_CHARS + 1) + "\n")
+    with pytest.raises(HarnessError, match=r"line\(s\) 2 hold more than 1,000,000 characters"):
+        load_prompts_file(path, 16)

@@ -315,6 +315,12 @@ def benchmark_prompts(
     return prompts
 
 
+# Bounds on a prompts file, far past what any registered model's context holds (32K tokens, a few
+# characters each), so a real file never meets them.
+MAX_PROMPTS_FILE_BYTES = 64 << 20
+MAX_PROMPT_CHARS = 1_000_000
+
+
 def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list[Prompt]:
     """Prompts from a file: one JSON string or object (``{"prompt": ...}``) per line (for prompts with
     newlines), or plain text lines.
@@ -327,8 +333,16 @@ def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list
     path = Path(path)
     how = "write one prompt per line, or one JSON string per line for prompts that contain newlines"
     try:
-        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first prompt.
-        content = path.read_text(encoding="utf-8-sig")
+        # Read with a bound: a device or pipe that never ends (/dev/zero) is refused, not read to
+        # memory's end. utf-8-sig: a byte-order mark (Windows editors write one) is not a prompt's.
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_PROMPTS_FILE_BYTES + 1)
+        if len(raw) > MAX_PROMPTS_FILE_BYTES:
+            raise HarnessError(
+                f"prompts file {path} holds more than {MAX_PROMPTS_FILE_BYTES >> 20} MiB (or never ends); "
+                f"pass a text file of prompts ({how})"
+            )
+        content = raw.decode("utf-8-sig")
     except FileNotFoundError as exc:
         raise HarnessError(f"prompts file {path} does not exist; create it ({how})") from exc
     except IsADirectoryError as exc:
@@ -341,6 +355,13 @@ def load_prompts_file(path: str | os.PathLike[str], max_new_tokens: int) -> list
     lines = [(number, line) for number, line in enumerate(content.splitlines(), 1) if line.strip()]
     if not lines:
         raise HarnessError(f"prompts file {path} has no prompts; {how}")
+    too_long = [number for number, line in lines if len(line) > MAX_PROMPT_CHARS]
+    if too_long:
+        # Refused here, before a tokenizer spends minutes on text no model's context holds.
+        raise HarnessError(
+            f"{path}: line(s) {', '.join(map(str, too_long[:5]))} hold more than {MAX_PROMPT_CHARS:,} "
+            f"characters, past any registered model's context; {how}"
+        )
 
     parsed: list[tuple[int, Any]] = []
     broken: list[int] = []

@@ -19,7 +19,15 @@ from pathlib import Path
 from harness import report
 from harness.base import backends, devices, llamacpp, platforms, tasks
 from harness.base.errors import HarnessError, caused_by_interrupt
-from harness.cli.parser import EXIT_USAGE, HUMANEVAL_NEW_TOKENS, PROMPTS_FILE_NEW_TOKENS, build_parser
+from harness.cli.parser import (
+    BENCHMARK_NEW_TOKENS,
+    BENCHMARK_PROMPT_LENGTHS,
+    DECODING,
+    EXIT_USAGE,
+    HUMANEVAL_NEW_TOKENS,
+    PROMPTS_FILE_NEW_TOKENS,
+    build_parser,
+)
 from harness.decoding import engines
 from harness.experiments import humaneval, runner, sweep
 from harness.kernels import llama_build
@@ -149,6 +157,37 @@ def _check_ignored(args: argparse.Namespace) -> None:
         for flag in ("num_assistant_tokens", "assistant_schedule", "assistant_confidence_threshold"):
             if getattr(args, flag) is not None:
                 raise HarnessError(f"--{flag} shapes a chain of K; --draft_tree proposes a tree: drop one")
+    if not args.do_sample:
+        for flag in ("temperature", "top_p", "top_k"):
+            if getattr(args, flag) != getattr(DECODING, flag):
+                raise HarnessError(
+                    f"--{flag} shapes sampling; without --do_sample the run decodes greedily and would "
+                    "not read it: add --do_sample or drop it"
+                )
+    if not (
+        args.compare or args.assisted_generation or args.prompt_lookup is not None or args.task == "sweep"
+    ):
+        for flag in (
+            "num_assistant_tokens",
+            "draft_tree",
+            "assistant_schedule",
+            "assistant_confidence_threshold",
+        ):
+            if getattr(args, flag, None) is not None:
+                raise HarnessError(
+                    f"--{flag} shapes the draft's proposals; this run decodes plainly, without a draft: add "
+                    "--assisted_generation (or --compare) or drop it"
+                )
+    if args.task != "benchmark":
+        for flag, default in (
+            ("prompt_lengths", BENCHMARK_PROMPT_LENGTHS),
+            ("new_tokens", BENCHMARK_NEW_TOKENS),
+        ):
+            if tuple(getattr(args, flag)) != default:
+                raise HarnessError(
+                    f"--{flag} sets the synthetic prompts of --task benchmark; --task {args.task} does not "
+                    "read it: add --task benchmark or drop it (--max_new_tokens sets any task's budget)"
+                )
     if (
         args.assistant_confidence_threshold is not None
         and (args.assistant_schedule or "dynamic") != "dynamic"
@@ -241,6 +280,11 @@ def _pair_spec(args: argparse.Namespace) -> models.PairSpec:
 def _modes(args: argparse.Namespace) -> tuple[str, ...]:
     if args.prompt_lookup is not None and args.assisted_generation:
         raise HarnessError("--prompt_lookup and --assisted_generation are alternatives: choose one")
+    if args.prompt_lookup is not None and args.assistant_model is not None:
+        raise HarnessError(
+            "--prompt_lookup proposes from the prompt, with no draft model; --assistant_model would not be "
+            "read: drop one"
+        )
     assisted = "prompt_lookup" if args.prompt_lookup is not None else "assisted"
     if args.compare:
         return ("plain", assisted)
@@ -302,8 +346,8 @@ def run(args: argparse.Namespace) -> int:
         return regen(args)
     if args.task == "sweep" or args.sweep is not None:
         return run_sweep(args)
-    spec = _pair_spec(args)
     modes = _modes(args)
+    spec = _pair_spec(args)
     _check_flags(args)
     run = _run_setup(args, spec, modes)
     # Read before loading: a typo in the path should not cost a model load.

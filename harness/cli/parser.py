@@ -55,6 +55,9 @@ def _add(group: argparse._ActionsContainer, *names: str, **kw: object) -> argpar
 
 # The decoding and export settings' own defaults: the flags show and use them, never a second copy.
 DECODING = setup.GenerationSettings()
+# --task benchmark's synthetic prompts: every length with every budget.
+BENCHMARK_PROMPT_LENGTHS = (256, 512, 1024, 2048)
+BENCHMARK_NEW_TOKENS = (64, 128, 256)
 ORT = backends.OrtSettings()
 
 
@@ -360,14 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
         g,
         "--prompt_lengths",
         type=_int_list,
-        default=(256, 512, 1024, 2048),
+        default=BENCHMARK_PROMPT_LENGTHS,
         help="benchmark prompt lengths in tokens, comma separated",
     )
     _add(
         g,
         "--new_tokens",
         type=_int_list,
-        default=(64, 128, 256),
+        default=BENCHMARK_NEW_TOKENS,
         help="benchmark new-token counts, comma separated",
     )
     _add(g, "--ignore_eos", action="store_true", help="decode the whole budget even past EOS")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -97,8 +98,9 @@ class GenerationSettings:
             raise bad(f"confidence threshold must be in (0, 1) (got {self.assistant_confidence_threshold})")
         if self.prompt_lookup_num_tokens < 1:
             raise bad(f"--prompt_lookup must be at least 1 (got {self.prompt_lookup_num_tokens})")
-        if self.do_sample and not self.temperature > 0:
-            raise bad(f"--temperature must be > 0 when sampling (got {self.temperature})")
+        if self.do_sample and not 0 < self.temperature < math.inf:
+            # inf would sample uniformly and be stored as Infinity, which is not JSON.
+            raise bad(f"--temperature must be a finite number > 0 when sampling (got {self.temperature})")
         # Checked whether or not sampling is on: a value out of range is a typo either way.
         if not 0.0 < self.top_p <= 1.0:
             raise bad(f"--top_p must be in (0, 1] (got {self.top_p})")
