@@ -240,6 +240,8 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--regen-tables", "--rows", "/bin/true"], "is not a rows file of this harness"),
         (["--regen-tables", "--results_dir", "/etc/hostname"], "is a file, not a folder"),
         (["--task", "sweep", "--results_dir", "/etc/hostname/out"], "is a file, not a folder"),
+        (["--task", "sweep", "--results_dir", "/proc/x"], "pass a folder you can write to"),
+        (["--regen-tables", "--results_dir", "/proc/x"], "pass a folder you can write to"),
     ],
 )
 def test_bad_flags_give_one_clear_line_and_exit_2(

@@ -64,12 +64,19 @@ def test_a_wrong_binary_is_an_error(tmp_path, monkeypatch):
         llama_build.reference_binary(None, tmp_path / "m.gguf", tmp_path / "cache")
 
 
+@pytest.mark.parametrize("named", ["/bin/false", "/bin/true"])
+def test_an_executable_that_is_not_llama_cpp_is_refused_when_named(named):
+    with pytest.raises(HarnessError, match=r"is not a llama.cpp binary \(`--version` exited \d"):
+        llama_build.given("llama-server", named)
+
+
 def test_measure_runs_the_binary_and_reads_its_json(tmp_path):
     """A stand-in llama-bench (a shell script printing recorded output) checks the command line the
     harness passes and that a failing binary is reported with its exit status."""
     script = tmp_path / "llama-bench"
     script.write_text(
         "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "version: 1 (stand-in)" >&2; exit 0; fi\n'
         'case "$*" in *"-p 0 -n 16 -t 2 -r 2 -o json"*) ;; *) echo "bad args: $*" >&2; exit 3;; esac\n'
         f"echo '{json.dumps(ROWS)}'\n"
     )

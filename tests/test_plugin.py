@@ -73,6 +73,19 @@ def test_a_bad_humaneval_precision_is_a_usage_error(tmp_path):
     assert "--humaneval-precision 'fp33'" in done.stderr + done.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--humaneval-out", "/proc/x"), "--humaneval-out /proc/x: "),
+        (("--llama-server", "/bin/false"), "is not a llama.cpp binary"),
+    ],
+)
+def test_a_place_or_binary_that_cannot_serve_is_a_usage_error_before_collection(tmp_path, args, said):
+    done = _pytest(tmp_path, *args, "--co")
+    assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
+    assert said in done.stderr and "Traceback" not in done.stderr + done.stdout
+
+
 def test_a_divergence_tier_resumes_its_finished_prompts_and_redoes_an_edited_one(tmp_path):
     """``--divergence-out`` of an interrupted tier: a rerun counts the prompts it finished, by name
     and digest; a row whose prompt text was since edited is decoded again, never counted for it."""

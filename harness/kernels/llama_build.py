@@ -85,11 +85,20 @@ def given(name: str, path: str | os.PathLike[str] | None = None) -> Path | None:
     if not named:
         return None
     found = shutil.which(str(named)) or (str(named) if Path(named).is_file() else None)
+    source = f"--{name}" if path else ENV[name]
+    fix = f"point it at the {name} binary of a llama.cpp build, or leave it unset to have the suite build one"
     if found is None or not os.access(found, os.X_OK):
-        source = f"--{name}" if path else ENV[name]
+        raise HarnessError(f"{name} {str(named)!r} (from {source}) is not an executable file; {fix}")
+    # Asked before any test or decode relies on it: every llama.cpp binary names its build this way,
+    # and an executable that is something else (/bin/false) would only fail at the first server start.
+    try:
+        said = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HarnessError(f"{name} {str(named)!r} (from {source}) did not run ({exc}); {fix}") from None
+    if said.returncode != 0 or "version:" not in said.stdout + said.stderr:
         raise HarnessError(
-            f"{name} {str(named)!r} (from {source}) is not an executable file; point it at the {name} "
-            f"binary of a llama.cpp build, or leave it unset to have the suite build one"
+            f"{name} {str(named)!r} (from {source}) is not a llama.cpp binary (`--version` exited "
+            f"{said.returncode} without naming a llama.cpp build); {fix}"
         )
     return Path(found)
 

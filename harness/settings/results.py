@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +184,15 @@ def check_out_folder(flag: str, folder: str | None) -> None:
         raise HarnessError(f"{flag} {folder}: {existing} is a file, not a folder; pass a folder")
     if not os.access(existing, os.W_OK):
         raise HarnessError(f"{flag} {folder}: {existing} is not writable; pass a folder you can write to")
+    try:
+        # os.access says yes to root everywhere (/proc included): a file made and removed says for sure.
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise HarnessError(
+            f"{flag} {folder}: nothing can be written under {existing} ({exc.strerror}); pass a folder you "
+            "can write to"
+        ) from None
 
 
 ROW_KEYS = ("example",)  # what every measured row holds (``_check_row``)
@@ -199,6 +209,11 @@ def check_rows_path(path: Path, flag: str = "--json", keys: tuple[str, ...] = RO
         raise HarnessError(
             f"{flag} {path}: a file cannot be created there ({exc.strerror}); pass another path"
         ) from None
+    if path.is_symlink() and not path.exists():
+        raise HarnessError(
+            f"{flag} {path} is a link to {os.readlink(path)}, which does not exist; pass the rows file's own "
+            "path, or create the file the link names"
+        )
     if path.is_dir():
         raise HarnessError(f"{flag} {path} is a folder; pass a file path such as runs/run.jsonl")
     if path.exists() and not path.is_file():
