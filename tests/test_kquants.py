@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
+
 import gguf
 import numpy as np
 import pytest
@@ -10,7 +14,9 @@ from helpers import load_pair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.base.errors import HarnessError
 from harness.kernels import kquants
+from harness.weights import tiny
 
 KINDS = ("Q4_K", "Q6_K")
 
@@ -427,3 +433,52 @@ def test_packed_blocks_cache_round_trips_and_refuses_stale_or_damaged_files(tmp_
     assert read() is None  # a cache nothing vouches for
     kquants._write_packed(path, gguf_file, packed)
     assert read() is not None
+
+
+def test_verify_finds_a_damaged_cache_whose_size_and_time_were_kept(tmp_path):
+    """A flip written back with the file's own size and modification time passes the quick check;
+    ``verify`` (the CLI's --verify, the loads that pass it on) hashes every byte and refuses it."""
+    gguf_file = tmp_path / "m.gguf"
+    gguf_file.write_bytes(b"GGUF" + bytes(100))
+    _, lin = layer("Q4_K", 20, 2)
+    packed = {"a.q_proj": ("Q4_K", lin.blocks)}
+    path = kquants.packed_cache_path(gguf_file)
+    kquants._write_packed(path, gguf_file, packed)
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert kquants._read_packed(path, gguf_file, list(packed)) is not None  # the quick check is fooled
+    assert kquants._read_packed(path, gguf_file, list(packed), verify=True) is None
+    made = []
+    kquants._cached(path, gguf_file, list(packed), lambda: made.append(1) or packed, verify=True)
+    assert made == [1]  # made again, not read
+
+
+def test_a_cache_write_the_disk_refuses_costs_only_the_next_load(tmp_path):
+    """A file-size limit (as a full disk) fails safetensors' write: logged, the partial file removed,
+    no marker left to vouch for anything."""
+    gguf_file = tmp_path / "m.gguf"
+    gguf_file.write_bytes(b"GGUF" + bytes(100))
+    _, lin = layer("Q4_K", 256, 8)
+    path = kquants.packed_cache_path(gguf_file)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        kquants._write_packed(path, gguf_file, {"a.q_proj": ("Q4_K", lin.blocks)})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert not path.exists() and not kquants._marker(path).exists()
+    assert not list(tmp_path.glob("*.partial-*"))
+
+
+def test_a_cut_gguf_file_is_named_not_a_reshape_error(tmp_path):
+    recipe = tiny.TinyRecipe("llama", vocab_size=12, draft_vocab_size=12, hidden=32, layers=2, heads=2, seed=1)
+    whole = tiny.gguf_file(tiny.build_target(recipe), tmp_path / "whole.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 2 // 3])
+    with pytest.raises(HarnessError, match=r"cut.gguf is not a whole GGUF file"):
+        kquants.read_linear_blocks(cut, ["model.layers.0.self_attn.q_proj"], 2)

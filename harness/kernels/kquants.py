@@ -374,7 +374,13 @@ def read_linear_blocks(gguf_file: str | Path, module_names: list[str], n_layers:
     ``model.layers.0.self_attn.q_proj``, ``output`` for ``lm_head``)."""
     import gguf
 
-    reader = gguf.GGUFReader(str(gguf_file))
+    try:
+        reader = gguf.GGUFReader(str(gguf_file))
+    except (ValueError, OSError) as exc:  # a cut or overwritten file: its tensors do not fit the bytes
+        raise HarnessError(
+            f"{gguf_file} is not a whole GGUF file ({exc}); copy it again, or delete it to have a packaged "
+            "model's assembled again from its installed parts"
+        ) from None
     arch_name = _arch(reader)
     arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)
     if arch is None:
@@ -452,6 +458,7 @@ def _read_packed(path: Path, source: Path, names: list[str], *, verify: bool = F
 
 
 def _write_packed(path: Path, source: Path, packed: Packed) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     meta = {"layout": str(LAYOUT), "source": source.name}
@@ -464,15 +471,18 @@ def _write_packed(path: Path, source: Path, packed: Packed) -> None:
         path.chmod(0o644)  # the cache may be shared, as the converted weights are
         marker = {"layout": LAYOUT, "files": files.record(path.parent, [source.name, path.name])}
         files.atomic_write(_marker(path), json.dumps(marker, indent=1).encode())
-    except OSError as exc:  # a read-only cache only costs the next load its re-packing
+    except (OSError, SafetensorError) as exc:
+        # A read-only cache, a full disk or a file-size limit only costs the next load its re-packing.
         log.warning("could not cache re-packed blocks at %s (%s)", path, exc)
         tmp.unlink(missing_ok=True)
 
 
-def _cached(cache: Path | None, source: Path | None, names: list[str], make) -> Packed:
+def _cached(
+    cache: Path | None, source: Path | None, names: list[str], make, *, verify: bool = False
+) -> Packed:
     if cache is None or source is None:
         return make()
-    packed = _read_packed(cache, source, names)
+    packed = _read_packed(cache, source, names, verify=verify)
     if packed is None:
         packed = make()
         _write_packed(cache, source, packed)
@@ -513,14 +523,17 @@ def _q4k_cache(linears: dict[str, nn.Linear], weights: Path | None) -> tuple[Pat
     return source, packed_cache_path(source, f"q4k-{digest}")
 
 
-def apply_blocks(model: nn.Module, name: str, source: str | Path | None) -> nn.Module:
+def apply_blocks(
+    model: nn.Module, name: str, source: str | Path | None, *, verify: bool = False
+) -> nn.Module:
     """Replace every nn.Linear of ``model`` (float32) by a ``KQuantLinear`` and switch attention to
     the batch-invariant attention; in place.
 
     ``gguf``: the blocks of each tensor in ``source``, the GGUF file the model was converted from.
     ``q4k``: the model's own float weights quantized to Q4_K; ``source`` is its weights folder, where
     the blocks are cached (None: made in memory on every load). Either way the re-packed blocks are
-    cached beside their source, so a second load reads them instead of making them again."""
+    cached beside their source, so a second load reads them instead of making them again (``verify``:
+    the cache's every byte checked against its record first, not only its size and time)."""
     from harness.kernels import invariant
     from harness.settings import precision
 
@@ -535,10 +548,11 @@ def apply_blocks(model: nn.Module, name: str, source: str | Path | None) -> nn.M
             )
         gguf_file = Path(source)
         cache = packed_cache_path(gguf_file)
-        packed = _cached(cache, gguf_file, list(linears), lambda: _gguf_blocks(model, linears, gguf_file))
+        make = lambda: _gguf_blocks(model, linears, gguf_file)  # noqa: E731
+        packed = _cached(cache, gguf_file, list(linears), make, verify=verify)
     elif name == "q4k":
         weights, cache = _q4k_cache(linears, Path(source) if source is not None else None)
-        packed = _cached(cache, weights, list(linears), lambda: _q4k_blocks(linears))
+        packed = _cached(cache, weights, list(linears), lambda: _q4k_blocks(linears), verify=verify)
     else:
         raise UnsupportedError(f"no k-quant blocks for precision {name}; the block precisions: gguf, q4k")
     precision.untie_output_embeddings(model)

@@ -335,12 +335,13 @@ def _load_hf(path: Path) -> PreTrainedModel:
 
 
 def _apply_precision(
-    model: PreTrainedModel, name: str, kernels: str, source: Path | None = None
+    model: PreTrainedModel, name: str, kernels: str, source: Path | None = None, *, verify: bool = False
 ) -> PreTrainedModel:
     """Precision ``name`` on the stock kernels or on the harness's batch-invariant ones (``source``:
-    what a block precision's blocks come from, ``block_source``)."""
+    what a block precision's blocks come from, ``block_source``; ``verify``: their cache's every byte
+    checked)."""
     if name in precision.BLOCK_PRECISIONS:
-        model = kquants.apply_blocks(model, name, source)
+        model = kquants.apply_blocks(model, name, source, verify=verify)
     elif kernels == "invariant":
         model = invariant.apply_precision(model, name)
     else:
@@ -350,21 +351,25 @@ def _apply_precision(
     return model
 
 
-def block_source(name: str, spec: ModelSpec, folder: Path | None) -> Path | None:
+def block_source(name: str, spec: ModelSpec, folder: Path | None, *, verify: bool = False) -> Path | None:
     """What precision ``name``'s k-quant blocks are made from: the model's GGUF file for ``gguf``,
     its weights folder (where they are cached) for ``q4k``; None for the other precisions."""
     if name in precision.FILE_PRECISIONS:
-        return gguf_file(spec, folder)
+        return gguf_file(spec, folder, verify=verify)
     return folder if name in precision.BLOCK_PRECISIONS else None
 
 
-def gguf_file(spec: ModelSpec, folder: Path | None) -> Path | None:
+def gguf_file(spec: ModelSpec, folder: Path | None, *, verify: bool = False) -> Path | None:
     """The GGUF file a model's weights come from: the packaged one (assembled beside its converted
-    folder), else the only ``*.gguf`` in its weights folder; None when there is none."""
+    folder; checked against its recorded size, and sha256 with ``verify``, and assembled again from
+    the installed parts when it is damaged), else the only ``*.gguf`` in its weights folder; None
+    when there is none."""
     if spec.packaged_key:
-        path = packaged.gguf_path(packaged.get_model(spec.packaged_key))
-        if path.is_file():
-            return path
+        model = packaged.get_model(spec.packaged_key)
+        if packaged.is_assembled(model, verify=verify):
+            return packaged.gguf_path(model)
+        if packaged.parts_status(model).complete:
+            return packaged.assemble(model, verify=verify)
     found = sorted(folder.glob("*.gguf")) if folder is not None else []
     return found[0] if len(found) == 1 else None
 
@@ -427,10 +432,12 @@ def prepare_draft(
     draft_vocab: int | None = None,
     draft_kernels: str = "stock",
     source: Path | None = None,
+    *,
+    verify: bool = False,
 ) -> PreTrainedModel:
     """A freshly loaded float draft made ready to assist: pinned generation config, optional
-    vocabulary restriction, precision (``source``: what its k-quant blocks come from), padding
-    to the target's vocabulary, device."""
+    vocabulary restriction, precision (``source``: what its k-quant blocks come from, their cache
+    checked byte by byte with ``verify``), padding to the target's vocabulary, device."""
     _pin_generation_config(draft, tokenizer)
     if draft_vocab is not None:
         # Special tokens (EOS among them) sit after the BPE vocabulary; keep them proposable.
@@ -438,7 +445,7 @@ def prepare_draft(
         vocab.restrict_draft_vocab(draft, draft_vocab, min(added) if added else None)
     # Invariant draft kernels are not for exactness (draft tokens are only proposals) but speed: the
     # same small-M kernels stream int8 weights faster than the stock paths here.
-    draft = _apply_precision(draft, draft_precision, draft_kernels, source)
+    draft = _apply_precision(draft, draft_precision, draft_kernels, source, verify=verify)
     # After the precision change, so the padding hook sits on the final output layer.
     draft = vocab.pad_draft_vocab(draft, target_vocab)
     return devices.place(draft, devices.check_device(str(device)))
@@ -551,8 +558,8 @@ def load_pair(
     else:
         _pin_generation_config(target, tokenizer)
         name, kernels = run.target.precision, run.target.kernels
-        source = block_source(name, spec.target, target_path)
-        target = devices.place(_apply_precision(target, name, kernels, source), t_dev)
+        source = block_source(name, spec.target, target_path, verify=verify)
+        target = devices.place(_apply_precision(target, name, kernels, source, verify=verify), t_dev)
     if draft is not None and run.draft is not None:
         d = run.draft
         draft = prepare_draft(
@@ -563,7 +570,8 @@ def load_pair(
             d_dev,
             d.vocab,
             d.kernels,
-            block_source(d.precision, spec.draft, draft_path),
+            block_source(d.precision, spec.draft, draft_path, verify=verify),
+            verify=verify,
         )
     return LoadedPair(
         spec=spec,
