@@ -459,3 +459,24 @@ def test_what_the_loop_does_not_reproduce_takes_the_stacks_own_forward(ext, monk
         # transformers' capture hooks now sit on the layers: the loop stands aside from then on
         model(ids, past_key_values=DynamicCache())
         assert len(calls) == 5 * n
+
+
+def test_a_kernel_library_cut_since_its_build_is_linked_again_not_loaded(tmp_path):
+    """Loading a cut shared library ends the process with a bus error, past any handling: a library
+    that is not the one its build recorded is deleted before the loader looks, so it links anew."""
+    import json
+
+    from harness.base import files
+    from harness.kernels import cppext
+
+    library = tmp_path / "k.so"
+    library.write_bytes(b"\x7fELF" + bytes(4096))
+    (tmp_path / cppext._BUILT).write_text(json.dumps({"files": files.record(tmp_path, [library.name])}))
+    cppext._drop_if_damaged(library)
+    assert library.is_file()  # as built: kept
+    library.write_bytes(library.read_bytes()[:1000])
+    cppext._drop_if_damaged(library)
+    assert not library.exists() and not (tmp_path / cppext._BUILT).exists()
+    library.write_bytes(b"\x7fELF")  # a library no build recorded
+    cppext._drop_if_damaged(library)
+    assert not library.exists()

@@ -476,7 +476,9 @@ def test_a_cache_write_the_disk_refuses_costs_only_the_next_load(tmp_path):
 
 
 def test_a_cut_gguf_file_is_named_not_a_reshape_error(tmp_path):
-    recipe = tiny.TinyRecipe("llama", vocab_size=12, draft_vocab_size=12, hidden=32, layers=2, heads=2, seed=1)
+    recipe = tiny.TinyRecipe(
+        "llama", vocab_size=12, draft_vocab_size=12, hidden=32, layers=2, heads=2, seed=1
+    )
     whole = tiny.gguf_file(tiny.build_target(recipe), tmp_path / "whole.gguf")
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size * 2 // 3])

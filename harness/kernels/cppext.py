@@ -4,6 +4,8 @@ sources, flags and torch version."""
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +15,9 @@ import torch
 from harness.base import files
 from harness.base.errors import UnsupportedError
 from harness.weights import packaged
+
+log = logging.getLogger(__name__)
+_BUILT = "built.json"
 
 # The kernels' AVX2 paths are the baseline (AVX-512 functions carry their own target attribute);
 # no contraction into fma, so every path runs the IEEE operations the source spells.
@@ -61,8 +66,10 @@ def build(name: str, source: Path, includes: tuple[Path, ...] = ()) -> ModuleTyp
         data = path.read_bytes()
         if not copy.is_file() or copy.read_bytes() != data:
             files.atomic_write(copy, data)
+    library = folder / f"{name}.so"
+    _drop_if_damaged(library)
     try:
-        return cpp_extension.load(
+        module = cpp_extension.load(
             name=name,
             sources=[str(sources / source.name)],
             extra_cflags=flags,
@@ -75,3 +82,25 @@ def build(name: str, source: Path, includes: tuple[Path, ...] = ()) -> ModuleTyp
             f"could not build {source.name} ({str(exc).splitlines()[0]}): the batch-invariant kernels need "
             "a C++ compiler (g++) and the `ninja` package; install them or use --target_kernels stock"
         ) from exc
+    if not (folder / _BUILT).is_file() and library.is_file():
+        files.atomic_write(
+            folder / _BUILT, json.dumps({"files": files.record(folder, [library.name])}).encode()
+        )
+    return module
+
+
+def _drop_if_damaged(library: Path) -> None:
+    """Delete a built library that is not the one its build recorded (cut or overwritten since), so
+    the loader links it again: ninja trusts any file newer than its sources, and loading a cut
+    library ends the process with a bus error, past any error handling."""
+    if not library.exists():
+        return
+    try:
+        recorded = json.loads((library.parent / _BUILT).read_text(encoding="utf-8"))["files"]
+        why = files.problem(library.parent, recorded)
+    except (OSError, ValueError, KeyError, TypeError):
+        why = "no record of its build"
+    if why is not None:
+        log.warning("kernel library %s is not usable (%s); linking it again", library, why)
+        (library.parent / _BUILT).unlink(missing_ok=True)
+        library.unlink()
