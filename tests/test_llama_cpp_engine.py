@@ -6,12 +6,14 @@ The servers here are real ``llama-server`` processes (the binary the suite build
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -153,6 +155,7 @@ def test_the_row_comes_from_the_server_books():
     assert m.target_forwards == 9 - 4  # each forward: its accepted candidates plus one token
     assert m.step_costs == {"target": (160.0, 4)}  # four rounds after the prompt's forward
     assert m.other_ms == pytest.approx(500.0 - 280.0)
+    assert m.draft_ms is None  # the server books no draft time apart: absent, not zero
     plain = llama_server.measurement([1], {"tokens": [4, 5], "timings": {"predicted_ms": 30.0}}, 0.1, "plain")
     assert (plain.drafted, plain.draft_forwards, plain.target_forwards) == (0, 0, 2)
 
@@ -323,6 +326,10 @@ def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path
             "must not carry credentials",
         ),
         (dict(engine="served", endpoint="127.0.0.1:80", speculative_endpoint="http://h:2"), "a base URL"),
+        (
+            dict(engine="served", endpoint="http://127.0.0.1:99999", speculative_endpoint="http://h:2"),
+            "its port is not a number from 1 to 65535",
+        ),
     ],
 )
 def test_resolve_refuses_a_deployment_it_cannot_reach_safely(given, expected):
@@ -338,6 +345,52 @@ def test_an_unreachable_endpoint_is_a_clear_error():
     endpoint = served.Endpoint(f"http://127.0.0.1:{llama_server.free_port()}", "plain")
     with pytest.raises(HarnessError, match="the plain endpoint .* could not be reached"):
         endpoint.model()
+
+
+class _Misbehaving(http.server.BaseHTTPRequestHandler):
+    """A deployment that streams ``tokens`` chunks of one token each and then, per ``then``, closes
+    the connection without an end marker ("cut") or falls silent for a few seconds ("stall")."""
+
+    tokens = 3
+    then = "cut"
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(self.tokens):
+            chunk = {"choices": [{"text": "x", "logprobs": {"content": [{"id": 10 + i, "logprob": -0.1}]}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+        if self.then == "stall":
+            time.sleep(3)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("then", "said"), [("cut", "closed its stream after 3 token"), ("stall", "failed during a request")]
+)
+def test_a_stream_cut_or_stalled_mid_reply_is_an_error_not_a_finished_row(monkeypatch, then, said):
+    from harness.decoding import served
+
+    handler = type("Handler", (_Misbehaving,), {"then": then})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(served, "STALL_S", 0.5)
+    try:
+        endpoint = served.Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "plain")
+        endpoint._model = "m"  # what /v1/models would say; this stand-in serves completions only
+        started = time.perf_counter()
+        with pytest.raises(HarnessError, match=said):
+            endpoint.complete(llama_server.request_body([1, 2], GenerationSettings(max_new_tokens=16)))
+        assert time.perf_counter() - started < 2.5  # a stall is cut at STALL_S, not the 900 s timeout
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -422,3 +422,31 @@ def test_a_humaneval_table_names_the_run_that_wrote_its_rows(stem, options):
     assert command.startswith("pytest perf/test_humaneval.py")
     if "-fp32" not in stem and "q4k" not in stem:
         assert "--humaneval-precision" not in command
+
+
+def test_reproduce_command_of_a_served_row_is_one_the_cli_takes():
+    from harness import cli
+    from harness.pairs import models
+
+    row = make_row(
+        mode="assisted",
+        engine="served",
+        target_precision="served",
+        target_backend="openai",
+        target_kernels="stock",
+        draft_precision="served",
+        endpoint="http://127.0.0.1:8080",
+        speculative_endpoint="http://127.0.0.1:8081",
+    )
+    command = setup.command(row, setup.defaults(models.get_pair(models.DEFAULT_PAIR)))
+    assert "--engine served" in command and "--endpoint http://127.0.0.1:8080" in command
+    assert "--target_precision" not in command and "--target_backend" not in command
+    args = cli.build_parser().parse_args(command.split()[2:])
+    run = setup.resolve(
+        models.get_pair(models.DEFAULT_PAIR),
+        engine=args.engine,
+        target_backend="openai",
+        endpoint=args.endpoint,
+        speculative_endpoint=args.speculative_endpoint,
+    )
+    assert run.target.endpoint == row.endpoint and run.draft.endpoint == row.speculative_endpoint

@@ -266,7 +266,7 @@ def measurement(prompt_ids: Sequence[int], answer: dict[str, Any], wall_s: float
         # The server books prompt and generation time, not the draft's share of a speculative round;
         # nor which rounds ended on a rejection (``rejected_steps``), so alpha is not estimated.
         target_ms=prompt_ms + predicted_ms,
-        draft_ms=0.0,
+        draft_ms=None,
         other_ms=max(0.0, wall_s * 1000 - prompt_ms - predicted_ms),
         drafted=drafted,
         accepted=accepted,

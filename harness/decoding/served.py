@@ -27,7 +27,10 @@ from harness.decoding import llama_server
 from harness.settings.setup import SERVED, GenerationSettings
 
 API_KEY_ENV = "ASSISTED_GENERATION_API_KEY"
+# The first token waits for the prompt's prefill (minutes for a long prompt on a CPU); once tokens
+# flow, a stream silent for STALL_S has stalled: no decode step of a served model takes that long.
 TIMEOUT_S = 900.0
+STALL_S = 60.0
 # What two endpoints must agree on before anything is measured: the top tokens after a probe prompt.
 PROBE = [151643, 750, 75698]  # no special meaning beyond being ids any qwen2 vocabulary holds
 PROBE_TOP = 5
@@ -131,6 +134,7 @@ class Endpoint:
         books: dict[str, Any] = {}
         start = time.perf_counter()
         first = last = start
+        ended = False  # the stream's own end: a finish reason or [DONE], not a closed connection
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT_S) as response:
                 for raw in response:
@@ -139,15 +143,18 @@ class Endpoint:
                         continue
                     payload = line[len("data:") :].strip()
                     if payload == "[DONE]":
+                        ended = True
                         break
                     chunk = json.loads(payload)
                     books.update(chunk.get("timings") or {})
                     for choice in chunk.get("choices") or []:
+                        ended = ended or bool(choice.get("finish_reason"))
                         got = _token_ids(choice.get("logprobs"))
                         piece = choice.get("text") or ""
                         if (got or piece) and not (tokens or text):
                             first = time.perf_counter()
                             top = _top(choice.get("logprobs"))
+                            _read_timeout(response, STALL_S)
                         unlisted = unlisted or (bool(piece) and not got)
                         tokens += got
                         text.append(piece)
@@ -163,6 +170,12 @@ class Endpoint:
             ) from None
         except json.JSONDecodeError as exc:
             raise HarnessError(f"{self.where} streamed something not JSON ({exc})") from None
+        if not ended:
+            # A connection closed mid-reply is no finished decode: its row would be resumed, never redone.
+            raise HarnessError(
+                f"{self.where} closed its stream after {len(tokens) or len(text)} token(s) without a finish "
+                "reason or [DONE]; this prompt's row is not written (a rerun decodes it again)"
+            )
         # The client's clocks: first token = prefill (and the network), the rest = generation. The
         # server's own drafting counters are kept where it sends them (llama.cpp's timings).
         timings = {"prompt_ms": (first - start) * 1000, "predicted_ms": (last - first) * 1000}
@@ -174,6 +187,14 @@ class Endpoint:
                 raise HarnessError(f"{self.where} listed no token ids for its text; give a tokenizer")
             tokens = list(tokenizer("".join(text), add_special_tokens=False)["input_ids"])
         return {"tokens": tokens, "timings": timings, "completion_probabilities": [{"top_logprobs": top}]}
+
+
+def _read_timeout(response: Any, seconds: float) -> None:
+    """Wait at most ``seconds`` for each further read of ``response`` (its socket, where the http
+    client exposes it; the request's own timeout stays in force where it does not)."""
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
 
 
 def check_settings(settings: Any) -> None:

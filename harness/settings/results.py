@@ -64,7 +64,7 @@ class Measured:
     target_forwards: int
     draft_forwards: int
     target_ms: float  # summed target forward time
-    draft_ms: float  # summed draft forward time
+    draft_ms: float | None  # summed draft forward time; None where the engine books none (a server)
     other_ms: float  # wall time outside both models' forwards
     drafted: int
     accepted: int

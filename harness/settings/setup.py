@@ -500,6 +500,13 @@ def check_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise HarnessError(f"endpoint {url!r}: give a base URL such as http://127.0.0.1:8080")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port's range only when it is read
+    except ValueError:
+        raise HarnessError(
+            f"endpoint {url!r}: its port is not a number from 1 to 65535; give the port the deployment "
+            "listens on, such as http://127.0.0.1:8080"
+        ) from None
     if parts.username or parts.password:
         raise HarnessError(
             "endpoint URLs must not carry credentials (rows and logs print them): put the API key in "
@@ -561,6 +568,8 @@ def _spell(field: Field, get: Callable[[str], Any], d: Mapping[str, Any]) -> lis
         return []
     if column == "target_precision" and ort:
         return _ort_target(get, d)
+    if get("engine") == SERVED and column in ("target_precision", "target_backend"):
+        return []  # what the deployment serves, over its own API: no flag chooses them
     if column in ("target_backend", "execution_provider") or (column == "target_kernels" and ort):
         return []  # the ONNX Runtime target spells these itself; torch is the CLI's default
     if column == "do_sample":

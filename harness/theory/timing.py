@@ -156,7 +156,7 @@ class Measurement:
     target_forwards: int
     draft_forwards: int
     target_ms: float
-    draft_ms: float
+    draft_ms: float | None  # None where the engine books no draft time apart (llama.cpp's server)
     other_ms: float
     drafted: int
     accepted: int
