@@ -254,13 +254,15 @@ import sys, time
 from pathlib import Path
 from harness.decoding import llama_server
 server = llama_server.Server(llama_server.ServerArgs(Path(sys.argv[1]), Path(sys.argv[2]), threads=1)).start()
-print(server.process.pid, flush=True)
+print(server.process.pid, server._log.name, flush=True)
 time.sleep(600)
 """
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+@pytest.mark.parametrize(
+    "how", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "terminated", "killed"]
+)
 def test_no_server_outlives_the_process_that_started_it(server_binary, how):
     child = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(_CHILD), str(server_binary), str(_draft_gguf())],
@@ -269,10 +271,15 @@ def test_no_server_outlives_the_process_that_started_it(server_binary, how):
         text=True,
     )
     try:
-        pid = int(child.stdout.readline())
+        pid, log = child.stdout.readline().split()
+        pid = int(pid)
         assert not _gone(pid, within_s=0.5), "the server should be running"
         child.send_signal(how)
         child.wait(timeout=30)
+        if how == signal.SIGTERM:
+            assert child.returncode == -signal.SIGTERM  # ended as the signal ends a process
+            assert _gone(pid, within_s=0.5), "SIGTERM stops the server before the process ends"
+            assert not Path(log).exists(), "and removes its log"
         assert _gone(pid), f"llama-server {pid} outlived its parent ({how.name})"
     finally:
         child.kill()

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -146,6 +147,7 @@ class Server:
         except OSError as exc:
             raise HarnessError(f"llama-server {self.args.binary} could not start ({exc})") from None
         _LIVE.add(self)
+        _stop_on_sigterm()
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -206,6 +208,28 @@ _LIVE: set[Server] = set()
 def _stop_all() -> None:
     for server in list(_LIVE):
         server.stop()
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a job runner's stop) ends Python without its exit handlers: the servers would live
+    on until the parent-death signal reaches them and leave their logs behind. Stop them first, then
+    end as that signal would have (or as the handler that was there says)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "stops_llama_servers", False):
+        return
+
+    def stop_then_end(signum: int, frame: Any) -> None:
+        _stop_all()
+        if callable(previous):
+            previous(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    stop_then_end.stops_llama_servers = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, stop_then_end)
 
 
 # --------------------------------------------------------------------------- requests and books
