@@ -249,6 +249,20 @@ def test_a_server_that_died_between_requests_is_said_once_then_started_afresh(se
         servers.close()
 
 
+def test_a_program_that_never_answers_on_its_port_is_given_up_in_seconds(tmp_path, monkeypatch):
+    """A named binary that runs but never serves (not llama.cpp's server) fails at FIRST_ANSWER_S, not
+    after the minutes a model's load may take (llama-server answers 503 while it loads)."""
+    silent = tmp_path / "llama-server"
+    silent.write_text("#!/bin/sh\nsleep 30\n")
+    silent.chmod(0o755)
+    monkeypatch.setattr(llama_server, "FIRST_ANSWER_S", 1.0)
+    server = llama_server.Server(llama_server.ServerArgs(silent, tmp_path / "m.gguf", threads=1))
+    started = time.monotonic()
+    with pytest.raises(HarnessError, match="never answered on its port within 1 s"):
+        server.start()
+    assert time.monotonic() - started < 10 and not server.alive()
+
+
 _CHILD = """
 import sys, time
 from pathlib import Path

@@ -42,6 +42,9 @@ MAX_K = 64
 NGRAM_SIZE = 2
 CONTEXT = 8192  # tokens per server slot: the longest prompt the suites decode plus its budget
 START_TIMEOUT_S = 180.0
+# llama-server opens its port before it loads the model (and answers 503 while loading): a server
+# that has not answered at all by then never will.
+FIRST_ANSWER_S = 30.0
 REQUEST_TIMEOUT_S = 900.0
 # How many of the server's top log-probabilities a replayed position asks for when a flip is judged.
 JUDGE_PROBS = 20
@@ -148,8 +151,9 @@ class Server:
             raise HarnessError(f"llama-server {self.args.binary} could not start ({exc})") from None
         _LIVE.add(self)
         _stop_on_sigterm()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        answered = False  # anything over HTTP, a 503 while the model loads included
+        while time.monotonic() < started + (START_TIMEOUT_S if answered else FIRST_ANSWER_S):
             if self.process.poll() is not None:
                 tail = self.log_tail()
                 self.stop()
@@ -161,12 +165,18 @@ class Server:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
                         return self
+            except urllib.error.HTTPError:
+                answered = True
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
         tail = self.log_tail()
         self.stop()
-        raise HarnessError(f"llama-server did not answer /health within {START_TIMEOUT_S:.0f} s: {tail}")
+        waited = START_TIMEOUT_S if answered else FIRST_ANSWER_S
+        how = "did not become healthy" if answered else "never answered on its port"
+        raise HarnessError(
+            f"llama-server {self.args.binary} {how} within {waited:.0f} s (is it llama.cpp's server?): {tail}"
+        )
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
