@@ -221,3 +221,12 @@ def test_a_real_case_is_named_by_its_pytest_selection():
         assert command is not None and words in command and "--perf-repetitions 5" in command
     old = bench.case(spec, 128, 32, target_precision="w8af32", draft_precision="w8af32")
     assert bench.real_case_command(spec, old.case_id, 5, provider) is None
+
+
+def test_each_committed_sweep_page_embeds_its_own_plot():
+    sweeps = sorted((ROOT / "results").glob("*/sweep-*.md"))
+    assert sweeps
+    for sweep_page in sweeps:
+        plots = re.findall(r"\]\(\./([^)]+\.png)\)", sweep_page.read_text())
+        assert plots == [sweep_page.with_suffix(".png").name], f"{sweep_page} embeds {plots}"
+        assert sweep_page.with_suffix(".png").is_file()

@@ -351,13 +351,15 @@ def test_the_terminal_table_fits_120_columns_and_names_every_config(swept):
 def test_plot_and_markdown_are_written_side_by_side(swept, tmp_path):
     result, _, _ = swept
     md, png = sweep_report.write_sweep(result, tmp_path)
-    assert (md.parent, md.name, png.name) == (
-        tmp_path / "test-box-2c",
-        "sweep-tiny-qwen2.md",
-        "sweep-tiny-qwen2.png",
-    )
+    assert md.parent == png.parent == tmp_path / "test-box-2c"
+    assert md.name.startswith("sweep-tiny-qwen2-") and png.name == md.name.replace(".md", ".png")
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    assert "](./sweep-tiny-qwen2.png)" in md.read_text()
+    assert f"](./{png.name})" in md.read_text()
+    # The same sweep again rewrites its own page; another sweep of the pair writes its own beside it.
+    assert sweep_report.write_sweep(result, tmp_path) == (md, png)
+    fewer = dataclasses.replace(result, results=result.results[:1])
+    other_md, other_png = sweep_report.write_sweep(fewer, tmp_path)
+    assert other_md != md and md.is_file() and f"](./{other_png.name})" in other_md.read_text()
 
 
 # --------------------------------------------------------------------------- command line
@@ -413,7 +415,8 @@ def test_cli_task_sweep_end_to_end_and_rerun_resumes(tmp_path, capsys, monkeypat
     assert "t_fp32-d_fp32-K3-constant-stock" in out and "t_fp32-prompt_lookup-K4" in out
     assert "--task sweep --sweep" in out  # the command that reproduces the table
     folder = tmp_path / "test-box-2c"
-    assert (folder / "sweep-tiny-qwen2.md").is_file() and (folder / "sweep-tiny-qwen2.png").is_file()
+    (md,) = folder.glob("sweep-tiny-qwen2-*.md")
+    assert md.with_suffix(".png").is_file()
     rows = tmp_path / "rows" / "sweep" / "tiny-qwen2-test-box-2c.jsonl"
     assert len(read_rows(rows)) == 2 * 3
 
@@ -495,12 +498,13 @@ def test_cli_sweep_llama_reference_is_absent_or_explained(tmp_path, capsys, monk
     assert code == 0, err
     assert "llama.cpp reference: not measured (no llama-bench given" in out
     fake = tmp_path / "llama-bench"
-    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "version: 1" >&2; exit 0; fi\nexit 1\n')
     fake.chmod(0o755)
     code, out, err = _cli(capsys, *argv, "--llama-bench", str(fake))
     assert code == 0, err
     assert f"not measured ({PAIR} has no GGUF file here)" in out
-    md = (tmp_path / "test-box-2c" / "sweep-tiny-qwen2.md").read_text()
+    (md,) = (tmp_path / "test-box-2c").glob("sweep-tiny-qwen2-*.md")
+    md = md.read_text()
     assert "has no GGUF file here" in md
     code, _, err = _cli(capsys, *argv, "--llama-bench", str(tmp_path / "missing"))
     assert code == 2 and "not an executable file" in err
@@ -517,7 +521,8 @@ def test_cli_sweep_keeps_the_llama_reference_for_the_results_page(tmp_path, caps
     decode = {"n_prompt": 0, "n_gen": NEW_TOKENS, "avg_ts": 20.0, "stddev_ts": 0.1, "n_threads": 1}
     fake = tmp_path / "llama-bench"
     fake.write_text(
-        f"#!/bin/sh\necho '{json.dumps([{**decode, 'build_commit': 'abc', 'build_number': 7}])}'\n"
+        '#!/bin/sh\nif [ "$1" = --version ]; then echo "version: 7 (abc)" >&2; exit 0; fi\n'
+        f"echo '{json.dumps([{**decode, 'build_commit': 'abc', 'build_number': 7}])}'\n"
     )
     fake.chmod(0o755)
     gguf = tmp_path / "target.gguf"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 from tabulate import tabulate
@@ -199,17 +201,23 @@ def plot_sweep(result: SweepResult, path: str | Path) -> Path:
     return path
 
 
-def output_paths(results_dir: str | Path, platform: str, pair: str) -> tuple[Path, Path]:
-    """``results/<platform>/sweep-<pair>.md`` and ``.png``."""
+def output_paths(
+    results_dir: str | Path, platform: str, pair: str, labels: Sequence[str]
+) -> tuple[Path, Path]:
+    """``<results_dir>/<platform>/sweep-<pair>-<digest>.md`` and ``.png``: the digest of the sweep's
+    configuration labels, so the same sweep run again rewrites its own page and another sweep of
+    the pair writes a page of its own beside it."""
+    digest = hashlib.sha256("\n".join(labels).encode()).hexdigest()[:8]
     folder = Path(results_dir) / files.file_name(platform)
-    stem = f"sweep-{files.file_name(pair)}"
+    stem = f"sweep-{files.file_name(pair)}-{digest}"
     return folder / f"{stem}.md", folder / f"{stem}.png"
 
 
 def write_sweep(result: SweepResult, results_dir: str | Path, reference: str = "") -> tuple[Path, Path]:
     """Write the markdown table (linking the plot) and the PNG beside it; return both paths.
     ``reference``: a line about a reference decoder (llama.cpp) measured in the same run."""
-    md_path, png_path = output_paths(results_dir, result.platform, result.pair)
+    labels = [r.config.label for r in result.results]
+    md_path, png_path = output_paths(results_dir, result.platform, result.pair, labels)
     plot_sweep(result, png_path)
     text = sweep_table(result) + (f"\n\n{reference}" if reference else "")
     text += f"\n\n![Speedup per configuration](./{png_path.name})\n"
