@@ -520,11 +520,9 @@ def measure_arms(
     rows_path: str | os.PathLike[str] | None = None,
     write_rows: bool = True,
     platform: str | None = None,
-    host_slowdown: Mapping[str, float] | None = None,
 ) -> dict[str, CaseMeasurement]:
     """Measure several variants ("arms", name -> injected slowdown of assisted decoding) of one case
-    in shared rounds; ``host_slowdown`` (arm -> fraction) also slows both modes of an arm alike, as
-    a slower host of the same kind would.
+    in shared rounds.
 
     Every round runs each arm once (plain and assisted), rotating the arms' order and alternating
     plain/assisted from round to round, so machine drift spreads over all arms alike. This is how
@@ -537,11 +535,8 @@ def measure_arms(
     if not arms:
         raise HarnessError("measure_arms needs at least one arm")
     _check_pair(pair, case)
-    host = dict(host_slowdown or {})
-    for fraction in (*arms.values(), *host.values()):
+    for fraction in arms.values():
         _check_fraction(fraction)
-    if set(host) - set(arms):
-        raise HarnessError(f"host_slowdown names arms {sorted(set(host) - set(arms))} that are not measured")
     platform = platform or platforms.detect().name
     path = Path(rows_path) if rows_path is not None else default_rows_path(platform)
     prompt = tasks.benchmark_prompts(pair.tokenizer, (case.prompt_tokens,), (case.new_tokens,))[0]
@@ -552,8 +547,7 @@ def measure_arms(
     got: dict[str, dict[str, list[Measurement]]] = {a: {"plain": [], "assisted": []} for a in names}
 
     def once(arm: str, mode: str) -> Measurement:
-        kept = (1.0 - arms[arm] if mode == "assisted" else 1.0) * (1.0 - host.get(arm, 0.0))
-        with slowed(pair.target, 1.0 - kept):
+        with slowed(pair.target, arms[arm] if mode == "assisted" else 0.0):
             return generate(pair, ids, case.settings(mode))
 
     for _ in range(warmup):
