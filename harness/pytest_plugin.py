@@ -41,6 +41,7 @@ REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
 ORT_TINY = ("tiny-qwen2", "tiny-llama")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-benchmark's, whose --benchmark-compare help it rewrites
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("assisted generation")
     group.addoption(
@@ -136,6 +137,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also run every pair test on a pair of local Hugging Face folders, named NAME in test ids "
         "(repeatable; without DRAFT the target drafts for itself)",
     )
+    for option in group.options:
+        attrs = option.attrs()
+        if attrs.get("default") not in (None, False, [], "") and "default" not in str(attrs.get("help")):
+            attrs["help"] = f"{attrs['help']} (default: {attrs['default']})"
+    for option in parser.getgroup("benchmark").options:
+        if "--benchmark-compare" in option.names():
+            option.attrs()["help"] = (
+                "compare this run with this platform's committed baseline, baselines/<platform>/ (the "
+                "--platform slug, else this machine's), or with run NUM of --benchmark-storage when that "
+                "is given; --benchmark-compare-fail=median:10%% fails on the gating ratio entries"
+            )
 
 
 MARKERS = (
@@ -323,18 +335,26 @@ def pytest_benchmark_scale_unit(config, unit, benchmarks, best, worst, sort):  #
 
 @pytest.hookimpl(optionalhook=True, wrapper=True)
 def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):  # noqa: ARG001
-    """pytest-benchmark's note that the compared run was taken on another machine names its storage
-    relative to the working folder, and fails on a storage outside it (``Path.relative_to``): the
-    note is then made here, with the storage's own path."""
+    """One line when the compared run was taken on another machine, saying which parts differ, in
+    place of pytest-benchmark's own note: both machine descriptions whole (~3 KB of cpuinfo flags
+    and kernel releases on every compare), and on a storage outside the working folder a failure
+    (``Path.relative_to``). Its note finds the descriptions equal, being handed the same one twice."""
+    theirs = compared_benchmark.get("machine_info") or {}
+    differ = sorted(k for k in {*theirs, *machine_info} if theirs.get(k) != machine_info.get(k))
+    compared_benchmark["machine_info"] = machine_info
     try:
         return (yield)
-    except ValueError:
-        if compared_benchmark.get("machine_info") != machine_info:
+    finally:
+        compared_benchmark["machine_info"] = theirs
+        if differ:
+            cpu = theirs.get("cpu") or {}
+            kind = f"family {cpu.get('family', '?')} model {cpu.get('model', '?')}"
+            slug = theirs.get("platform") or "another"
             benchmarksession.logger.warning(
-                f"Benchmark machine_info is different: the compared run in {benchmarksession.storage} "
-                f"was taken on {compared_benchmark.get('machine_info', {}).get('node', 'another machine')}"
+                f"the compared run in {benchmarksession.storage} was taken on the {slug} machine "
+                f"({cpu.get('brand_raw', '?')}, {kind}); differing: {', '.join(differ)}. Absolute times are "
+                "that machine's; the ratio entries compare across machines"
             )
-        return None
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -79,6 +79,21 @@ def test_compare_alone_picks_this_platforms_committed_baseline():
     assert "0001_baseline.json" in done.stdout + done.stderr
 
 
+def test_a_compare_says_in_one_line_which_machine_the_baseline_was_taken_on():
+    done = _collect("--benchmark-compare", "--platform", "amd-epyc-2c-avx512")
+    said = done.stdout + done.stderr
+    assert "the compared run in" in said and "family 25 model 17" in said
+    assert "machine_info is different" not in said  # pytest-benchmark's own note: both machines whole
+    assert len(done.stderr) < 1000, done.stderr
+
+
+def test_help_says_what_a_compare_compares_and_every_default():
+    done = _run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help")
+    shown = " ".join(done.stdout.split())
+    assert "committed baseline, baselines/<platform>/" in shown
+    assert "(default: 5)" in shown.split("--perf-repetitions", 1)[1].split("--", 1)[0]
+
+
 def test_a_platform_without_a_baseline_is_told_so_plainly():
     done = _collect("--benchmark-compare", "--platform", "nowhere-1c")
     assert done.returncode == 4, done.stdout + done.stderr
