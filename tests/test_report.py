@@ -189,7 +189,9 @@ def test_compare_flags_different_outputs() -> None:
     assisted = make_row(mode="assisted", output_ids=[0, 1, 2, 99])
     (pair,) = compare_rows([plain, assisted])
     assert pair["identical"] is False
-    assert "| no " in compare_table([plain, assisted])
+    text = compare_table([plain, assisted])
+    assert "| no " in text and "Same = no: the assisted output left plain greedy decoding's" in text
+    assert "Same = no" not in compare_table([plain, make_row(mode="assisted")])  # said only where it shows
 
 
 def test_compare_table_overall_line() -> None:

@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="assisted_generation.py",
         formatter_class=_Help,
-        description="Decode prompts with or without an assistant (draft) model and print the seeds' table.",
+        description="Decode prompts with or without an assistant (draft) model and print the seeds' table "
+        "(--wide: its column names and unrounded numbers).",
     )
     g = p.add_argument_group("what to run")
     _add(
@@ -331,9 +332,16 @@ def build_parser() -> argparse.ArgumentParser:
         "sched=constant|dynamic|heuristic, kernels=stock|invariant), e.g. "
         "'t=fp32,d=fp32,k=5;t=w8af32,d=w8af32,k=3,sched=dynamic;t=fp32,mode=prompt_lookup,k=10'; "
         f"default: '{sweep_spec.DEFAULT_SPEC}'. Prints plain/assisted tok/s, speedup [95%% CI], acceptance, "
-        "predicted speedup and more per configuration; writes results/<platform>/sweep-<model>.md/.png",
+        "predicted speedup and more per configuration; writes "
+        "<results_dir>/<platform>/sweep-<model>-<digest>.md and .png (--results_dir: default runs/) and "
+        "its rows under <results_dir>/rows/sweep/",
     )
-    _add(g, "--list-models", action="store_true", help="list registered pairs and exit")
+    _add(
+        g,
+        "--list-models",
+        action="store_true",
+        help="list the registered pairs, whether each one's weights are here, and exit",
+    )
     _add(
         g,
         "--regen-tables",
@@ -346,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="output folder: --task sweep writes its rows, table and plot there (default: runs/, or "
         "$ASSISTED_GENERATION_RUNS; never the committed results/); --regen-tables reads "
-        "<dir>/rows/*.jsonl and writes the published tables there (default: results/)",
+        "<dir>/rows/*.jsonl where that folder holds rows, else the committed results/rows/, and writes the "
+        "published tables into <dir> (default: results/)",
     )
     _add(
         g,
@@ -435,7 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--llama-bench",
         default=None,
         help="--task sweep: llama.cpp's llama-bench binary, to time its plain decoding of the same GGUF "
-        f"in the same run as a reference row (or set {llamacpp.ENV}; absent: no reference)",
+        f"in the same run as a reference row (or set {llamacpp.ENV}; absent: the suite's own build of "
+        "llama.cpp, made once on first use)",
     )
     _add(
         o,

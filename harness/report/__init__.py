@@ -254,6 +254,16 @@ def _overall_line(pairs: list[dict[str, Any]]) -> str:
     )
 
 
+# Printed under a compare whose outputs differ, where the user reads the "no".
+SAME_NO = (
+    "Same = no: the assisted output left plain greedy decoding's at some token. Batched verification "
+    "sums in another order than one-token steps unless the target runs on the batch-invariant kernels "
+    "(--target_kernels invariant, the registered default), so at a near tie (two top logits closer "
+    "than that rounding) a token can flip and the rest follows; on those kernels any difference is a "
+    "bug. `pytest perf/test_decode.py` judges each flip by its logit gap (README, the exactness tiers)."
+)
+
+
 def compare_table(
     rows: Iterable[Row],
     defaults: Mapping[str, Any] | None = None,
@@ -293,6 +303,8 @@ def compare_table(
             table = _compact_grid(_COMPARE_SHORT, short)
         rows_of = [r for r in rows_list if r.run_id == group[0]["run_id"]]
         overall = _warned(_overall_line(group), cautions(rows_of, group))
+        if not all(p["identical"] for p in group):
+            overall += "\n" + SAME_NO
         sections.append(f"```{shown or command}```\n\n{table}\n\n{overall}")
     return "\n\n".join(sections)
 
