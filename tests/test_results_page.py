@@ -135,6 +135,10 @@ def test_the_page_opens_with_the_summary_and_the_absolute_speed_plot():
         assert column in summary
     registered = next(line for line in summary.splitlines() if line.startswith("| `amd-epyc-2c-avx512`"))
     assert "t_gguf-d_q4k" in registered and re.search(r"\d\.\d\dx", registered) and "%" in registered
+    # The fastest exact configuration as a command that runs it, not only its id.
+    run = next(line for line in summary.splitlines() if line.startswith("- `amd-epyc-2c-avx512`: "))
+    spec = re.search(r'--task sweep --sweep "([^"]+)"', run).group(1)
+    assert spec.startswith("t=gguf,kernels=invariant,d=q4k") and "k=3,sched=dynamic" in spec
     assert "Engines side by side" in summary and "onnxruntime-genai" in summary
     for platform in headings[1:]:
         image = f"![Absolute speed on {platform}](./{platform}/{page.SPEEDS_PNG})"

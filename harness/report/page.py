@@ -530,7 +530,7 @@ def summary_section(
     """The page's opening: per machine, the fastest exact configuration measured, its speedup over
     its own plain decoding, its ratio to llama.cpp's plain decoding (where measured around it),
     HumanEval pass@1 both ways, and the engines side by side; then where each number comes from."""
-    body, engines_lines = [], []
+    body, engines_lines, commands = [], [], []
     for platform in platforms_:
         exact = [
             (summary, result, source)
@@ -546,6 +546,11 @@ def summary_section(
         if fastest is not None:
             summary, best, _ = fastest
             ref = summary.reference
+            model = next(iter(summary.chosen.values()))[0].model
+            commands.append(
+                f"- `{platform}`: `python assisted_generation.py --model_name {model} --task sweep --sweep "
+                f'"{_sweep_spec(best.config)}"` (against its plain decoding, as measured here)'
+            )
             row += [
                 f"{best.config.label} ({summary.engine_of(best)})",
                 f"{best.assisted_tokens_per_s:.2f}",
@@ -603,6 +608,8 @@ def summary_section(
     headers = ["machine", "fastest exact configuration", "tok/s", "vs its plain", "vs llama.cpp plain",
                "identical", "date", "HumanEval pass@1 plain / assisted"]  # fmt: skip
     lines = ["## Summary", "", tabulate(body, headers=headers, tablefmt="github"), ""]
+    if commands:
+        lines += ["The fastest exact configuration of each machine, run:", "", *commands, ""]
     lines += [
         "The fastest configuration whose every output equalled plain greedy decoding, from the sweeps "
         "below (tok/s and speedups measured within one run; llama.cpp's plain decoding of the same "
@@ -622,18 +629,19 @@ def speeds_png(platform: str, sweeps: Sequence[tuple[str, SweepSummary]]) -> byt
     from matplotlib.figure import Figure
 
     bars: list[tuple[str, float, str]] = []
-    refs: list[tuple[str, float]] = []
+    refs: list[tuple[float, int, int]] = []  # llama.cpp's rate, and the first and last bar of its sweep
     for source, summary in sweeps:
         model = next(iter(summary.chosen.values()))[0].model
         name = Path(source).stem.removesuffix(platform).removesuffix("-").removeprefix(model).strip("-")
         name = name or "sweep"
+        first = len(bars)
         for arm, rate in sorted(summary.plain_rate.items()):
             bars.append((f"{name}: {arm} (plain)", rate, "plain"))
         for r in summary.results:
             kind = "exact" if r.identical else "not exact"
             bars.append((f"{name}: {r.config.label} ({summary.engine_of(r)})", r.assisted_tokens_per_s, kind))
         if summary.reference is not None:
-            refs.append((name, float(summary.reference["tokens_per_s"])))
+            refs.append((float(summary.reference["tokens_per_s"]), first, len(bars) - 1))
     fig = Figure(figsize=(14, 0.3 * len(bars) + 1.6))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
@@ -643,11 +651,18 @@ def speeds_png(platform: str, sweeps: Sequence[tuple[str, SweepSummary]]) -> byt
     ax.set_yticks(list(ys))
     ax.set_yticklabels([b[0] for b in bars], fontsize=7)
     ax.invert_yaxis()
-    for name, rate in refs:
-        ax.axvline(rate, color="#1565c0", linestyle="--", linewidth=1)
-        ax.annotate(f"llama.cpp plain ({name}) {rate:.1f}", (rate, 0), fontsize=7, color="#1565c0",
-                    rotation=90, va="top", ha="right")  # fmt: skip
-    ax.set_xlabel("Tokens/Sec (grey: plain; green: assisted, every output identical; red: not)", fontsize=9)
+    # Each sweep's own reference spans that sweep's bars only, its value beside its foot: lines drawn
+    # across the whole plot, labelled at one height, ran into one unreadable block.
+    for rate, first, last in refs:
+        ax.vlines(rate, first - 0.45, last + 0.45, color="#1565c0", linestyle="--", linewidth=1.2)
+        ax.annotate(f"llama.cpp {rate:.1f}", (rate, last + 0.45), fontsize=7, color="#1565c0",
+                    xytext=(3, -2), textcoords="offset points", va="bottom", ha="left",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})  # fmt: skip
+    ax.set_xlabel(
+        "Tokens/Sec\ngrey: plain; green: assisted, every output identical; red: not; "
+        "blue dashes: llama.cpp's plain decoding, measured around that sweep",
+        fontsize=9,
+    )
     ax.set_title(f"Tokens/s per engine and configuration, by sweep, on {platform}", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
