@@ -380,6 +380,14 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if self.then == "burst":  # every token in one chunk, the server's own books with them
+            content = [{"id": 10 + i, "logprob": -0.1} for i in range(self.tokens)]
+            chunk = {
+                "choices": [{"text": "xyz", "logprobs": {"content": content}, "finish_reason": "length"}],
+                "timings": {"prompt_ms": 12.0, "predicted_ms": 40.0},
+            }
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+            return
         for i in range(self.tokens):
             chunk = {"choices": [{"text": "x", "logprobs": {"content": [{"id": 10 + i, "logprob": -0.1}]}}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -409,6 +417,24 @@ def test_a_stream_cut_or_stalled_mid_reply_is_an_error_not_a_finished_row(monkey
         with pytest.raises(HarnessError, match=said):
             endpoint.complete(llama_server.request_body([1, 2], GenerationSettings(max_new_tokens=16)))
         assert time.perf_counter() - started < 2.5  # a stall is cut at STALL_S, not the 900 s timeout
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_burst_stream_is_timed_by_the_servers_own_books():
+    from harness.decoding import served
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Misbehaving,), {"then": "burst"}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = served.Endpoint(f"http://127.0.0.1:{server.server_address[1]}", "plain")
+        endpoint._model = "m"
+        ids = [1, 2]
+        answer = endpoint.complete(llama_server.request_body(ids, GenerationSettings(max_new_tokens=3)))
+        m = llama_server.measurement(ids, answer, 0.1, "plain")
+        assert m.output_ids == [10, 11, 12] and m.prefill_ms == 12.0
+        assert m.time_per_token_ms == pytest.approx(40.0 / 2) and m.tokens_per_s == pytest.approx(50.0)
     finally:
         server.shutdown()
         server.server_close()

@@ -176,10 +176,12 @@ class Endpoint:
                 f"{self.where} closed its stream after {len(tokens) or len(text)} token(s) without a finish "
                 "reason or [DONE]; this prompt's row is not written (a rerun decodes it again)"
             )
-        # The client's clocks: first token = prefill (and the network), the rest = generation. The
-        # server's own drafting counters are kept where it sends them (llama.cpp's timings).
+        # The server's own books where it sends them (llama.cpp's timings: prompt and generation time,
+        # drafted and accepted); else the client's clocks: first token = prefill (and the network), the
+        # rest = generation. A stream that sends its tokens in one burst leaves the client nothing to
+        # split, where the server's books still time them.
         timings = {"prompt_ms": (first - start) * 1000, "predicted_ms": (last - first) * 1000}
-        for key in ("draft_n", "draft_n_accepted"):
+        for key in ("prompt_ms", "predicted_ms", "draft_n", "draft_n_accepted"):
             if key in books:
                 timings[key] = books[key]
         if unlisted:
