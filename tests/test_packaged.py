@@ -609,3 +609,21 @@ def test_verify_finds_an_overwrite_that_kept_its_mtime_and_rebuilds(fake, tmp_pa
     calls: list[int] = []
     packaged.ensure_converted(model, cache, builder=_touch_builder(calls), verify=True)
     assert calls == [1] and weights.read_bytes() == good
+
+
+def test_a_damaged_assembled_gguf_is_assembled_again_where_a_model_reads_it(fake, tmp_path, monkeypatch):
+    """The gguf precision and the GGUF engines read the assembled file: cut since it was assembled,
+    it is assembled again from the installed parts (size checked always, sha256 with verify)."""
+    from harness.pairs import models
+
+    model, _, expected = fake
+    monkeypatch.setenv(packaged.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setitem(packaged.PACKAGED, model.key, model)
+    spec = models.ModelSpec("fake", "qwen2", packaged_key=model.key)
+    path = models.gguf_file(spec, None)
+    assert path.read_bytes() == expected
+    path.write_bytes(expected[: len(expected) // 2])
+    assert models.gguf_file(spec, None).read_bytes() == expected
+    path.write_bytes(b"x" * len(expected))  # same size, other bytes: found by hashing
+    assert models.gguf_file(spec, None).read_bytes() != expected
+    assert models.gguf_file(spec, None, verify=True).read_bytes() == expected
