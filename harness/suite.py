@@ -139,26 +139,53 @@ class SuiteSession:
 
     def prepare_weights(self, node_ids: list[str]) -> None:
         """Before any real test: the packaged pair converted, and its ONNX exports made while no
-        model is loaded (the exporter peaks at ~17 GB for the 1.5B, which must not meet loaded pairs
+        model is loaded (the exporter holds ~16 GB resident for the 1.5B, which must not meet loaded pairs
         in 24 GB). The draft is exported too when the onnxruntime-genai engine's tests run, llama.cpp's
-        binaries are built when its tests run, and the pair's IR made when OpenVINO's tests run."""
+        binaries are built when its tests run, and the pair's IR made when OpenVINO's tests run.
+
+        The compiles, llama.cpp's (minutes on a fresh machine) and the harness's own kernels' (one
+        compiler process each, a minute or two), run beside the rest, which is mostly one Python
+        thread: on 2 cores they overlap instead of adding up. Built, each is a cache lookup."""
+        import concurrent.futures
+
         ort = "onnxruntime" in dict(self.target_backends)
         engine = any("onnxruntime_genai" in node for node in node_ids)
-        models.prepare_packaged(export_target=ort or engine, export_draft=engine)
-        if any("llama_cpp" in node for node in node_ids):
-            # llama.cpp's binaries built (once per machine) before any test times anything.
-            from harness.kernels import llama_build
-            from harness.weights import packaged
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            builds = [pool.submit(self._build_kernels)]
+            if any("llama_cpp" in node for node in node_ids):
+                builds.append(pool.submit(self._build_llama_cpp))
+            models.prepare_packaged(export_target=ort or engine, export_draft=engine)
+            if any("openvino" in node for node in node_ids):
+                # The pair's GGUF files converted to OpenVINO IR (once per machine) while no model is loaded.
+                from harness.decoding.openvino import OpenVinoEngine
 
-            for name in llama_build.BINARIES:
-                llama_build.binary(name, packaged.cache_root())
-        if any("openvino" in node for node in node_ids):
-            # The pair's GGUF files converted to OpenVINO IR (once per machine) while no model is loaded.
-            from harness.decoding.openvino import OpenVinoEngine
+                spec = models.get_pair(models.DEFAULT_PAIR)
+                run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
+                OpenVinoEngine.ir_folders(spec, OpenVinoEngine.gguf_files(spec, run, self.weights_dir))
+            for build in builds:
+                build.result()  # before any test times anything; a failed build raises here
 
-            spec = models.get_pair(models.DEFAULT_PAIR)
-            run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
-            OpenVinoEngine.ir_folders(spec, OpenVinoEngine.gguf_files(spec, run, self.weights_dir))
+    @staticmethod
+    def _build_kernels() -> None:
+        """The batch-invariant and k-quant kernels built (once per machine and torch version); where
+        they cannot be, the tests that use them say why, as they would without this."""
+        from harness.base.errors import UnsupportedError
+        from harness.kernels import fused, invariant, kquants
+
+        try:
+            for kernels in (invariant, kquants, fused):
+                kernels.extension()
+        except UnsupportedError:
+            return
+
+    @staticmethod
+    def _build_llama_cpp() -> None:
+        """llama.cpp's binaries built (once per machine)."""
+        from harness.kernels import llama_build
+        from harness.weights import packaged
+
+        for name in llama_build.BINARIES:
+            llama_build.binary(name, packaged.cache_root())
 
     def summaries(self) -> list[tuple[str, list[str]]]:
         """The end-of-run sections: (title, lines)."""
