@@ -73,3 +73,45 @@ def test_instrumentation_costs_under_one_percent_of_a_run() -> None:
     )
     assert 0 < per_forward_s < 1e-3
     assert share < 0.01
+
+
+def test_a_cpu_module_is_timed_with_nothing_added() -> None:
+    """The CPU runs each call to its end: no wait is made, and the hooks stay two clock reads."""
+    assert timing.synchronizer(torch.nn.Linear(2, 2)) is None
+    assert timing.synchronizer(object()) is None  # an engine's model without torch parameters
+    assert timing.synchronized(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)) is None
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_a_gpu_target_is_timed_to_the_end_of_its_work() -> None:
+    """A target on the GPU large enough that its 1024-token forward is not launch-bound: the row's
+    prefill and time per token read within 10% of the same forwards timed with the device
+    synchronized around them (without the waits the prefill read the launch: 21 ms of 58)."""
+    import time
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from harness.pairs.models import LoadedPair
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                         num_attention_heads=16, num_key_value_heads=16)  # fmt: skip
+    model = LlamaForCausalLM(config).to("cuda").eval()
+    pair = load_pair("tiny-llama")
+    pair = LoadedPair(**{**pair.__dict__, "target": model, "draft": None})
+    ids = list(range(10, 1034))
+    settings = GenerationSettings(mode="plain", max_new_tokens=32, ignore_eos=True)
+    generate(pair, ids, settings)  # warm-up
+    m = generate(pair, ids, settings)
+    with torch.inference_mode():
+        prompt = torch.tensor([ids], device="cuda")
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(prompt)
+        torch.cuda.synchronize()
+        prefill_ms = (time.perf_counter() - start) * 1000
+    assert m.target_prefill_ms == pytest.approx(prefill_ms, rel=0.10)
+    steps = [f.ms for f in m.forwards if f.role == "target"][1:]
+    assert m.time_per_token_ms >= min(steps)

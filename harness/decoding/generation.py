@@ -26,7 +26,7 @@ from harness.decoding import trees
 from harness.pairs.models import LoadedPair
 from harness.settings.setup import SCHEDULES, GenerationSettings
 from harness.theory.analysis import count_acceptance
-from harness.theory.timing import Measurement, record_forwards
+from harness.theory.timing import Measurement, record_forwards, synchronized
 
 
 def generation_config(settings: GenerationSettings, pair: LoadedPair) -> GenerationConfig:
@@ -161,9 +161,12 @@ def generate(
         watched["draft"] = pair.draft
     torch.manual_seed(settings.seed)
 
+    wait = synchronized(*watched.values())
     with torch.inference_mode(), threshold_as_set(), record_forwards(watched) as log:
         start = time.perf_counter()
         out = pair.target.generate(ids, **kwargs)
+        if wait is not None:  # the last token's work, queued on an asynchronous device
+            wait()
         end = time.perf_counter()
 
     output = out[0, prompt_len:].tolist()

@@ -28,6 +28,7 @@ from harness.decoding import engines
 from harness.kernels import llama_build
 from harness.pairs import models
 from harness.settings import setup
+from harness.theory import timing
 from harness.weights import packaged
 
 # What every row this tool keeps holds: an earlier run's file is appended to, any other refused.
@@ -102,16 +103,22 @@ def time_forwards(
         raise HarnessError("cache_tokens, repetitions and every M must be at least 1")
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g)
+    device = next(model.parameters()).device
+    prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g).to(device)
+    wait = timing.synchronized(model)  # None on the CPU; on a GPU each forward is timed to its end
     times: dict[int, list[float]] = {m: [] for m in ms}
     with torch.inference_mode():
         for _ in range(repetitions + 1):
             for m in ms:
                 cache = DynamicCache()
                 model(prefix, past_key_values=cache, use_cache=True)
-                new = torch.randint(100, min(vocab, 20000), (1, m), generator=g)
+                new = torch.randint(100, min(vocab, 20000), (1, m), generator=g).to(device)
+                if wait is not None:
+                    wait()
                 start = time.perf_counter()
                 model(new, past_key_values=cache, use_cache=True)
+                if wait is not None:
+                    wait()
                 times[m].append((time.perf_counter() - start) * 1000)
     return {m: (statistics.median(t[1:]), min(t[1:])) for m, t in times.items()}
 

@@ -9,8 +9,9 @@ transformers. Cost per forward is two ``perf_counter`` calls and one append: see
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -56,6 +57,38 @@ def _input_tokens(args: tuple, kwargs: dict, keep: bool) -> tuple[int, int, tupl
     return n, cached, kept
 
 
+def synchronizer(module: object) -> Callable[[], None] | None:
+    """What waits for the work ``module``'s device has queued, or None where the device runs each
+    call to its end before returning (the CPU: nothing is added there). A CUDA or XPU call returns
+    when its kernels are launched, so a clock read then stops at the launch, and the work's time lands
+    in whatever waits next (the first decode step, the draft's forward)."""
+    params = getattr(module, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    if first is None or first.device.type == "cpu":
+        return None
+    device = first.device
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "synchronize"):
+        return functools.partial(accelerator.synchronize, device)
+    backend = getattr(torch, device.type, None)
+    if backend is not None and hasattr(backend, "synchronize"):
+        return functools.partial(backend.synchronize, device)
+    return None
+
+
+def synchronized(*modules: object) -> Callable[[], None] | None:
+    """One call that waits for every device of ``modules``; None when all run on the CPU."""
+    waits = [w for w in (synchronizer(m) for m in modules) if w is not None]
+    if not waits:
+        return None
+
+    def wait() -> None:
+        for w in waits:
+            w()
+
+    return wait
+
+
 @contextmanager
 def record_forwards(
     models: dict[str, torch.nn.Module], keep_ids: tuple[str, ...] = ("target",)
@@ -67,17 +100,24 @@ def record_forwards(
     """
     log = ForwardLog()
     handles = []
+    # On an asynchronous device every boundary waits for the queued work first, so a forward's time
+    # is its own; on the CPU there is nothing to wait for (``wait`` is None).
+    wait = synchronized(*models.values())
     for role, module in models.items():
         pending: list[tuple[float, int, int, tuple[int, ...]]] = []
         keep = role in keep_ids
 
         def pre(_m: torch.nn.Module, args: tuple, kwargs: dict, _p: list = pending, _k: bool = keep) -> None:
             n, cached, ids = _input_tokens(args, kwargs, _k)
+            if wait is not None:
+                wait()
             _p.append((time.perf_counter(), n, cached, ids))
 
         def post(
             _m: torch.nn.Module, _args: tuple, _kw: dict, _out: object, _p: list = pending, _r: str = role
         ) -> None:
+            if wait is not None:
+                wait()
             end = time.perf_counter()
             start, n, cached, ids = _p.pop()
             log.forwards.append(Forward(_r, start, end, n, cached, ids))
