@@ -107,7 +107,13 @@ def test_a_rows_name_at_the_file_systems_limit_needs_nothing_beside_it(tmp_path,
         (["--rows", "x.jsonl"], "--rows is read by --regen-tables only"),
         (["--threads", "100000"], "--threads 100000 is more than this machine can use"),
         (
-            ["--assistant_schedule", "constant", "--assistant_confidence_threshold", "0.3"],
+            [
+                "--assisted_generation",
+                "--assistant_schedule",
+                "constant",
+                "--assistant_confidence_threshold",
+                "0.3",
+            ],
             "read by --assistant_schedule dynamic only",
         ),
         (
