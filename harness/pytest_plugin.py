@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from harness import suite
-from harness.base import backends, platforms
+from harness.base import backends, devices, platforms
 from harness.base.errors import HarnessError
 from harness.experiments import equivalence
 from harness.kernels import llama_build
@@ -125,6 +125,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "default: llama.cpp built once from source on first use)",
     )
     group.addoption(
+        "--target-device",
+        default="cpu",
+        help="where the suites' torch targets run: cpu, cuda[:N] (the seeds' split: the target on the "
+        "accelerator, the draft on the CPU)",
+    )
+    group.addoption("--draft-device", default="cpu", help="where the suites' torch drafts run: cpu, cuda[:N]")
+    group.addoption(
         "--real-pairs",
         default="qwen2.5-coder-1.5b",
         help="comma-separated real pairs to include ('all' for every registered pair)",
@@ -176,6 +183,7 @@ def pytest_configure(config: pytest.Config) -> None:
         local_pairs=local,
         target_backends=target_backends(config),
         divergence_out=Path(out) if out else None,
+        devices=(config.getoption("--target-device"), config.getoption("--draft-device")),
     )
 
 
@@ -196,6 +204,11 @@ def _check_options(config: pytest.Config) -> None:
             problems.append(f"{option} must be at least 1 (got {value})")
     if config.getoption("--perf-repetitions") < 2:
         problems.append("--perf-repetitions must be at least 2: a confidence interval needs two rounds")
+    for option in ("--target-device", "--draft-device"):
+        try:
+            devices.check_device(config.getoption(option))
+        except HarnessError as exc:
+            problems.append(f"{option}: {exc}")
     chosen = [b.strip() for b in config.getoption("--target-backends").split(",") if b.strip()]
     if not chosen:
         problems.append("--target-backends names no backend; give torch, onnxruntime or both")

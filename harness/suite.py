@@ -27,8 +27,9 @@ from harness.settings import setup
 class PairCache:
     """Load each (pair, precisions, draft) once per session; skip cleanly when weights are absent."""
 
-    def __init__(self, weights_dir: str | None) -> None:
+    def __init__(self, weights_dir: str | None, devices: tuple[str, str] = ("cpu", "cpu")) -> None:
         self.weights_dir = weights_dir
+        self.devices = devices  # (target, draft): where every torch pair of the session runs
         self._loaded: dict[setup.RunSetup, models.LoadedPair] = {}
 
     def require_weights(self, name: str) -> None:
@@ -79,6 +80,13 @@ class PairCache:
         the cache's key, so two spellings of one configuration (a default given or left out) share
         one load."""
         key = dataclasses.replace(run, decoding=setup.GenerationSettings())
+        if key.target.backend == "torch":  # an engine with its own runtime places its own models
+            target, draft = self.devices
+            key = dataclasses.replace(
+                key,
+                target=dataclasses.replace(key.target, device=target),
+                draft=dataclasses.replace(key.draft, device=draft) if key.draft is not None else None,
+            )
         if key not in self._loaded:
             self.require_weights(spec.name)
             if not spec.target.is_tiny:
@@ -119,13 +127,14 @@ class SuiteSession:
     local_pairs: list[str]
     target_backends: list[tuple[str, str | None]]
     divergence_out: Path | None = None
+    devices: tuple[str, str] = ("cpu", "cpu")  # --target-device, --draft-device
     threads: int = field(default_factory=threads_for_real_models)
     pairs: PairCache = field(init=False)
     bench_results: list[Any] = field(default_factory=list)  # (CaseMeasurement, gate verdict)
     _divergence: equivalence.DivergenceTable | None = None
 
     def __post_init__(self) -> None:
-        self.pairs = PairCache(self.weights_dir)
+        self.pairs = PairCache(self.weights_dir, self.devices)
 
     @property
     def platform_name(self) -> str:

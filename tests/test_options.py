@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
         (["--target-backends", ","], "--target-backends names no backend"),
         (["--real-pairs", "bogus"], "--real-pairs 'bogus': unknown bogus"),
         (["--weights_dir", "/nonexistent"], "--weights_dir /nonexistent is not a folder"),
+        (["--target-device", "tpu"], "--target-device: Unknown device 'tpu'"),
+        (["--draft-device", "gpu"], "--draft-device: Unknown device 'gpu'"),
     ],
 )
 def test_bad_option_is_a_usage_error(option, expected):
