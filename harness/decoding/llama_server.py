@@ -442,7 +442,6 @@ class LlamaCppEngine:
     def load(cls, spec: Any, run: Any, *, weights_dir: str | None = None, verify: bool = False) -> Any:
         """The pair as llama.cpp's server runs it (checked first): its GGUF files, the suite's
         tokenizer for the prompts, and the server binary (``harness.kernels.llama_build``)."""
-        from transformers import AutoTokenizer
 
         from harness.pairs import models
         from harness.weights import packaged
@@ -451,13 +450,13 @@ class LlamaCppEngine:
         ggufs = cls.gguf_files(spec, run, weights_dir)
         if verify:  # every byte of the packaged files checked against their recorded digests
             for model in (spec.target, spec.draft)[: len(ggufs)]:
-                models.resolve_model(model, weights_dir, verify=True)
+                if not model.is_gguf_file:  # a file given as it is has no record to check against
+                    models.resolve_model(model, weights_dir, verify=True)
         engine = cls.of_files(ggufs["target"], ggufs.get("draft"))
-        folder = models.resolve_model(spec.target, weights_dir)
         return models.LoadedPair.of_engine(
             spec,
             run,
-            AutoTokenizer.from_pretrained(folder, local_files_only=True),
+            models.tokenizer_of(spec.target, weights_dir),
             {
                 **{role: packaged.portable(p) for role, p in ggufs.items()},
                 "binary": str(engine.servers.binary),

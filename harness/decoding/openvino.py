@@ -259,7 +259,6 @@ class OpenVinoEngine:
         """The pair as OpenVINO GenAI runs it (checked first): its IR folders (converted once), the
         suite's tokenizer for the prompts."""
         import torch
-        from transformers import AutoTokenizer
 
         from harness.pairs import models
         from harness.weights import packaged
@@ -267,11 +266,10 @@ class OpenVinoEngine:
         ggufs, devices = cls._checked(spec, run, weights_dir)
         if verify:
             for model in (spec.target, spec.draft)[: len(ggufs)]:
-                models.resolve_model(model, weights_dir, verify=True)
+                if not model.is_gguf_file:  # a file given as it is has no record to check against
+                    models.resolve_model(model, weights_dir, verify=True)
         irs = cls.ir_folders(spec, ggufs, verify=verify)
-        tokenizer = AutoTokenizer.from_pretrained(
-            models.resolve_model(spec.target, weights_dir), local_files_only=True
-        )
+        tokenizer = models.tokenizer_of(spec.target, weights_dir)
         pipelines = Pipelines(irs["target"], irs.get("draft"), devices, torch.get_num_threads())
         return models.LoadedPair.of_engine(
             spec,

@@ -40,6 +40,11 @@ class ModelSpec:
     def is_tiny(self) -> bool:
         return self.tiny
 
+    @property
+    def is_gguf_file(self) -> bool:
+        """A model given as one GGUF file (``local_model``): the engines that read GGUF run it."""
+        return self.path is not None and self.path.endswith(".gguf")
+
 
 @dataclass(frozen=True)
 class PairSpec:
@@ -177,6 +182,11 @@ def list_pairs() -> list[PairSpec]:
 def locate_model(spec: ModelSpec, weights_dir: str | None = None) -> weights.Location:
     if spec.is_tiny:
         return weights.Location("tiny", None, True, "built from a config (random weights, fixed seed)")
+    if spec.is_gguf_file:
+        file = Path(spec.path)
+        return weights.Location(
+            "file", file, file.is_file(), str(file) if file.is_file() else f"no file {file}"
+        )
     if spec.path is not None:
         folder = Path(spec.path)
         present = weights.has_weights(folder)
@@ -187,6 +197,11 @@ def locate_model(spec: ModelSpec, weights_dir: str | None = None) -> weights.Loc
 def resolve_model(spec: ModelSpec, weights_dir: str | None = None, *, verify: bool = False) -> Path:
     """A folder transformers can load offline for ``spec`` (converting packaged weights if needed;
     ``verify``: checking their every byte first)."""
+    if spec.is_gguf_file:
+        raise UnsupportedError(
+            f"{spec.path} is a GGUF file: --engine llama.cpp and --engine openvino run GGUF files; "
+            "transformers' loop runs a Hugging Face folder (save_pretrained) of the model"
+        )
     if spec.path is not None:
         where = locate_model(spec)
         if not where.present:
@@ -201,9 +216,42 @@ def resolve_model(spec: ModelSpec, weights_dir: str | None = None, *, verify: bo
 _FAMILIES = {"qwen2": "qwen2", "llama": "llama", "opt": "opt"}
 
 
+def tokenizer_of(spec: ModelSpec, weights_dir: str | None = None) -> Any:
+    """The model's tokenizer, offline: its folder's, or read from its GGUF file (the GGUF engines'
+    prompts are tokenized as the file's own vocabulary says)."""
+    if spec.is_gguf_file:
+        file = Path(spec.path)
+        return AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
+    return AutoTokenizer.from_pretrained(resolve_model(spec, weights_dir), local_files_only=True)
+
+
+def _gguf_model(file: Path) -> ModelSpec:
+    """A model given as one GGUF file, described from the file's own metadata (read now: a file that
+    is not GGUF fails before anything starts)."""
+    import gguf
+
+    if not file.is_file():
+        raise HarnessError(f"{file}: no such file; pass a .gguf model file or a Hugging Face model folder")
+    with file.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise HarnessError(
+            f"{file} is not a GGUF file (it does not begin with GGUF); pass a .gguf model file"
+        )
+    try:
+        reader = gguf.GGUFReader(str(file))
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        vocab_size = len(reader.fields["tokenizer.ggml.tokens"].data)
+    except (ValueError, KeyError, OSError) as exc:
+        raise HarnessError(f"{file} is not a whole GGUF model file ({exc}); copy it again") from None
+    return ModelSpec(file.stem, _FAMILIES.get(arch, arch), vocab_size=vocab_size, path=str(file.resolve()))
+
+
 def local_model(path: str | os.PathLike[str]) -> ModelSpec:
-    """A model in a local Hugging Face folder, described from its own config.json (read now, so a
-    folder that is not a model fails before anything loads)."""
+    """A model in a local Hugging Face folder, described from its own config.json, or one GGUF file,
+    from its metadata (read now, so a folder or file that is not a model fails before anything loads)."""
+    if str(path).endswith(".gguf") or Path(path).expanduser().is_file():
+        return _gguf_model(Path(path).expanduser())
     folder = Path(path).expanduser()
     config_file = folder / "config.json"
     if not config_file.is_file():
@@ -360,10 +408,12 @@ def block_source(name: str, spec: ModelSpec, folder: Path | None, *, verify: boo
 
 
 def gguf_file(spec: ModelSpec, folder: Path | None, *, verify: bool = False) -> Path | None:
-    """The GGUF file a model's weights come from: the packaged one (assembled beside its converted
-    folder; checked against its recorded size, and sha256 with ``verify``, and assembled again from
-    the installed parts when it is damaged), else the only ``*.gguf`` in its weights folder; None
-    when there is none."""
+    """The GGUF file a model's weights come from: the file itself for a model given as one, the
+    packaged one (assembled beside its converted folder; checked against its recorded size, and
+    sha256 with ``verify``, and assembled again from the installed parts when it is damaged), else
+    the only ``*.gguf`` in its weights folder; None when there is none."""
+    if spec.is_gguf_file:
+        return Path(spec.path)
     if spec.packaged_key:
         model = packaged.get_model(spec.packaged_key)
         if packaged.is_assembled(model, verify=verify):
