@@ -103,7 +103,9 @@ def time_forwards(
         raise HarnessError("cache_tokens, repetitions and every M must be at least 1")
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    device = next(model.parameters()).device
+    # An ONNX Runtime target has no torch parameters: its inputs stay on the CPU.
+    first = next(iter(model.parameters()), None)
+    device = first.device if first is not None else torch.device("cpu")
     prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g).to(device)
     wait = timing.synchronized(model)  # None on the CPU; on a GPU each forward is timed to its end
     times: dict[int, list[float]] = {m: [] for m in ms}
