@@ -416,7 +416,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if local and "onnxruntime" in dict(session_of(config).target_backends):
         return [
             f"local pair(s) {', '.join(local)}: their ONNX Runtime cases export each target once (about "
-            "17 GB of memory and 1.5 min for a 1.5B model); --target-backends torch leaves them out"
+            "16 GB resident and a minute for a 1.5B model); --target-backends torch leaves them out"
         ]
     return []
 

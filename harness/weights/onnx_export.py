@@ -5,7 +5,7 @@ Face folder the torch backend loads. Why the builder and not ``torch.onnx.export
 it writes the decoder with ONNX Runtime's fused GroupQueryAttention and a past/present KV cache
 directly from the weights (no tracing of transformers' cache classes), and quantizes the matmuls
 with ``onnxruntime.quantization.matmul_nbits_quantizer`` (MatMulNBits); optimum-onnx 0.1.0 pins
-transformers below this project's. A subprocess because the builder peaks at ~17 GB for a 1.5B
+transformers below this project's. A subprocess because the builder peaks at ~16 GB for a 1.5B
 fp32 source and that memory should be gone before the benchmark starts.
 
 Cache layout (beside the converted weights), valid only with its COMPLETE marker, written last:
