@@ -122,7 +122,7 @@ def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "test_assisted_equals_plain[mine] PASSED" in done.stdout
-    # Said before the run: the local pair's ONNX Runtime cases export its target (17 GB for a 1.5B).
+    # Said before the run: the local pair's ONNX Runtime cases export its target (16 GB resident for a 1.5B).
     assert "mine: their ONNX Runtime cases export each target once" in done.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--local-pair", "mine", "--collect-only"],
