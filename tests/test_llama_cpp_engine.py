@@ -325,6 +325,20 @@ def test_a_gguf_file_is_a_model_the_gguf_engines_run_and_transformers_refuses(tm
     assert models.pair_gguf_files(pair, True, None, "llama.cpp") == {"target": file, "draft": file}
 
 
+def _cli_on_llama_cpp(argv: list[str], server_binary: Path, **env: str) -> subprocess.CompletedProcess:
+    """The CLI run as a user runs it, on the suite's llama-server; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "assisted_generation.py", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, llama_build.ENV["llama-server"]: str(server_binary), **env},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_two_bare_gguf_files_run_under_llama_cpp(tmp_path, server_binary):
@@ -348,15 +362,7 @@ def test_two_bare_gguf_files_run_under_llama_cpp(tmp_path, server_binary):
     argv = ["--engine", "llama.cpp", "--model_name_or_path", str(files["target"]), "--assistant_model",
             str(files["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",
             str(rows_path), "--no_progress"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "assisted_generation.py", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, llama_build.ENV["llama-server"]: str(server_binary)},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _cli_on_llama_cpp(argv, server_binary)
     rows = {r.mode: r for r in read_rows(rows_path)}
     assert set(rows) == {"plain", "assisted"} and rows["assisted"].drafted > 0
     assert rows["plain"].new_tokens > 0 and rows["plain"].target_model == str(files["target"].resolve())
@@ -370,15 +376,7 @@ def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path
     tag = uuid.uuid4().hex
     argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "llama.cpp", "--task", "decode", "--compare"]
     argv += ["--limit", "1", "--max_new_tokens", "16", "--json", str(rows_path), "--no_progress"]
-    done = subprocess.run(
-        [sys.executable, "assisted_generation.py", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, llama_build.ENV["llama-server"]: str(server_binary), _TAG: tag},
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    _cli_on_llama_cpp(argv, server_binary, **{_TAG: tag})
     rows = {r.mode: r for r in read_rows(rows_path)}
     assert set(rows) == {"plain", "assisted"}
     assert {r.engine for r in rows.values()} == {"llama.cpp"}
