@@ -67,6 +67,14 @@ def available_devices() -> list[str]:
     return devices
 
 
+def device_of(model: object) -> torch.device:
+    """Where ``model``'s weights are: its first parameter's device; the CPU for a model without torch
+    parameters (an ONNX Runtime target, an engine's stand-in for one)."""
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 def _cpu_only_modules(model: nn.Module) -> list[str]:
     # Modules whose kernels exist only on CPU. Matched by class name, so that this module does not
     # depend on harness.settings.precision (which imports the quantized-linear classes).

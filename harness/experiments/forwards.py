@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from harness.base import llamacpp
+from harness.base import devices, llamacpp
 from harness.base.errors import HarnessError
 from harness.decoding import engines
 from harness.kernels import llama_build
@@ -103,9 +103,7 @@ def time_forwards(
         raise HarnessError("cache_tokens, repetitions and every M must be at least 1")
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    # An ONNX Runtime target has no torch parameters: its inputs stay on the CPU.
-    first = next(iter(model.parameters()), None)
-    device = first.device if first is not None else torch.device("cpu")
+    device = devices.device_of(model)  # the CPU for an ONNX Runtime target (no torch parameters)
     prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g).to(device)
     wait = timing.synchronized(model)  # None on the CPU; on a GPU each forward is timed to its end
     times: dict[int, list[float]] = {m: [] for m in ms}

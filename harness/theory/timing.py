@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.base import devices
+
 
 @dataclass(frozen=True)
 class Forward:
@@ -62,11 +64,9 @@ def synchronizer(module: object) -> Callable[[], None] | None:
     call to its end before returning (the CPU: nothing is added there). A CUDA or XPU call returns
     when its kernels are launched, so a clock read then stops at the launch, and the work's time lands
     in whatever waits next (the first decode step, the draft's forward)."""
-    params = getattr(module, "parameters", None)
-    first = next(iter(params()), None) if callable(params) else None
-    if first is None or first.device.type == "cpu":
+    device = devices.device_of(module)
+    if device.type == "cpu":
         return None
-    device = first.device
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None and hasattr(accelerator, "synchronize"):
         return functools.partial(accelerator.synchronize, device)
