@@ -202,6 +202,11 @@ class SweepSummary:
     def engine_of(self, result: sweep.ConfigResult) -> str:
         return self.engines.get(result.config.label, "transformers")
 
+    @property
+    def model(self) -> str:
+        """The pair the sweep ran (every row of a sweep file is one pair's)."""
+        return next(iter(self.chosen.values()))[0].model
+
 
 def _engine(row: Row) -> str:
     if row.engine not in (None, "transformers"):
@@ -546,10 +551,9 @@ def summary_section(
         if fastest is not None:
             summary, best, _ = fastest
             ref = summary.reference
-            model = next(iter(summary.chosen.values()))[0].model
             commands.append(
-                f"- `{platform}`: `python assisted_generation.py --model_name {model} --task sweep --sweep "
-                f'"{_sweep_spec(best.config)}"` (against its plain decoding, as measured here)'
+                f"- `{platform}`: `python assisted_generation.py --model_name {summary.model} --task sweep "
+                f'--sweep "{_sweep_spec(best.config)}"` (against its plain decoding, as measured here)'
             )
             row += [
                 f"{best.config.label} ({summary.engine_of(best)})",
@@ -631,8 +635,8 @@ def speeds_png(platform: str, sweeps: Sequence[tuple[str, SweepSummary]]) -> byt
     bars: list[tuple[str, float, str]] = []
     refs: list[tuple[float, int, int]] = []  # llama.cpp's rate, and the first and last bar of its sweep
     for source, summary in sweeps:
-        model = next(iter(summary.chosen.values()))[0].model
-        name = Path(source).stem.removesuffix(platform).removesuffix("-").removeprefix(model).strip("-")
+        name = Path(source).stem.removesuffix(platform).removesuffix("-").removeprefix(summary.model)
+        name = name.strip("-")
         name = name or "sweep"
         first = len(bars)
         for arm, rate in sorted(summary.plain_rate.items()):
