@@ -830,7 +830,7 @@ def compare_to_baseline(
                 metric=f"{metric} ({summary.describe()}; median over pairs, each adjusted by its own)",
                 **opts,
             )
-            plain = gate(ratios, base_speedup, metric=metric, **opts)
+            plain = gate(ratios, base_speedup, metric=metric, gated=False, **opts)
             lo, hi = ADJUSTMENT_RANGE
             if not lo <= summary.factor <= hi:
                 adjusted = adjusted.as_inconclusive(
@@ -848,7 +848,7 @@ def compare_to_baseline(
         base = _baseline_samples(record.tokens_per_s.get(mode), "mean")
         if base is not None:
             metric = f"{case.case_id} {mode} tokens/s"
-            result = gate(current, base, metric=metric, **opts)
+            result = gate(current, base, metric=metric, gated=False, **opts)
             if cpu_id is not None and other_cpu:
                 result = result.as_not_comparable(
                     metric,
