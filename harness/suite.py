@@ -105,9 +105,8 @@ class PairCache:
 
 def _close(pair: models.LoadedPair) -> None:
     # An engine that holds processes (llama.cpp's servers) stops them when its pair is dropped.
-    close = getattr(pair.engine, "close", None)
-    if close is not None:
-        close()
+    if pair.engine is not None:
+        pair.engine.close()
 
 
 def threads_for_real_models() -> int:

@@ -269,7 +269,7 @@ def _sample_plain(pair: LoadedPair, s: GenerationSettings, n: int, seed: int) ->
     """The target's own samples: n independent rows of one batched ``generate`` call (each row draws
     its own multinomial samples), n times cheaper than n calls and the same distribution. An
     engine's pair (no torch target) samples one seed per call, as its speculative runs do."""
-    if pair.engine is not None:
+    if pair.target is None:
         return _sample_tokens(pair, s, range(seed * n, seed * n + n))[0]
     ids = torch.tensor([SAMPLE_PROMPT] * n)
     torch.manual_seed(seed)

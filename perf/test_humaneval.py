@@ -43,7 +43,7 @@ def evaluate(pair: LoadedPair, problems: list[dict], path: Path, style: str, tre
         max_new_tokens=NEW_TOKENS,
         num_assistant_tokens=pair.spec.decoding.num_assistant_tokens,
         # An engine with its own loop drafts a constant K (its rows say so).
-        assistant_schedule=pair.spec.decoding.assistant_schedule if pair.engine is None else "constant",
+        assistant_schedule=pair.spec.decoding.assistant_schedule if pair.target is not None else "constant",
         stop_strings=humaneval.stop_strings(style),
         draft_tree=tree,
     )

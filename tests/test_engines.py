@@ -18,18 +18,67 @@ def test_an_unknown_engine_is_refused_before_loading(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(models, "load_pair", lambda *a, **k: pytest.fail("loaded"))
     spec = models.get_pair("tiny-llama")
     run = setup.resolve(spec)
-    with pytest.raises(HarnessError, match="transformers, onnxruntime-genai"):
+    with pytest.raises(HarnessError, match="unknown engine 'vllm': choose one of transformers, llama.cpp"):
         engines.load(spec, dataclasses.replace(run, target=dataclasses.replace(run.target, engine="vllm")))
     with pytest.raises(HarnessError, match="choose one of"):
         engines.check(spec, dataclasses.replace(run, target=dataclasses.replace(run.target, engine="vllm")))
 
 
-def test_every_registered_engine_is_a_class_of_that_name_and_offered() -> None:
-    for name in engines.REGISTRY:
-        assert engines.engine_class(name).name == name
-    assert set(cli.build_parser().parse_args(["--engine", name]).engine for name in engines.REGISTRY) == set(
-        engines.REGISTRY
-    )
+BUILT_IN = {"transformers", "onnxruntime-genai", "llama.cpp", "openvino", "served"}
+
+
+def test_the_entry_point_group_registers_every_built_in_engine_and_the_cli_offers_each() -> None:
+    from importlib import metadata
+
+    listed = {p.name: p.value for p in metadata.entry_points(group=engines.GROUP)}
+    assert BUILT_IN <= set(listed)
+    assert all(listed[name].startswith("harness.decoding.") for name in BUILT_IN)
+    for name in engines.names():
+        cls = engines.engine_class(name)
+        assert issubclass(cls, engines.Engine) and cls.name == name
+    parser = cli.build_parser()
+    assert {parser.parse_args(["--engine", name]).engine for name in engines.names()} == set(engines.names())
+
+
+def _plugin(root, name: str, value: str) -> None:
+    """An installed distribution, as pip leaves one: metadata and its entry points on the path."""
+    info = root / "broken_engine-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-engine\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{engines.GROUP}]\n{name} = {value}\n")
+
+
+@pytest.fixture
+def fresh_registry():
+    engines._registered.cache_clear()
+    engines.engine_class.cache_clear()
+    yield
+    engines._registered.cache_clear()
+    engines.engine_class.cache_clear()
+
+
+def test_a_plugin_engine_that_fails_to_import_is_one_line_naming_its_package(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, fresh_registry
+) -> None:
+    (tmp_path / "broken_engine.py").write_text("import a_runtime_that_is_not_installed\n")
+    _plugin(tmp_path, "broken", "broken_engine:Engine")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "broken" in engines.names()
+    with pytest.raises(HarnessError) as err:
+        engines.engine_class("broken")
+    message = str(err.value)
+    assert "broken-engine" in message and "ModuleNotFoundError" in message and "\n" not in message
+    assert engines.engine_class("transformers").name == "transformers"  # the others still load
+
+
+def test_a_plugin_entry_that_is_not_an_engine_class_is_refused(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, fresh_registry
+) -> None:
+    (tmp_path / "not_engine.py").write_text("class Thing:\n    name = 'thing'\n")
+    _plugin(tmp_path, "thing", "not_engine:Thing")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(HarnessError, match="not a harness.decoding.base.Engine subclass"):
+        engines.engine_class("thing")
 
 
 @pytest.mark.parametrize("setting", ["draft_precision", "draft_vocab", "draft_kernels", "target_kernels"])
@@ -37,7 +86,7 @@ def test_the_engine_refuses_settings_of_transformers_loop(setting: str) -> None:
     value = 64 if setting == "draft_vocab" else "fp32"
     spec = models.get_pair("tiny-qwen2")
     with pytest.raises(HarnessError, match=f"--{setting} applies to --engine transformers"):
-        setup.resolve(spec, target_backend="onnxruntime", engine=engines.GENAI, **{setting: value})
+        setup.resolve(spec, target_backend="onnxruntime", engine="onnxruntime-genai", **{setting: value})
 
 
 def test_a_run_of_one_pair_does_not_load_another() -> None:

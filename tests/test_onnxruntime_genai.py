@@ -8,6 +8,7 @@ import pytest
 from harness.base.backends import OrtSettings
 from harness.base.errors import HarnessError
 from harness.decoding import genai
+from harness.settings.setup import Target
 from harness.theory.analysis import engine_stats_problems
 from harness.weights import onnx_export, tiny
 
@@ -155,7 +156,7 @@ def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
     statistics agree with its tokens."""
     from transformers import AutoTokenizer
 
-    from harness.experiments import equivalence, humaneval
+    from harness.experiments import humaneval
     from harness.pairs import models
     from harness.weights import packaged
 
@@ -172,7 +173,7 @@ def test_the_offline_pair_speculates_exactly_in_the_engine(pairs):
     ngram = genai.load(
         genai.speculative_folder(t_exp, None, 5, packaged.cache_root() / "genai", ngram_size=genai.NGRAM_SIZE)
     )
-    tolerance = equivalence.ORT_NEAR_TIE_TOLERANCE["int4"]
+    tolerance = genai.GenaiEngine.near_tie_tolerance(Target(OrtSettings().label, backend="onnxruntime"))
     for prompt in humaneval.prompts(3, 64, tokenizer):
         want = genai.decode_prompt(plain, prompt.input_ids, 64)
         for model, k in ((speculative, 3), (ngram, 5)):

@@ -127,7 +127,7 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
         "engine": (
             "models",
             dict(
-                choices=tuple(engines.REGISTRY),
+                choices=engines.names(),
                 default="transformers",
                 help="what runs the decoding loop: transformers' generate (torch or ONNX Runtime target), "
                 "or onnxruntime-genai's own Generator and speculative decoding (target and draft "

@@ -1,88 +1,75 @@
-"""What runs a pair's decoding loop: one class per engine, registered in one table.
+"""The engines a run can name: every class registered under the entry-point group
+``assisted_generation.engines``, the built-in ones included (this package's ``pyproject.toml``).
 
-An engine checks a ``RunSetup`` before anything loads (``check``), loads a pair for it (``load``) and
-decodes one prompt of that pair into a ``timing.Measurement`` (``decode``), as transformers keeps one
-class per draft strategy. ``transformers``: transformers' ``generate`` over a torch target or an ONNX
-Runtime target behind an adapter (``models.load_pair``, ``generation``). ``onnxruntime-genai``: that
-library's own Generator, plain and speculative, over the model builder's exports (``harness.decoding.genai``).
-``llama.cpp``: llama.cpp's own server, plain and speculative, over the pair's GGUF files
-(``harness.decoding.llama_server``). ``openvino``: OpenVINO GenAI's own pipelines, plain and
-speculative, over the pair's GGUF files converted to IR (``harness.decoding.openvino``).
-``served``: a deployment's plain and speculative endpoints over the OpenAI-compatible completions
-API (``harness.decoding.served``).
-
-Adding an engine is a module with such a class and one line in ``REGISTRY`` (the CLI's ``--engine``
-offers its names). Everything above loads through ``load``.
+Built in: ``transformers`` (transformers' ``generate``, and the harness's own token-tree loop, over a
+torch target or an ONNX Runtime target behind an adapter; ``harness.decoding.generation``),
+``onnxruntime-genai`` (its Generator over the model builder's exports; ``genai``), ``llama.cpp`` (its
+server over GGUF files; ``llama_server``), ``openvino`` (OpenVINO GenAI's pipelines over GGUF files
+converted to IR; ``openvino``) and ``served`` (a deployment's OpenAI-compatible endpoints; ``served``).
+Another package adds one by naming its ``harness.decoding.base.Engine`` subclass in the same group;
+its runtime is imported only when a run names it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, ClassVar, Protocol
+import functools
+from importlib import metadata
 
 from harness.base.errors import HarnessError
-from harness.decoding import generation
+from harness.decoding.base import Engine
 from harness.pairs import models
-from harness.settings.setup import GENAI, LLAMACPP, OPENVINO, SERVED, RunSetup
-from harness.theory.timing import Measurement
+from harness.settings.setup import RunSetup
 
-__all__ = ["GENAI", "LLAMACPP", "OPENVINO", "SERVED", "Engine", "REGISTRY", "check", "engine_class", "load"]
+__all__ = ["GROUP", "Engine", "check", "engine_class", "load", "names"]
 
-
-class Engine(Protocol):
-    """The interface every engine class has (``load`` and ``check`` are class methods: nothing is
-    held before a pair loads; the loaded pair carries the engine object that decodes it)."""
-
-    name: ClassVar[str]
-
-    @classmethod
-    def check(cls, spec: models.PairSpec, run: RunSetup) -> None: ...
-
-    @classmethod
-    def load(
-        cls, spec: models.PairSpec, run: RunSetup, *, weights_dir: str | None, verify: bool
-    ) -> models.LoadedPair:
-        """The pair, checked first (``check``), its ``engine`` the object that decodes it."""
-        ...
-
-    def decode(self, pair: models.LoadedPair, prompt_ids: list[int], settings: Any) -> Measurement: ...
+GROUP = "assisted_generation.engines"
+BUILT_IN = "transformers"  # always registered by the harness itself
 
 
-class Transformers:
-    """transformers' own ``generate`` with ``assistant_model``: what users ship."""
-
-    name: ClassVar[str] = "transformers"
-
-    @classmethod
-    def check(cls, spec: models.PairSpec, run: RunSetup) -> None:
-        models.check_run(spec, run)
-
-    @classmethod
-    def load(
-        cls, spec: models.PairSpec, run: RunSetup, *, weights_dir: str | None = None, verify: bool = False
-    ) -> models.LoadedPair:
-        # No engine object on the pair: ``generation.generate`` runs transformers' loop itself.
-        return models.load_pair(spec, run, weights_dir=weights_dir, verify=verify)  # checks the run
-
-    def decode(self, pair: models.LoadedPair, prompt_ids: list[int], settings: Any) -> Measurement:
-        return generation.generate(pair, prompt_ids, settings)
+@functools.cache
+def _registered() -> dict[str, metadata.EntryPoint]:
+    found: dict[str, metadata.EntryPoint] = {}
+    for point in metadata.entry_points(group=GROUP):
+        if point.name in found and found[point.name].value != point.value:
+            raise HarnessError(
+                f"two installed packages register the engine {point.name!r} ({found[point.name].value} and "
+                f"{point.value}): uninstall one of them"
+            )
+        found[point.name] = point
+    if BUILT_IN not in found:
+        raise HarnessError(
+            f"no engines are registered (entry-point group {GROUP}): install the harness with "
+            "python -m pip install --no-deps --no-build-isolation -e ."
+        )
+    return found
 
 
-# Engine name -> "module:Class", imported when first used (an engine's runtime loads only if it runs).
-REGISTRY: dict[str, str] = {
-    "transformers": "harness.decoding.engines:Transformers",
-    GENAI: "harness.decoding.genai:GenaiEngine",
-    LLAMACPP: "harness.decoding.llama_server:LlamaCppEngine",
-    OPENVINO: "harness.decoding.openvino:OpenVinoEngine",
-    SERVED: "harness.decoding.served:ServedEngine",
-}
+def names() -> tuple[str, ...]:
+    """Every registered engine's name: the harness's own loop first, then the others by name."""
+    return (BUILT_IN, *sorted(n for n in _registered() if n != BUILT_IN))
 
 
+@functools.cache
 def engine_class(name: str) -> type[Engine]:
-    if name not in REGISTRY:
-        raise HarnessError(f"engine {name!r}: choose one of {', '.join(REGISTRY)}")
-    module, _, attr = REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    """The class registered as ``name``, imported now (a failure is one line saying which package)."""
+    registered = _registered()
+    if name not in registered:
+        raise HarnessError(f"unknown engine {name!r}: choose one of {', '.join(names())}")
+    point = registered[name]
+    try:
+        cls = point.load()
+    except Exception as exc:  # noqa: BLE001 - any import failure of a plug-in is the user's to mend
+        where = f" (package {point.dist.name})" if point.dist is not None else ""
+        raise HarnessError(
+            f"engine {name!r} from {point.value}{where} failed to import: {type(exc).__name__}: {exc}; "
+            "mend or reinstall that package, or leave the engine out"
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, Engine)) or cls.name != name:
+        raise HarnessError(
+            f"engine {name!r} names {point.value}, which is not a harness.decoding.base.Engine subclass "
+            f"whose name is {name!r}"
+        )
+    return cls
 
 
 def check(spec: str | models.PairSpec, run: RunSetup) -> None:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from harness.base import files
 from harness.base.errors import HarnessError, UnsupportedError
+from harness.decoding.base import Engine
 from harness.settings.setup import GENAI
 from harness.theory import analysis, timing
 
@@ -211,7 +212,7 @@ def divergence_gap(
     """Where ``other`` first leaves the engine's plain output ``plain``, and the engine's own
     one-token logit gap there between the plain token and the one ``other`` took (None: identical).
 
-    A gap within the precision's near-tie tolerance (``equivalence.ORT_NEAR_TIE_TOLERANCE``) is a
+    A gap within the precision's near-tie tolerance (``backends.ort_near_tie_tolerance``) is a
     flip the wide verification forward may make; anything larger is a fault of the engine."""
     import numpy as np
 
@@ -296,12 +297,23 @@ def _plain_step_costs(run: EngineRun) -> dict[str, tuple[float, int]]:
     return {"target": (run.time_per_token_ms * steps, steps) if steps > 0 else (0.0, 0)}
 
 
-class GenaiEngine:
+class GenaiEngine(Engine):
     """onnxruntime-genai's Generator over the model builder's exports of a pair, at the target's
     settings (the draft exported beside it): plain decoding, its speculative decoding with the draft
     and its n-gram decoding (the suite's prompt lookup). One object per loaded pair holds its models."""
 
     name: ClassVar[str] = GENAI
+    backend: ClassVar[str | None] = "onnxruntime"
+    runtime_module: ClassVar[str | None] = "onnxruntime_genai"
+    extra: ClassVar[str | None] = "onnxruntime"
+    runs: ClassVar[str] = "the model builder's exports of a Hugging Face folder (made once)"
+
+    @classmethod
+    def near_tie_tolerance(cls, target: Any) -> float:
+        from harness.base import backends
+
+        return backends.ort_near_tie_tolerance(target.precision)
+
     # Its judge replays plain decoding step for step: the plain token must lead there.
     exact_judge: ClassVar[bool] = True
 

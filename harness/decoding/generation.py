@@ -15,16 +15,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import candidate_generator
 
+from harness.base import backends
 from harness.base.errors import HarnessError
 from harness.decoding import trees
+from harness.decoding.base import Engine
+from harness.pairs import models
 from harness.pairs.models import LoadedPair
-from harness.settings.setup import SCHEDULES, GenerationSettings
+from harness.settings.setup import SCHEDULES, GenerationSettings, RunSetup, Target
 from harness.theory.analysis import count_acceptance
 from harness.theory.timing import Measurement, record_forwards, synchronized
 
@@ -133,10 +136,59 @@ class StopInNewText(StoppingCriteria):
 def generate(
     pair: LoadedPair, prompt_ids: list[int] | torch.Tensor, settings: GenerationSettings
 ) -> Measurement:
-    """Decode one prompt once and measure it (through the pair's own engine when it has one)."""
+    """Decode one prompt once and measure it, through the pair's engine (a pair built by hand,
+    without one, runs transformers' loop)."""
     settings.validate()
+    ids = [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1)]
     if pair.engine is not None:
-        return pair.engine.decode(pair, [int(t) for t in torch.as_tensor(prompt_ids).reshape(-1)], settings)
+        return pair.engine.decode(pair, ids, settings)
+    return transformers_loop(pair, ids, settings)
+
+
+# Largest top-2 logit gap (in logits, after the model's own output layer) that counts as a near tie
+# at a precision whose batched and one-token kernels may round differently. bf16 keeps 8 bits of
+# mantissa: for logits of magnitude ~20 one ulp is ~0.125, and a K+1-token forward accumulates a few
+# ulps of difference through the layers, so gaps up to ~0.5 can flip. fp32 gets no allowance.
+NEAR_TIE_TOLERANCE = {"fp32": 0.0, "bf16": 0.5, "w8abf16": 0.5, "w4abf16": 0.5, "w8af32": 1e-3}
+
+
+class Transformers(Engine):
+    """transformers' own ``generate`` with ``assistant_model`` (what users ship), and the harness's own
+    loop where a run verifies a token tree (transformers' verifies chains only)."""
+
+    name: ClassVar[str] = "transformers"
+    default_k: ClassVar[int | None] = None  # the pair's registered K and schedule
+    own_draft: ClassVar[bool] = False
+    runs: ClassVar[str] = "Hugging Face folders (or GGUF files transformers converts), or an ONNX export"
+
+    @classmethod
+    def near_tie_tolerance(cls, target: Target) -> float:
+        if target.backend == "onnxruntime":
+            return backends.ort_near_tie_tolerance(target.precision)
+        # The near-tie rule is for kernels whose batched rows may round differently (stock,
+        # third-party); the batch-invariant kernels compute every row as a one-token step: none.
+        if target.kernels == "invariant":
+            return 0.0
+        return NEAR_TIE_TOLERANCE.get(target.precision, 0.0)
+
+    @classmethod
+    def check(cls, spec: models.PairSpec, run: RunSetup) -> None:
+        models.check_run(spec, run)
+
+    @classmethod
+    def load(
+        cls, spec: models.PairSpec, run: RunSetup, *, weights_dir: str | None = None, verify: bool = False
+    ) -> LoadedPair:
+        pair = models.load_pair(spec, run, weights_dir=weights_dir, verify=verify)  # checks the run
+        pair.engine = cls()
+        return pair
+
+    def decode(self, pair: LoadedPair, prompt_ids: list[int], settings: GenerationSettings) -> Measurement:
+        return transformers_loop(pair, prompt_ids, settings)
+
+
+def transformers_loop(pair: LoadedPair, prompt_ids: list[int], settings: GenerationSettings) -> Measurement:
+    """transformers' ``generate`` on one prompt, every setting pinned and every forward timed."""
     if settings.mode == "assisted" and pair.draft is None:
         raise HarnessError(f"{pair.spec.name} was loaded without a draft; load it with its draft to assist")
     if settings.mode == "assisted" and settings.draft_tree:

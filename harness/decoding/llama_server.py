@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
+from harness.decoding.base import DRAFT_SPLIT_FIELDS, Engine
 from harness.settings.setup import LLAMACPP, GenerationSettings
 from harness.theory import analysis, timing
 
@@ -412,14 +413,20 @@ class Servers:
         self.running.clear()
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(Engine):
     """llama.cpp's ``llama-server`` over a pair's GGUF files: plain decoding, its speculative
     decoding with the draft GGUF (K = ``--num_assistant_tokens``) and its n-gram lookup (the suite's
     prompt lookup, ``--prompt_lookup N`` tokens proposed)."""
 
     name: ClassVar[str] = LLAMACPP
+    backend: ClassVar[str | None] = LLAMACPP
+    precision: ClassVar[str | None] = "gguf"
+    default_k: ClassVar[int | None] = 3  # llama.cpp's own default draft length
     # Its judge replays the prefix as one prompt: a batched prefill, not plain decoding's steps.
     exact_judge: ClassVar[bool] = False
+    # The server books a speculative round whole: no draft time apart, no per-round acceptance.
+    unbooked: ClassVar[frozenset[str]] = DRAFT_SPLIT_FIELDS
+    runs: ClassVar[str] = "GGUF files as they are (a pair's, or two bare .gguf files)"
 
     def __init__(self, servers: Servers) -> None:
         self.servers = servers

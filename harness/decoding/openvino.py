@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
+from harness.decoding.base import Engine
 from harness.settings.setup import OPENVINO, GenerationSettings
 from harness.theory import analysis, timing
 
@@ -205,11 +206,16 @@ class Pipelines:
         self._made.clear()
 
 
-class OpenVinoEngine:
+class OpenVinoEngine(Engine):
     """OpenVINO GenAI's ``LLMPipeline`` over the pair's GGUF files converted to IR: plain, and
     speculative with the draft model."""
 
     name: ClassVar[str] = OPENVINO
+    backend: ClassVar[str | None] = OPENVINO
+    precision: ClassVar[str | None] = "gguf"
+    runtime_module: ClassVar[str | None] = "openvino_genai"
+    extra: ClassVar[str | None] = "openvino"
+    runs: ClassVar[str] = "GGUF files (a pair's, or two bare .gguf files), converted to OpenVINO IR once"
     # Its judge (beam search over one token) reads the prefix as one prompt, not plain decoding's steps.
     exact_judge: ClassVar[bool] = False
 

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
 from harness.decoding import llama_server
+from harness.decoding.base import Engine
 from harness.settings.setup import SERVED, GenerationSettings
 
 API_KEY_ENV = "ASSISTED_GENERATION_API_KEY"
@@ -210,10 +211,15 @@ def check_settings(settings: Any) -> None:
     llama_server.check_settings(dataclasses.replace(settings, mode="plain"))
 
 
-class ServedEngine:
+class ServedEngine(Engine):
     """A deployment's plain endpoint and speculative endpoint of one model, under every suite."""
 
     name: ClassVar[str] = SERVED
+    backend: ClassVar[str | None] = "openai"
+    precision: ClassVar[str | None] = "served"
+    runs: ClassVar[str] = "a deployment's plain and speculative OpenAI-compatible endpoints"
+    # The suites start no deployment: a run gives its endpoints (--endpoint, --speculative-endpoint).
+    in_suites: ClassVar[bool] = False
     # Its judge replays the prefix as one prompt: a batched prefill, not plain decoding's steps.
     exact_judge: ClassVar[bool] = False
 

@@ -17,47 +17,21 @@ from tabulate import tabulate
 from transformers import PreTrainedModel
 
 from harness.base import platforms
-from harness.decoding import strategies
+from harness.decoding import engines, strategies
 from harness.decoding.generation import generate
 from harness.pairs.models import LoadedPair
 from harness.settings import results
-from harness.settings.setup import LLAMACPP, OPENVINO, GenerationSettings
+from harness.settings.setup import GenerationSettings
 from harness.theory.analysis import first_divergence
 from harness.theory.timing import Measurement
 
 STRATEGIES = tuple(strategies.STRATEGIES)
 
-# Largest top-2 logit gap (in logits, after the model's own output layer) that counts as a near tie
-# at a precision whose batched and one-token kernels may round differently. bf16 keeps 8 bits of
-# mantissa: for logits of magnitude ~20 one ulp is ~0.125, and a K+1-token forward accumulates a few
-# ulps of difference through the layers, so gaps up to ~0.5 can flip. fp32 gets no allowance.
-NEAR_TIE_TOLERANCE = {"fp32": 0.0, "bf16": 0.5, "w8abf16": 0.5, "w4abf16": 0.5, "w8af32": 1e-3}
-# ONNX Runtime targets are third-party kernels: MLAS picks other blockings for M = 1 and M = K+1.
-# fp32: a few ulps (measured ~1e-5 on the 1.5B); int4 with int8 activations (accuracy level 4):
-# each block's activation scale is shared by the block, and the one-token and batched paths
-# accumulate the blocks differently, measured up to 0.2 logits apart on one row; bf16's allowance.
-ORT_NEAR_TIE_TOLERANCE = {"fp32": 1e-3, "int4": 0.5}
-# llama.cpp multiplies its k-quant blocks by activations quantized to int8 blocks, and its batched
-# (verify) and one-token paths take different kernels: the int4 allowance.
-LLAMACPP_NEAR_TIE_TOLERANCE = 0.5
-# OpenVINO reads the same GGUF blocks into its own int4/int8 weight formats, and its batched
-# (verify) and one-token paths take different CPU kernels: the int4 allowance.
-OPENVINO_NEAR_TIE_TOLERANCE = 0.5
-
 
 def tolerance_for(pair: LoadedPair) -> float:
-    """How far apart the target's top two logits may be for a flip to count as a near tie."""
-    if pair.target_setup.backend == LLAMACPP:
-        return LLAMACPP_NEAR_TIE_TOLERANCE
-    if pair.target_setup.backend == OPENVINO:
-        return OPENVINO_NEAR_TIE_TOLERANCE
-    if pair.target_setup.backend == "onnxruntime":
-        return ORT_NEAR_TIE_TOLERANCE["fp32" if pair.target_setup.precision == "ort-fp32" else "int4"]
-    # The near-tie rule is for kernels whose batched rows may round differently (stock, third-party);
-    # the harness's batch-invariant kernels compute every row as a one-token step: no allowance.
-    if pair.target_setup.kernels == "invariant":
-        return 0.0
-    return NEAR_TIE_TOLERANCE.get(pair.target_setup.precision, 0.0)
+    """How far apart the target's top two logits may be for a flip to count as a near tie (its
+    engine's word)."""
+    return engines.engine_class(pair.target_setup.engine).near_tie_tolerance(pair.target_setup)
 
 
 def top2_gap(model: PreTrainedModel, ids: list[int]) -> float:
@@ -133,16 +107,14 @@ def check_case(
     assisted = generate(pair, prompt_ids, settings)
     i = first_divergence(plain.output_ids, assisted.output_ids)
     gap = None
-    engine_gap = getattr(pair.engine, "gap", None)
-    if i is not None and engine_gap is not None:
-        # An engine of its own (harness.decoding.genai): the plain token's lead over the other's in
-        # its logits.
-        gap = engine_gap(prompt_ids, plain.output_ids, assisted.output_ids)
-    elif i is not None:
+    if i is not None and pair.engine is not None:
+        # The engine's own judgement: the plain token's lead over the other's in its logits.
+        gap = pair.engine.gap(prompt_ids, plain.output_ids, assisted.output_ids)
+    if i is not None and gap is None and pair.target is not None:
         gap = top2_gap(pair.target, list(prompt_ids) + plain.output_ids[:i])
     tolerance = tolerance_for(pair)
     vocab_size = int(pair.target.config.vocab_size) if pair.target is not None else len(pair.tokenizer)
-    exact = bool(getattr(pair.engine, "exact_judge", True))
+    exact = pair.engine is None or pair.engine.exact_judge
     return CaseResult(list(prompt_ids), plain, assisted, i, gap, tolerance, vocab_size, exact)
 
 

@@ -143,7 +143,7 @@ def make_row(
         prompt_label=label,
         prompt_sha=prompt_sha,
         # An engine outside the Python libraries names its own build (llama.cpp's server).
-        versions={**platforms.library_versions(), **getattr(pair.engine, "versions", {})},
+        versions={**platforms.library_versions(), **(pair.engine.versions if pair.engine else {})},
         run_id=run_id,
         timestamp=results.utc_now(),
         # Every setting, including those without a column (ignore_eos, eos_token_id, n-gram size).

@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         run = setup.resolve(spec, **given_kernels)
         pair = engines.load(spec, run, weights_dir=args.weights_dir)
-        if pair.engine is not None or pair.draft is None:
+        if pair.target is None or pair.draft is None:
             raise HarnessError(
                 f"{spec.name}: trees are planned on the harness's own decoding with a draft model"
             )

@@ -1,0 +1,112 @@
+"""The engine interface: what every engine is, and what the suites ask of one.
+
+An engine is one class (after transformers' ``candidate_generator``: an abstract base, one subclass
+per strategy, capabilities as class attributes, the loop above unaware of which it got). Its class
+attributes say what it is before anything loads: its name, the runtime that computes its target, the
+K its own speculative decoding drafts, the row fields its books cannot fill, how near a tie its flips
+may be, and whether its runtime is here. Its class methods check a run and load a pair for it; the
+loaded pair carries an instance, whose ``decode`` turns one prompt into a ``Measurement``.
+
+Engines are registered under the entry-point group ``assisted_generation.engines`` (the built-in ones
+in this package's own metadata), so another package adds one by naming its class there
+(``harness.decoding.engines``; docs/ENGINES.md "Writing an engine").
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib.util
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from harness.pairs.models import LoadedPair, PairSpec
+    from harness.settings.setup import GenerationSettings, RunSetup, Target
+    from harness.theory.timing import Measurement
+
+# Row fields an engine's books may lack: they need the draft's time apart from the target's.
+DRAFT_SPLIT_FIELDS = frozenset(
+    {"alpha", "draft_forward_ms", "c", "predicted_speedup", "predicted_speedup_verify"}
+)
+
+
+class Engine(abc.ABC):
+    """One engine: plain and speculative decoding of a pair in one runtime's own loop."""
+
+    # The name users pass (``--engine``, ``--engines``, the sweep's ``engine=``) and rows carry.
+    name: ClassVar[str]
+    # The runtime that computes the target, as rows' ``target_backend`` says it; None: the run's
+    # (``--target_backend``), for the one engine that runs either.
+    backend: ClassVar[str | None] = None
+    # The target precision rows carry when the engine runs the pair's files as they are; None: the run's.
+    precision: ClassVar[str | None] = None
+    # The constant K its own speculative decoding drafts in the suites' cases (None: the pair's
+    # registered K and schedule, which only an engine with schedules of its own can follow).
+    default_k: ClassVar[int | None] = 3
+    # The draft is the engine's own file at the target's settings (no draft precision, kernels or
+    # vocabulary of the harness's to set).
+    own_draft: ClassVar[bool] = True
+    # Its judge of a flip replays plain decoding step for step (True), or reads the prefix as one
+    # prompt (a batched prefill, not plain decoding's steps).
+    exact_judge: ClassVar[bool] = True
+    # Row fields its books cannot fill (they stay empty in its rows, and the suites do not ask).
+    unbooked: ClassVar[frozenset[str]] = frozenset()
+    # The Python module its runtime needs (None: nothing beyond the harness's own dependencies), and
+    # the harness's optional extra that installs it.
+    runtime_module: ClassVar[str | None] = None
+    extra: ClassVar[str | None] = None
+    # What it runs of a pair, said in refusals and on the results page.
+    runs: ClassVar[str] = "the pair's files"
+    # Whether the suites can run it on a registered pair with nothing more than its files (a served
+    # deployment needs the user's endpoints).
+    in_suites: ClassVar[bool] = True
+
+    # Which build decoded, beside the libraries' (an instance sets its own): rows carry it.
+    versions: Mapping[str, str] = MappingProxyType({})
+
+    @classmethod
+    def test_id(cls) -> str:
+        """The engine as test ids carry it (``-k llama_cpp`` selects llama.cpp's cases)."""
+        return "".join(c if c.isalnum() else "_" for c in cls.name)
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why its runtime cannot run here (None: it can): said once per run, not per test."""
+        if cls.runtime_module is not None and importlib.util.find_spec(cls.runtime_module) is None:
+            return (
+                f"its runtime ({cls.runtime_module}) is not installed: "
+                f'pip install "assisted-generation-harness[{cls.extra}]"'
+            )
+        return None
+
+    @classmethod
+    def near_tie_tolerance(cls, target: Target) -> float:
+        """How far apart the target's top two logits may be for a flip to count as a near tie. Third-party
+        kernels take different paths for one token and for K+1 (int4 weights, int8 activation blocks):
+        the int4 allowance, 0.5 logits."""
+        return 0.5
+
+    @classmethod
+    @abc.abstractmethod
+    def check(cls, spec: PairSpec, run: RunSetup) -> None:
+        """Refuse, before anything loads, a run it cannot do here (one clear error, saying what it needs)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def load(
+        cls, spec: PairSpec, run: RunSetup, *, weights_dir: str | None = None, verify: bool = False
+    ) -> LoadedPair:
+        """The pair, checked first (``check``), its ``engine`` the instance that decodes it."""
+
+    @abc.abstractmethod
+    def decode(self, pair: LoadedPair, prompt_ids: list[int], settings: GenerationSettings) -> Measurement:
+        """One prompt decoded once, plainly or with assistance as ``settings`` say, and measured."""
+
+    def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
+        """The plain token's lead over ``other``'s at their first difference, in the engine's own
+        logits (None: the caller reads the torch target's)."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - most engines hold nothing to stop
+        """Stop what it holds (servers, pipelines): called when its pair is dropped."""
