@@ -29,6 +29,7 @@ import torch
 from harness import suite
 from harness.base import backends, devices, platforms
 from harness.base.errors import HarnessError
+from harness.decoding import engines
 from harness.experiments import equivalence
 from harness.kernels import llama_build
 from harness.pairs import models
@@ -118,6 +119,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="ONNX Runtime execution provider of the onnxruntime target (default: the CPU one)",
     )
     group.addoption(
+        "--engines",
+        default="all",
+        metavar="NAME[,NAME]",
+        help="the engines the engine-axis tests run (-m engine selects those tests; 'all': every "
+        "registered engine with a loop of its own whose runtime is here)",
+    )
+    group.addoption(
         "--llama-server",
         default=None,
         metavar="PATH",
@@ -163,19 +171,23 @@ MARKERS = (
     "perf: timing benchmark; runs serially, never under xdist",
     "pairs(tiny=True, real=True): which registered pairs a pair_name test is parametrised over",
     "backends(*names): the target backends a target_backend test is crossed with (default: all selected)",
-    "llama_cpp: runs llama.cpp's own server (its binaries built once on first use, or --llama-server)",
-    "openvino: runs OpenVINO GenAI's pipelines (the pair's GGUF files converted to IR once, on first use)",
+    "engine: an engine-axis test, crossed with the engines of --engines (each case also carries its "
+    "engine's own marker, e.g. llama_cpp, openvino, onnxruntime_genai)",
+    "engines(mode=None): what an engine-axis test needs of an engine (mode: a decoding mode it must run)",
 )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
+    for name in engines.names():
+        config.addinivalue_line("markers", f"{engines.engine_class(name).test_id()}: runs the {name} engine")
     models.offline_env()
     local = _register_local_pairs(config)
     _check_options(config)
     out = config.getoption("--divergence-out")
     _benchmark_storage(config)
+    chosen, left_out = selected_engines(config)
     config.stash[SESSION] = suite.SuiteSession(
         weights_dir=config.getoption("--weights_dir"),
         platform=config.getoption("--platform"),
@@ -184,7 +196,42 @@ def pytest_configure(config: pytest.Config) -> None:
         target_backends=target_backends(config),
         divergence_out=Path(out) if out else None,
         devices=(config.getoption("--target-device"), config.getoption("--draft-device")),
+        provider=config.getoption("--execution-provider"),
+        engines=chosen,
+        left_out=left_out,
     )
+
+
+def selected_engines(config: pytest.Config) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The engines of ``--engines`` and, for ``all``, the registered ones left out with why (said
+    once in the header, never as a skip per test). An engine named on purpose that cannot run here
+    is a usage error."""
+    wanted = config.getoption("--engines").strip()
+    left_out: dict[str, str] = {}
+    try:
+        if wanted.lower() != "all":
+            names = [n.strip() for n in wanted.split(",") if n.strip()]
+            if not names:
+                raise HarnessError("--engines names no engine")
+            for name in names:
+                cls = engines.engine_class(name)
+                why = cls.missing() or (None if cls.in_suites else f"the suites cannot run {cls.runs}")
+                if why:
+                    raise HarnessError(f"--engines {name}: {why}")
+            return tuple(names), left_out
+        chosen = []
+        for name in engines.names():
+            cls = engines.engine_class(name)
+            if not cls.own_draft:
+                continue  # the harness's own loop: its tiers run over precisions, kernels and backends
+            why = cls.missing() or (None if cls.in_suites else f"the suites cannot run {cls.runs}")
+            if why:
+                left_out[name] = why
+            else:
+                chosen.append(name)
+        return tuple(chosen), left_out
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 # The session's state and work (harness.suite); the plugin keeps only this.
@@ -411,14 +458,17 @@ def _real_selected(config: pytest.Config, local: list[str]) -> list[str]:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    """What a run with a local pair will also do, said before it starts."""
-    local = session_of(config).local_pairs
-    if local and "onnxruntime" in dict(session_of(config).target_backends):
-        return [
+    """What a run with a local pair will also do, and the engines it leaves out, said before it starts."""
+    session = session_of(config)
+    lines = [f"engines: {', '.join(session.engines) or 'none'} (--engines)"]
+    lines += [f"engine {name} not run here: {why}" for name, why in session.left_out.items()]
+    local = session.local_pairs
+    if local and "onnxruntime" in dict(session.target_backends):
+        lines.append(
             f"local pair(s) {', '.join(local)}: their ONNX Runtime cases export each target once (about "
             "16 GB resident and a minute for a 1.5B model); --target-backends torch leaves them out"
-        ]
-    return []
+        )
+    return lines
 
 
 def real_pairs_left_out(config: pytest.Config) -> list[str]:
@@ -452,9 +502,11 @@ def _register_local_pairs(config: pytest.Config) -> list[str]:
     return names
 
 
-def pair_params(config: pytest.Config, *, tiny: bool = True, real: bool = True) -> list:
-    """Every pair as a pytest param whose id is the pair name; real ones marked real+slow."""
-    params = [pytest.param(n, id=n) for n in TINY] if tiny else []
+def pair_params(config: pytest.Config, *, tiny: bool | tuple[str, ...] = True, real: bool = True) -> list:
+    """Every pair (or the tiny ones ``tiny`` names) as a pytest param whose id is the pair name;
+    real ones marked real+slow."""
+    names = TINY if tiny is True else [n for n in TINY if n in tiny] if tiny else []
+    params = [pytest.param(n, id=n) for n in names]
     if real:
         params += [
             pytest.param(n, id=n, marks=[pytest.mark.real, pytest.mark.slow])
@@ -499,12 +551,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         marker = metafunc.definition.get_closest_marker("pairs")
         kinds = marker.kwargs if marker else {}
         params = pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True))
-        if "target_backend" in metafunc.fixturenames:
+        if "engine" in metafunc.fixturenames:
+            needs = metafunc.definition.get_closest_marker("engines")
+            crossed = engine_params(metafunc.config, params, needs.kwargs.get("mode") if needs else None)
+            metafunc.parametrize("pair_name,engine", crossed)
+        elif "target_backend" in metafunc.fixturenames:
             only = metafunc.definition.get_closest_marker("backends")
             crossed = backend_params(metafunc.config, params, only.args if only else None)
             metafunc.parametrize("pair_name,target_backend", crossed)
         else:
             metafunc.parametrize("pair_name", params)
+
+
+def engine_params(config: pytest.Config, params: list, mode: str | None) -> list:
+    """``params`` (pair params) crossed with the session's engines, ids carrying both (``-k
+    llama_cpp``), each case marked ``engine`` and with its engine's own marker. A pair an engine
+    cannot run, or a mode it does not have, is left out and said once at the end."""
+    session = session_of(config)
+    crossed = []
+    for name in session.engines:
+        cls = engines.engine_class(name)
+        if mode is not None and mode not in cls.modes:
+            continue
+        for p in params:
+            why = cls.unfit(models.get_pair(p.values[0]))
+            if why is not None:
+                session.left_out.setdefault(f"{name} on {p.values[0]}", why)
+                continue
+            marks = [*p.marks, pytest.mark.engine, getattr(pytest.mark, cls.test_id())]
+            crossed.append(pytest.param(p.values[0], name, id=f"{p.id}-{cls.test_id()}", marks=marks))
+    return crossed
 
 
 @pytest.fixture(scope="session")
@@ -554,6 +630,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     session = config.stash.get(SESSION, None)
     if session is None:  # the options were refused at configure time
         return
+    unfit = {what: why for what, why in session.left_out.items() if " on " in what}
+    if unfit:
+        terminalreporter.section("engine cases not collected")
+        for what, why in unfit.items():
+            terminalreporter.write_line(f"{what}: {why}")
     left_out = real_pairs_left_out(config)
     if left_out:
         terminalreporter.section("real pairs not collected")
@@ -593,7 +674,22 @@ def _prepare_weights(request: pytest.FixtureRequest) -> None:
     runs, so tests that check "loads from the cache in seconds" see the state after set-up."""
     items = request.session.items
     if any(item.get_closest_marker("real") for item in items):
-        session_of(request.config).prepare_weights([item.nodeid for item in items])
+        session_of(request.config).prepare_weights(engines_used(items))
+
+
+def engines_used(items: list[pytest.Item]) -> set[str]:
+    """The engines the collected tests run: an engine-axis case's, and any test marked with, or
+    named for, an engine's test id."""
+    used = set()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "engine" in callspec.params:
+            used.add(callspec.params["engine"])
+    for name in engines.names():
+        test_id = engines.engine_class(name).test_id()
+        if any(item.get_closest_marker(test_id) or test_id in item.nodeid for item in items):
+            used.add(name)
+    return used - {engines.BUILT_IN}
 
 
 # --------------------------------------------------------------------------- divergence table

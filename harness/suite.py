@@ -27,9 +27,12 @@ from harness.settings import setup
 class PairCache:
     """Load each (pair, precisions, draft) once per session; skip cleanly when weights are absent."""
 
-    def __init__(self, weights_dir: str | None, devices: tuple[str, str] = ("cpu", "cpu")) -> None:
+    def __init__(
+        self, weights_dir: str | None, devices: tuple[str, str] = ("cpu", "cpu"), provider: str | None = None
+    ) -> None:
         self.weights_dir = weights_dir
         self.devices = devices  # (target, draft): where every torch pair of the session runs
+        self.provider = provider  # ONNX Runtime's execution provider, for an engine that runs it
         self._loaded: dict[setup.RunSetup, models.LoadedPair] = {}
 
     def require_weights(self, name: str) -> None:
@@ -55,11 +58,13 @@ class PairCache:
         engine: str = "transformers",
     ) -> models.LoadedPair:
         """A test's spelling of a run, resolved once: ``target_backend`` is (backend, execution
-        provider), as the ``target_backend`` fixture gives; ``engine="onnxruntime-genai"``: the pair
-        as that engine runs it (the builder's exports)."""
+        provider), as the ``target_backend`` fixture gives; ``engine``: the pair as that engine runs
+        it (its own files: exports, GGUF, IR)."""
         backend, provider = target_backend
         # An engine with its own loop runs its own runtime, whatever backend the test is crossed with.
-        backend = setup.ENGINE_BACKEND.get(engine, backend)
+        backend = engines.engine_class(engine).backend or backend
+        if backend == "onnxruntime" and provider is None:
+            provider = self.provider
         spec = models.get_pair(name)
         run = setup.resolve(
             spec,
@@ -127,13 +132,16 @@ class SuiteSession:
     target_backends: list[tuple[str, str | None]]
     divergence_out: Path | None = None
     devices: tuple[str, str] = ("cpu", "cpu")  # --target-device, --draft-device
+    provider: str | None = None  # --execution-provider
+    engines: tuple[str, ...] = ()  # --engines: the engines the engine-axis tests run
+    left_out: dict[str, str] = field(default_factory=dict)  # what the engine axis leaves out, and why
     threads: int = field(default_factory=threads_for_real_models)
     pairs: PairCache = field(init=False)
     bench_results: list[Any] = field(default_factory=list)  # (CaseMeasurement, gate verdict)
     _divergence: equivalence.DivergenceTable | None = None
 
     def __post_init__(self) -> None:
-        self.pairs = PairCache(self.weights_dir, self.devices)
+        self.pairs = PairCache(self.weights_dir, self.devices, self.provider)
 
     @property
     def platform_name(self) -> str:
@@ -145,31 +153,25 @@ class SuiteSession:
             self._divergence = equivalence.DivergenceTable(rows_path=self.divergence_out)
         return self._divergence
 
-    def prepare_weights(self, node_ids: list[str]) -> None:
-        """Before any real test: the packaged pair converted, and its ONNX exports made while no
-        model is loaded (the exporter holds ~16 GB resident for the 1.5B, which must not meet loaded pairs
-        in 24 GB). The draft is exported too when the onnxruntime-genai engine's tests run, llama.cpp's
-        binaries are built when its tests run, and the pair's IR made when OpenVINO's tests run.
+    def prepare_weights(self, engines_used: set[str]) -> None:
+        """Before any real test: the packaged pair converted, and what each engine the run uses reads
+        of it (ONNX exports, IR) made while no model is loaded (the exporter holds ~16 GB resident for
+        the 1.5B, which must not meet loaded pairs in 24 GB); the ONNX Runtime target's export when
+        that backend runs.
 
-        The compiles, llama.cpp's (minutes on a fresh machine) and the harness's own kernels' (one
-        compiler process each, a minute or two), run beside the rest, which is mostly one Python
-        thread: on 2 cores they overlap instead of adding up. Built, each is a cache lookup."""
+        The compiles, an engine's (llama.cpp's: minutes on a fresh machine) and the harness's own
+        kernels' (one compiler process each, a minute or two), run beside the rest, which is mostly
+        one Python thread: on 2 cores they overlap instead of adding up. Built, each is a cache lookup."""
         import concurrent.futures
 
-        ort = "onnxruntime" in dict(self.target_backends)
-        engine = any("onnxruntime_genai" in node for node in node_ids)
+        classes = [engines.engine_class(name) for name in sorted(engines_used)]
+        spec = models.get_pair(models.DEFAULT_PAIR)
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            builds = [pool.submit(self._build_kernels)]
-            if any("llama_cpp" in node for node in node_ids):
-                builds.append(pool.submit(self._build_llama_cpp))
-            models.prepare_packaged(export_target=ort or engine, export_draft=engine)
-            if any("openvino" in node for node in node_ids):
-                # The pair's GGUF files converted to OpenVINO IR (once per machine) while no model is loaded.
-                from harness.decoding.openvino import OpenVinoEngine
-
-                spec = models.get_pair(models.DEFAULT_PAIR)
-                run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
-                OpenVinoEngine.ir_folders(spec, OpenVinoEngine.gguf_files(spec, run, self.weights_dir))
+            builds = [pool.submit(self._build_kernels), *(pool.submit(cls.build) for cls in classes)]
+            models.prepare_packaged(export_target="onnxruntime" in dict(self.target_backends))
+            for cls in classes:
+                if cls.unfit(spec) is None:
+                    cls.prepare(spec, self.weights_dir)
             for build in builds:
                 build.result()  # before any test times anything; a failed build raises here
 
@@ -185,15 +187,6 @@ class SuiteSession:
                 kernels.extension()
         except UnsupportedError:
             return
-
-    @staticmethod
-    def _build_llama_cpp() -> None:
-        """llama.cpp's binaries built (once per machine)."""
-        from harness.kernels import llama_build
-        from harness.weights import packaged
-
-        for name in llama_build.BINARIES:
-            llama_build.binary(name, packaged.cache_root())
 
     def summaries(self) -> list[tuple[str, list[str]]]:
         """The end-of-run sections: (title, lines)."""

@@ -21,7 +21,7 @@ import pytest
 
 from harness import pytest_plugin as plugin
 from harness import report
-from harness.base import backends
+from harness.decoding import engines
 from harness.experiments import bench
 from harness.pairs import models
 from harness.settings import baselines
@@ -63,11 +63,8 @@ REQUIRED = (
     "plain_non_forward_share",
     "assisted_non_forward_share",
 )
-# What an engine's own books do not hold, by engine: llama.cpp's server books a speculative round
-# whole (no draft time apart, no per-round acceptance), so alpha, c and the predictions are absent.
-NOT_BOOKED = {
-    "llama.cpp": {"alpha", "draft_forward_ms", "c", "predicted_speedup", "predicted_speedup_verify"},
-}
+# The tiny pair the engine axis runs its tiny tiers on: the offline pair's family.
+ENGINE_TINY = ("tiny-qwen2",)
 # What a token tree's case leaves out: Leviathan's prediction is a chain's (a tree's is planned from
 # the draft's ranks, ``python -m harness.trees``).
 NOT_PREDICTED_FOR_TREES = {"predicted_speedup", "predicted_speedup_verify"}
@@ -77,7 +74,7 @@ def tiny_case(pair_name: str) -> bench.BenchCase:
     return bench.case(pair_name, 64, 32, num_assistant_tokens=5)
 
 
-registered_case, ort_case, genai_case = bench.registered_case, bench.ort_case, bench.genai_case
+registered_case, ort_case = bench.registered_case, bench.ort_case
 
 
 def real_case(pair_name: str, which: str) -> bench.BenchCase:
@@ -104,7 +101,8 @@ def load(pairs, case: bench.BenchCase) -> models.LoadedPair:
 
 def check_machinery(m: bench.CaseMeasurement, exact_outputs: bool) -> None:
     s = m.summary()
-    absent = NOT_BOOKED.get(m.case.run.target.engine, set())
+    # What an engine's own books do not hold (``Engine.unbooked``) is absent, never made up.
+    absent = set(engines.engine_class(m.case.run.target.engine).unbooked)
     if m.case.run.decoding.draft_tree:
         absent = absent | NOT_PREDICTED_FOR_TREES
     missing = [
@@ -191,53 +189,30 @@ def test_benchmark_real_onnxruntime(
 
 
 @pytest.mark.pairs(tiny=False)
-@pytest.mark.backends("onnxruntime")
 @ARMS
-def test_benchmark_real_onnxruntime_genai(
-    pairs, pair_name, target_backend, arm, benchmark, request, platform_name, bench_results, cases
+def test_benchmark_real_engine(
+    pairs, pair_name, engine, arm, benchmark, request, platform_name, bench_results, cases
 ):
-    """onnxruntime-genai's own speculative decoding against its own plain decoding, gated like the
-    transformers loop's cases (its draft model, the builder's exports)."""
-    case = genai_case(models.get_pair(pair_name), target_backend[1])
+    """An engine's own speculative decoding (its own draft, its constant K) against its own plain
+    decoding, gated like the transformers loop's cases against this platform's baseline."""
+    provider = request.config.getoption("--execution-provider")
+    case = bench.engine_case(models.get_pair(pair_name), engine, provider)
     run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
 
 
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.llama_cpp
-@ARMS
-def test_benchmark_real_llama_cpp(
-    pairs, pair_name, arm, benchmark, request, platform_name, bench_results, cases
-):
-    """llama.cpp's own speculative decoding (its server, the draft GGUF, K=3) against its own plain
-    decoding on the same binary, gated like the other cases against this platform's baseline."""
-    case = bench.llamacpp_case(models.get_pair(pair_name))
-    run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
-
-
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.openvino
-@ARMS
-def test_benchmark_real_openvino(
-    pairs, pair_name, arm, benchmark, request, platform_name, bench_results, cases
-):
-    """OpenVINO GenAI's own speculative decoding (its pipeline with the pair's draft, K=3) against its
-    own plain decoding, gated like the other cases against this platform's baseline."""
-    case = bench.openvino_case(models.get_pair(pair_name))
-    run_real_case(case, arm, pairs, benchmark, request, platform_name, bench_results, cases)
-
-
-def test_benchmark_machinery_tiny_onnxruntime_genai(pairs, tmp_path, platform_name, bench_results):
-    """The benchmark's measurement, summary and rows on the engine's loop (tiny-qwen2): every number
-    the gate reads is finite and consistent, and the rows and the case id say the engine."""
-    case = genai_case(models.get_pair("tiny-qwen2"), backends.DEFAULT_PROVIDER, prompt_tokens=64, k=4)
+@pytest.mark.pairs(tiny=ENGINE_TINY, real=False)
+def test_benchmark_machinery_tiny_engine(pairs, pair_name, engine, tmp_path, platform_name, bench_results):
+    """The benchmark's measurement, summary and rows on an engine's loop: every number the gate reads
+    is finite and consistent, and the rows and the case id say the engine."""
+    case = bench.engine_case(models.get_pair(pair_name), engine, prompt_tokens=64, k=4)
     rows_path = tmp_path / "rows" / "bench.jsonl"
     m = bench.measure_case(
         load(pairs, case), case, TINY_REPETITIONS, rows_path=rows_path, platform=platform_name
     )
     bench_results.append((m, "tiny: not gated"))
     check_machinery(m, exact_outputs=False)
-    assert {r.engine for r in read_rows(rows_path)} == {"onnxruntime-genai"}
-    assert m.case.case_id.endswith("-onnxruntime-genai")
+    assert {r.engine for r in read_rows(rows_path)} == {engine}
+    assert m.case.case_id.endswith(f"-{engine}")
 
 
 # How many more batches of --perf-repetitions rounds an inconclusive speedup gate measures before

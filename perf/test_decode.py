@@ -434,44 +434,31 @@ def test_precision_tier_real_onnxruntime(
     _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
 
 
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.backends("onnxruntime")
-def test_precision_tier_real_onnxruntime_genai(
-    pairs, equality, divergence_table, pair_name, target_backend, real_prompts
-):
-    """onnxruntime-genai's own speculative decoding (its draft model) as a tier: every flip must be a
-    near tie of the engine's own one-token logits (``--real-prompts 186`` covers every prompt)."""
-    pair = pairs.get(pair_name, target_backend=target_backend, engine="onnxruntime-genai")
-    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+# The tiny pair the engine axis runs its tiny tiers on: the offline pair's family.
+ENGINE_TINY = ("tiny-qwen2",)
+
+
+@pytest.mark.pairs(tiny=ENGINE_TINY)
+def test_engine_tier(pairs, equality, divergence_table, pair_name, engine, real_prompts):
+    """An engine's own speculative decoding (its own draft) as a tier: every output the plain one, or
+    its first flip a near tie by the engine's own plain judgement (``--real-prompts 186`` covers
+    every prompt on a real pair)."""
+    pair = pairs.get(pair_name, engine=engine)
+    if pair.spec.target.is_tiny:
+        _tier_check(pair, PROMPTS[:4], TINY_NEW_TOKENS, divergence_table, equality, 64)
+    else:
+        _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
 
 
 @pytest.mark.pairs(tiny=False)
-@pytest.mark.llama_cpp
-def test_precision_tier_real_llama_cpp(pairs, equality, divergence_table, pair_name, real_prompts):
-    """llama.cpp's own speculative decoding (its server with the pair's draft GGUF) as a tier: every
-    flip must be a near tie of the plain server's own log-probabilities (``--real-prompts 186``)."""
-    pair = pairs.get(pair_name, engine="llama.cpp")
-    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
-
-
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.llama_cpp
-def test_prompt_lookup_real_llama_cpp(pairs, equality, pair_name, real_prompts):
-    """llama.cpp's n-gram speculation (the suite's prompt lookup) leaves its output unchanged, or
+@pytest.mark.engines(mode="prompt_lookup")
+def test_engine_prompt_lookup_real(pairs, equality, pair_name, engine, real_prompts):
+    """An engine's n-gram speculation (the suite's prompt lookup) leaves its output unchanged, or
     flips only near ties, on a prompt that repeats itself (so the lookup proposes, and is checked)."""
-    pair = pairs.get(pair_name, engine="llama.cpp", with_draft=False)
+    pair = pairs.get(pair_name, engine=engine, with_draft=False)
     s = strategies.get("prompt_lookup").settings(5, "constant", REAL_NEW_TOKENS)
     cases = [equality.case(pair, p.text, "prompt_lookup", s) for p in PROMPTS[:real_prompts]]
     assert equivalence.acceptance_problems(cases, "prompt_lookup") == []
-
-
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.openvino
-def test_precision_tier_real_openvino(pairs, equality, divergence_table, pair_name, real_prompts):
-    """OpenVINO GenAI's own speculative decoding (its pipeline with the pair's draft) as a tier:
-    every flip must be a near tie of the plain pipeline's own log-probabilities (``--real-prompts 186``)."""
-    pair = pairs.get(pair_name, engine="openvino")
-    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
 
 
 def real_tier_prompts(n: int) -> list[tasks.Prompt]:

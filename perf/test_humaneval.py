@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.base import platforms
+from harness.decoding import engines
 from harness.decoding.generation import generate
 from harness.experiments import bench, experiment, humaneval, runner
 from harness.pairs.models import LoadedPair
@@ -144,45 +145,24 @@ def test_humaneval_pass_at_1_equal_real(pairs, pair_name, target_backend, pytest
     _pass_at_1_equal(pair, name, pytestconfig, tmp_path)
 
 
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.backends("onnxruntime")
-def test_humaneval_pass_at_1_equal_real_onnxruntime_genai(
-    pairs, pair_name, target_backend, pytestconfig, tmp_path
-):
-    """onnxruntime-genai's own loop, plain and speculative (its draft model): pass@1 equal."""
-    pair = pairs.get(pair_name, target_backend=target_backend, engine="onnxruntime-genai")
-    _pass_at_1_equal(
-        pair, f"{pair.spec.name}-onnxruntime-genai-{pair.target_setup.provider}", pytestconfig, tmp_path
-    )
-
-
-# llama.cpp's HumanEval runs at least this many problems by default: its flips are near ties of its
-# own kernels, so pass@1 is compared on more than the two problems the other configurations take
-# (all 164 are on the results page: there its near-tie flips do move pass@1).
-LLAMACPP_PROBLEMS = 20
+# The tiny pair the engine axis runs its tiny tiers on: the offline pair's family.
+ENGINE_TINY = ("tiny-qwen2",)
 
 
 @pytest.mark.pairs(tiny=False)
-@pytest.mark.llama_cpp
-def test_humaneval_pass_at_1_equal_real_llama_cpp(pairs, pair_name, pytestconfig, tmp_path):
-    """llama.cpp's own server, plain and speculative (the pair's draft GGUF): pass@1 equal."""
-    pair = pairs.get(pair_name, engine="llama.cpp")
-    limit = max(LLAMACPP_PROBLEMS, pytestconfig.getoption("--humaneval-limit"))
-    _pass_at_1_equal(pair, f"{pair.spec.name}-llama.cpp", pytestconfig, tmp_path, limit=limit)
+def test_humaneval_pass_at_1_equal_real_engine(pairs, pair_name, engine, pytestconfig, tmp_path):
+    """An engine's own loop, plain and speculative (its own draft): pass@1 equal, on at least the
+    problems the engine asks for (``Engine.humaneval_problems``: one whose flips are near ties of its
+    own kernels is compared on more than the two the other configurations take)."""
+    pair = pairs.get(pair_name, engine=engine)
+    limit = max(engines.engine_class(engine).humaneval_problems, pytestconfig.getoption("--humaneval-limit"))
+    _pass_at_1_equal(pair, humaneval.engine_rows_name(pair), pytestconfig, tmp_path, limit=limit)
 
 
-@pytest.mark.pairs(tiny=False)
-@pytest.mark.openvino
-def test_humaneval_pass_at_1_equal_real_openvino(pairs, pair_name, pytestconfig, tmp_path):
-    """OpenVINO GenAI's own pipelines, plain and speculative (the pair's draft): pass@1 equal, on
-    ``--humaneval-limit`` problems (CI runs the default 2; all 164 are on the results page)."""
-    pair = pairs.get(pair_name, engine="openvino")
-    _pass_at_1_equal(pair, f"{pair.spec.name}-openvino", pytestconfig, tmp_path)
-
-
-def test_humaneval_machinery_tiny_onnxruntime_genai(pairs, tmp_path):
-    """The pipeline on the engine's loop (tiny-qwen2): rows for both modes, resumable."""
-    pair = pairs.get("tiny-qwen2", target_backend=("onnxruntime", None), engine="onnxruntime-genai")
+@pytest.mark.pairs(tiny=ENGINE_TINY, real=False)
+def test_humaneval_machinery_tiny_engine(pairs, pair_name, engine, tmp_path):
+    """The pipeline on an engine's loop: rows for both modes, resumable."""
+    pair = pairs.get(pair_name, engine=engine)
     problems = humaneval.load_problems(limit=2)
     path = tmp_path / "he.jsonl"
     summary = evaluate(pair, problems, path, "completion")

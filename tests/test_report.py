@@ -411,7 +411,7 @@ def test_a_published_section_shows_one_run_chosen_the_same_way_whatever_was_appe
             "qwen2.5-coder-1.5b-onnxruntime-CPUExecutionProvider",
             "real[qwen2.5-coder-1.5b-onnxruntime-CPUExecutionProvider] --humaneval-limit 164",
         ),
-        ("qwen2.5-coder-1.5b-llama.cpp", "real_llama_cpp[qwen2.5-coder-1.5b] --humaneval-limit 164"),
+        ("qwen2.5-coder-1.5b-llama.cpp", "real_engine[qwen2.5-coder-1.5b-llama_cpp] --humaneval-limit 164"),
     ],
 )
 def test_a_humaneval_table_names_the_run_that_wrote_its_rows(stem, options):

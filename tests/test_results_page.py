@@ -218,8 +218,9 @@ def test_a_real_case_is_named_by_its_pytest_selection():
     for case, words in (
         (bench.registered_case(spec), "registered"),
         (bench.fp32_case(spec), "fp32"),
-        (bench.ort_case(spec, provider), "onnxruntime and not genai"),
-        (bench.genai_case(spec, provider), "onnxruntime_genai"),
+        (bench.ort_case(spec, provider), "test_benchmark_real_onnxruntime"),
+        (bench.engine_case(spec, "onnxruntime-genai", provider), "real_engine and onnxruntime_genai"),
+        (bench.engine_case(spec, "llama.cpp"), "test_benchmark_real_engine and llama_cpp"),
     ):
         command = bench.real_case_command(spec, case.case_id, 5, provider)
         assert command is not None and words in command and "--perf-repetitions 5" in command

@@ -50,8 +50,13 @@ class Engine(abc.ABC):
     # Its judge of a flip replays plain decoding step for step (True), or reads the prefix as one
     # prompt (a batched prefill, not plain decoding's steps).
     exact_judge: ClassVar[bool] = True
+    # The decoding modes it runs (``GenerationSettings.mode``): plain, a draft model's, prompt lookup.
+    modes: ClassVar[tuple[str, ...]] = ("plain", "assisted", "prompt_lookup")
     # Row fields its books cannot fill (they stay empty in its rows, and the suites do not ask).
     unbooked: ClassVar[frozenset[str]] = frozenset()
+    # HumanEval problems its pass@1 comparison takes at least: more than the suites' default two where
+    # its flips are near ties of its own kernels (pass@1 could move on a few problems by chance).
+    humaneval_problems: ClassVar[int] = 0
     # The Python module its runtime needs (None: nothing beyond the harness's own dependencies), and
     # the harness's optional extra that installs it.
     runtime_module: ClassVar[str | None] = None
@@ -86,6 +91,23 @@ class Engine(abc.ABC):
         kernels take different paths for one token and for K+1 (int4 weights, int8 activation blocks):
         the int4 allowance, 0.5 logits."""
         return 0.5
+
+    @classmethod
+    def unfit(cls, spec: PairSpec) -> str | None:
+        """Why it cannot run pair ``spec`` at all, from what the pair is (None: it can): the suites
+        leave such a pair out of the engine's cases and say so once. Cheap: asked at collection."""
+        return None
+
+    @classmethod
+    def build(cls) -> None:
+        """Compile what it runs (once per machine); the suites call it beside the weights' conversion."""
+        return None  # most engines build nothing
+
+    @classmethod
+    def prepare(cls, spec: PairSpec, weights_dir: str | None) -> None:
+        """Make what it reads of ``spec`` from the pair's converted weights (exports, IR), once per
+        machine; the suites call it before the first real test, while no model is loaded."""
+        return None  # most engines read the converted weights as they are
 
     @classmethod
     @abc.abstractmethod

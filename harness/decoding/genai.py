@@ -322,6 +322,22 @@ class GenaiEngine(Engine):
         self.vocab = vocab
 
     @classmethod
+    def unfit(cls, spec: Any) -> str | None:
+        from harness.base import backends
+
+        if spec.family not in backends.ORT_FAMILIES:
+            written = ", ".join(backends.ORT_FAMILIES)
+            return f"its family {spec.family} is not one the model builder writes ({written})"
+        return None
+
+    @classmethod
+    def prepare(cls, spec: Any, weights_dir: str | None) -> None:
+        from harness.pairs import models
+
+        if spec.name == models.DEFAULT_PAIR:
+            models.prepare_packaged(export_target=True, export_draft=True)
+
+    @classmethod
     def check(cls, spec: Any, run: Any) -> None:
         """What onnxruntime-genai 0.18.0 runs through the suite (``check_settings``), on an export
         of a family its model builder writes."""

@@ -426,12 +426,27 @@ class LlamaCppEngine(Engine):
     exact_judge: ClassVar[bool] = False
     # The server books a speculative round whole: no draft time apart, no per-round acceptance.
     unbooked: ClassVar[frozenset[str]] = DRAFT_SPLIT_FIELDS
+    humaneval_problems: ClassVar[int] = 20
     runs: ClassVar[str] = "GGUF files as they are (a pair's, or two bare .gguf files)"
 
     def __init__(self, servers: Servers) -> None:
         self.servers = servers
         # Which llama.cpp decoded: every row this engine writes carries it beside the libraries'.
         self.versions = {"llama.cpp": build_of(servers.binary)}
+
+    @classmethod
+    def unfit(cls, spec: Any) -> str | None:
+        from harness.pairs import models
+
+        return models.missing_gguf(spec)
+
+    @classmethod
+    def build(cls) -> None:
+        from harness.kernels import llama_build
+        from harness.weights import packaged
+
+        for name in llama_build.BINARIES:
+            llama_build.binary(name, packaged.cache_root())
 
     @classmethod
     def check(cls, spec: Any, run: Any) -> None:

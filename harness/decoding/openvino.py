@@ -213,6 +213,7 @@ class OpenVinoEngine(Engine):
     name: ClassVar[str] = OPENVINO
     backend: ClassVar[str | None] = OPENVINO
     precision: ClassVar[str | None] = "gguf"
+    modes: ClassVar[tuple[str, ...]] = ("plain", "assisted")
     runtime_module: ClassVar[str | None] = "openvino_genai"
     extra: ClassVar[str | None] = "openvino"
     runs: ClassVar[str] = "GGUF files (a pair's, or two bare .gguf files), converted to OpenVINO IR once"
@@ -226,6 +227,19 @@ class OpenVinoEngine(Engine):
         self.eos = eos
         # Which OpenVINO GenAI decoded: every row this engine writes carries it beside the libraries'.
         self.versions = {"openvino-genai": openvino_version()}
+
+    @classmethod
+    def unfit(cls, spec: Any) -> str | None:
+        from harness.pairs import models
+
+        return models.missing_gguf(spec)
+
+    @classmethod
+    def prepare(cls, spec: Any, weights_dir: str | None) -> None:
+        from harness.settings import setup
+
+        run = setup.resolve(spec, target_backend=cls.backend, engine=cls.name)
+        cls.ir_folders(spec, cls.gguf_files(spec, run, weights_dir))
 
     @classmethod
     def check(cls, spec: Any, run: Any) -> None:

@@ -217,6 +217,7 @@ class ServedEngine(Engine):
     name: ClassVar[str] = SERVED
     backend: ClassVar[str | None] = "openai"
     precision: ClassVar[str | None] = "served"
+    modes: ClassVar[tuple[str, ...]] = ("plain", "assisted")
     runs: ClassVar[str] = "a deployment's plain and speculative OpenAI-compatible endpoints"
     # The suites start no deployment: a run gives its endpoints (--endpoint, --speculative-endpoint).
     in_suites: ClassVar[bool] = False

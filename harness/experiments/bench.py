@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from harness.base import platforms, tasks
+from harness.base.backends import DEFAULT_PROVIDER
 from harness.base.errors import HarnessError
+from harness.decoding import engines
 from harness.decoding.generation import generate
 from harness.experiments import experiment, runner
 from harness.pairs.models import LoadedPair
@@ -134,46 +136,25 @@ def ort_case(spec: Any, provider: str) -> BenchCase:
     return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, target_backend="onnxruntime", provider=provider)
 
 
-def genai_case(spec: Any, provider: str, prompt_tokens: int = REAL_PROMPT_TOKENS, k: int = 3) -> BenchCase:
-    """The registered case's prompt and budget through onnxruntime-genai's own loop: its plain
-    decoding against its speculative decoding with the draft exported beside the target (the
-    builder's int4, default settings), K=3 (the engine's K is fixed: no schedule of its own)."""
+def engine_case(
+    spec: Any,
+    engine: str,
+    provider: str = DEFAULT_PROVIDER,
+    prompt_tokens: int = REAL_PROMPT_TOKENS,
+    k: int | None = None,
+) -> BenchCase:
+    """The registered case's prompt and budget through an engine's own loop: its plain decoding against
+    its own speculative decoding with its own draft, at the engine's constant K (``Engine.default_k``:
+    llama.cpp's default, 3, for the built-in ones), on its own files of the pair."""
+    cls = engines.engine_class(engine)
     return case(
         spec,
         prompt_tokens,
         REAL_NEW_TOKENS,
-        target_backend="onnxruntime",
-        provider=provider,
-        engine=setup.GENAI,
-        num_assistant_tokens=k,
-    )
-
-
-def llamacpp_case(spec: Any, k: int = 3) -> BenchCase:
-    """The registered case's prompt and budget through llama.cpp's own server: its plain decoding
-    against its speculative decoding with the pair's draft GGUF, K=3 (llama.cpp's default), both
-    on the pair's GGUF files as they are."""
-    return case(
-        spec,
-        REAL_PROMPT_TOKENS,
-        REAL_NEW_TOKENS,
-        target_backend=setup.LLAMACPP,
-        engine=setup.LLAMACPP,
-        num_assistant_tokens=k,
-    )
-
-
-def openvino_case(spec: Any, k: int = 3) -> BenchCase:
-    """The registered case's prompt and budget through OpenVINO GenAI's own pipelines: its plain
-    decoding against its speculative decoding with the pair's draft, K=3, both from the pair's GGUF
-    files converted to IR."""
-    return case(
-        spec,
-        REAL_PROMPT_TOKENS,
-        REAL_NEW_TOKENS,
-        target_backend=setup.ENGINE_BACKEND[setup.OPENVINO],
-        engine=setup.OPENVINO,
-        num_assistant_tokens=k,
+        target_backend=cls.backend or "torch",
+        provider=provider if cls.backend == "onnxruntime" else None,
+        engine=engine,
+        num_assistant_tokens=k or cls.default_k,
     )
 
 
@@ -186,11 +167,14 @@ def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> st
     spec = models.get_pair(pair)
     selections = {
         registered_case(spec).case_id: f"test_benchmark_real and {spec.name}-registered",
-        ort_case(spec, provider).case_id: "test_benchmark_real_onnxruntime and not genai",
-        genai_case(spec, provider).case_id: "test_benchmark_real_onnxruntime_genai",
-        llamacpp_case(spec).case_id: "test_benchmark_real_llama_cpp",
-        openvino_case(spec).case_id: "test_benchmark_real_openvino",
+        ort_case(spec, provider).case_id: "test_benchmark_real_onnxruntime",
     }
+    for name in engines.names():
+        cls = engines.engine_class(name)
+        if cls.own_draft and cls.in_suites:
+            selections[engine_case(spec, name, provider).case_id] = (
+                f"test_benchmark_real_engine and {cls.test_id()}"
+            )
     if spec.name == models.DEFAULT_PAIR:
         selections[fp32_case(spec).case_id] = f"test_benchmark_real and {spec.name}-fp32"
         selections[tree_case(spec).case_id] = f"test_benchmark_real and {spec.name}-tree"

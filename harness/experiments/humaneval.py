@@ -351,6 +351,12 @@ def rows_name(pair: str, precisions: Mapping[str, str] | None = None) -> str:
     return f"{pair}-{target}" if target == draft else f"{pair}-{target}-{draft}"
 
 
+def engine_rows_name(pair: Any) -> str:
+    """The name of an engine's rows for a loaded ``pair``: ``<pair>-<engine>[-<execution provider>]``."""
+    t = pair.target_setup
+    return "-".join(filter(None, (pair.spec.name, t.engine, t.provider)))
+
+
 def split_rows_name(stem: str) -> tuple[str, str] | None:
     """A rows file's name ``stem`` read back: the registered pair it starts with and what follows
     (``""``, ``-<precisions>`` from ``rows_name``, or a backend's or engine's suffix); None when

@@ -442,6 +442,22 @@ def pair_gguf_files(
     return found
 
 
+def missing_gguf(spec: PairSpec, weights_dir: str | None = None) -> str | None:
+    """Why an engine that runs GGUF files cannot run ``spec`` (None: both models have one here),
+    found without assembling or converting anything: a run's collection asks it of every pair."""
+    for role, model in (("target", spec.target), ("draft", spec.draft)):
+        if model.is_tiny:
+            return f"its {role} is built from a config, with no GGUF file"
+        if model.is_gguf_file or (
+            model.packaged_key and packaged.parts_status(packaged.get_model(model.packaged_key)).complete
+        ):
+            continue
+        folder = locate_model(model, weights_dir).path
+        if folder is None or len(list(Path(folder).glob("*.gguf"))) != 1:
+            return f"its {role} {model.name} has no GGUF file here (give a .gguf file, or a folder with one)"
+    return None
+
+
 def check_block_precision(name: str, kernels: str, flag: str = "--target_kernels") -> None:
     if name in precision.BLOCK_PRECISIONS and kernels != "invariant":
         raise UnsupportedError(

@@ -19,6 +19,7 @@ from typing import Any
 from tabulate import tabulate
 
 from harness.base import backends, files
+from harness.decoding import engines
 from harness.experiments import bench, forwards, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
 from harness.report.sweep import cell
@@ -316,11 +317,10 @@ def tier_test(label: str, pair: str) -> str:
     if " / tree " in rest:  # the registered pair's token tree (``_tier_check``'s label)
         return f"{where}test_precision_tier_real_tree[{pair}]"
     engine, _, provider = rest.partition(" ")
-    if engine in ("onnxruntime", "onnxruntime-genai"):
-        name = "test_precision_tier_real_" + engine.replace("-", "_")
-        return f"{where}{name}[{pair}-onnxruntime-{provider}]"
-    if engine in ("llama.cpp", "openvino"):
-        return f"{where}test_precision_tier_real_{engine.replace('.', '_')}[{pair}]"
+    if engine == "onnxruntime":
+        return f"{where}test_precision_tier_real_onnxruntime[{pair}-onnxruntime-{provider}]"
+    if engine in engines.names():
+        return f"{where}test_engine_tier[{pair}-{engines.engine_class(engine).test_id()}]"
     if precision == "gguf":
         return f"{where}test_precision_tier_real_gguf[{pair}]"
     return f"{where}test_precision_tier_real[{pair}-{precision}-{engine}]"
@@ -370,10 +370,9 @@ def humaneval_test(stem: str) -> str | None:
     if found is None:
         return None
     (pair, rest), where = found, "perf/test_humaneval.py::test_humaneval_pass_at_1_equal_real"
-    if rest in ("-llama.cpp", "-openvino"):
-        return f"{where}_{rest[1:].replace('.', '_')}[{pair}]"
-    if rest.startswith("-onnxruntime-genai-"):
-        return f"{where}_onnxruntime_genai[{pair}-onnxruntime-{rest.removeprefix('-onnxruntime-genai-')}]"
+    for name in engines.names():  # ``humaneval.engine_rows_name``: the engine, then any provider
+        if rest == f"-{name}" or rest.startswith(f"-{name}-"):
+            return f"{where}_engine[{pair}-{engines.engine_class(name).test_id()}]"
     if rest.startswith("-onnxruntime-"):
         return f"{where}[{pair}-onnxruntime-{rest.removeprefix('-onnxruntime-')}]"
     return f"{where}[{pair}]"

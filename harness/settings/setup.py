@@ -464,6 +464,7 @@ def resolve(
             target_precision or spec.target_setup.precision,
             target_kernels or spec.target_setup.kernels,
             device=target_device,
+            engine=engine,
         )
     draft = None
     if with_draft and engine != "transformers":
