@@ -61,12 +61,14 @@ class PairCache:
         provider), as the ``target_backend`` fixture gives; ``engine``: the pair as that engine runs
         it (its own files: exports, GGUF, IR)."""
         backend, provider = target_backend
-        # An engine with its own loop runs its own runtime, whatever backend the test is crossed with.
-        backend = engines.engine_class(engine).backend or backend
-        if backend == "onnxruntime" and provider is None:
-            provider = self.provider
+        if engine != engines.BUILT_IN:
+            # An engine with its own loop runs its own runtime, whatever backend the test is crossed with.
+            backend = None
+            provider = provider or (
+                self.provider if engines.engine_class(engine).backend == "onnxruntime" else None
+            )
         spec = models.get_pair(name)
-        run = setup.resolve(
+        run = engines.resolve(
             spec,
             target_precision=target_precision,
             draft_precision=draft_precision,

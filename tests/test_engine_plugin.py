@@ -26,10 +26,9 @@ def _install(tmp_path: Path) -> dict[str, str]:
          "--target", str(site), str(source)],
         check=True, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-    }
+    # Not this run's xdist worker settings: the suites it starts run as a user's would.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))}
 
 
 def test_an_engine_installed_from_another_package_runs_the_three_suites_tiny_tiers(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def test_the_engine_refuses_settings_of_transformers_loop(setting: str) -> None:
     value = 64 if setting == "draft_vocab" else "fp32"
     spec = models.get_pair("tiny-qwen2")
     with pytest.raises(HarnessError, match=f"--{setting} applies to --engine transformers"):
-        setup.resolve(spec, target_backend="onnxruntime", engine="onnxruntime-genai", **{setting: value})
+        engines.resolve(spec, engine="onnxruntime-genai", **{setting: value})
 
 
 def test_a_run_of_one_pair_does_not_load_another() -> None:

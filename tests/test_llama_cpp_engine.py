@@ -75,7 +75,7 @@ def _tagged(tag: str) -> list[int]:
 
 def test_resolve_gives_the_pair_gguf_files_as_they_are():
     spec = models.get_pair(models.DEFAULT_PAIR)
-    run = setup.resolve(spec, target_backend=setup.LLAMACPP, engine=setup.LLAMACPP, num_assistant_tokens=3)
+    run = engines.resolve(spec, engine="llama.cpp", num_assistant_tokens=3)
     assert run.target == setup.Target("gguf", "stock", "llama.cpp", None, "cpu", "llama.cpp")
     assert run.draft == setup.Draft("gguf")
     assert run.decoding.assistant_schedule == "constant"  # llama.cpp drafts a constant K
@@ -86,14 +86,14 @@ def test_resolve_gives_the_pair_gguf_files_as_they_are():
     [
         (dict(target_kernels="invariant"), "--target_kernels applies to --engine transformers"),
         (dict(draft_precision="fp32"), "--draft_precision applies to --engine transformers"),
-        (dict(target_precision="int4"), "runs the pair's GGUF files as they are"),
+        (dict(target_precision="int4"), "runs GGUF files as they are"),
         (dict(target_backend="torch"), "runs a llama.cpp target"),
     ],
 )
 def test_resolve_refuses_what_llama_cpp_does_not_run(given, expected):
     spec = models.get_pair(models.DEFAULT_PAIR)
     with pytest.raises(HarnessError, match=expected):
-        setup.resolve(spec, **{"target_backend": setup.LLAMACPP, "engine": setup.LLAMACPP, **given})
+        engines.resolve(spec, **{"engine": "llama.cpp", **given})
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_settings_the_server_cannot_take_are_refused(settings, expected):
 
 def test_a_pair_without_gguf_files_is_refused_before_anything_starts():
     spec = models.get_pair("tiny-qwen2")
-    run = setup.resolve(spec, target_backend=setup.LLAMACPP, engine=setup.LLAMACPP)
+    run = engines.resolve(spec, engine="llama.cpp")
     with pytest.raises(HarnessError, match="runs the pair.s GGUF files, and tiny-qwen2.s target"):
         engines.check(spec, run)
 
@@ -401,7 +401,7 @@ def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path
     [
         (dict(engine="served"), "give --endpoint URL"),
         (dict(engine="served", endpoint="http://127.0.0.1:1"), "--speculative-endpoint URL"),
-        (dict(endpoint="http://127.0.0.1:1"), "go with --engine served"),
+        (dict(endpoint="http://127.0.0.1:1"), r"decodes over a deployment's API \(--engine served\)"),
         (
             dict(
                 engine="served", endpoint="http://user:secret@127.0.0.1:1", speculative_endpoint="http://h:2"
@@ -417,9 +417,8 @@ def test_cli_compare_on_llama_cpp_writes_its_books_and_leaves_no_server(tmp_path
 )
 def test_resolve_refuses_a_deployment_it_cannot_reach_safely(given, expected):
     spec = models.get_pair(models.DEFAULT_PAIR)
-    backend = "openai" if given.get("engine") == "served" else "torch"
     with pytest.raises(HarnessError, match=expected):
-        setup.resolve(spec, target_backend=backend, **given)
+        engines.resolve(spec, **given)
 
 
 def test_an_unreachable_endpoint_is_a_clear_error():

@@ -272,11 +272,10 @@ def test_the_engine_stops_where_a_stop_string_appears_in_both_modes():
     (HumanEval's completions end there instead of running to the budget)."""
     from harness.decoding import engines
     from harness.pairs import models
-    from harness.settings import setup
     from harness.settings.setup import GenerationSettings
 
     spec = models.get_pair("tiny-qwen2")
-    pair = engines.load(spec, setup.resolve(spec, target_backend="onnxruntime", engine=setup.GENAI))
+    pair = engines.load(spec, engines.resolve(spec, engine="onnxruntime-genai"))
     prompt = PROMPTS[0]
     full = pair.engine.decode(pair, prompt, GenerationSettings(max_new_tokens=24, ignore_eos=True)).output_ids
     stop = pair.tokenizer.decode(full[8:10])

@@ -26,7 +26,7 @@ SPEC = models.get_pair(models.DEFAULT_PAIR)
 
 
 def _run(**given) -> setup.RunSetup:
-    return setup.resolve(SPEC, **{"target_backend": "openvino", "engine": setup.OPENVINO, **given})
+    return engines.resolve(SPEC, **{"engine": "openvino", **given})
 
 
 # --------------------------------------------------------------------------- settings, devices
@@ -86,7 +86,7 @@ def test_settings_the_pipelines_cannot_show_are_refused(settings, expected):
 
 def test_a_pair_without_gguf_files_is_refused_before_anything_starts():
     spec = models.get_pair("tiny-qwen2")
-    run = setup.resolve(spec, target_backend="openvino", engine=setup.OPENVINO)
+    run = engines.resolve(spec, engine="openvino")
     with pytest.raises(HarnessError, match="openvino runs the pair.s GGUF files, and tiny-qwen2.s target"):
         engines.check(spec, run)
 

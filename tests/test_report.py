@@ -444,10 +444,11 @@ def test_reproduce_command_of_a_served_row_is_one_the_cli_takes():
     assert "--engine served" in command and "--endpoint http://127.0.0.1:8080" in command
     assert "--target_precision" not in command and "--target_backend" not in command
     args = cli.build_parser().parse_args(command.split()[2:])
-    run = setup.resolve(
+    from harness.decoding import engines
+
+    run = engines.resolve(
         models.get_pair(models.DEFAULT_PAIR),
         engine=args.engine,
-        target_backend="openai",
         endpoint=args.endpoint,
         speculative_endpoint=args.speculative_endpoint,
     )

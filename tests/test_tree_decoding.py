@@ -213,9 +213,7 @@ def test_a_tree_off_the_invariant_kernels_or_sampled_or_in_another_engine_is_ref
     with pytest.raises(HarnessError, match="batch-invariant kernels only"):
         engines.check(spec, stock)
     with pytest.raises(HarnessError, match="own loop"):
-        setup.resolve(
-            models.get_pair(spec), engine="llama.cpp", target_backend="llama.cpp", decoding=_tree("0+1")
-        )
+        engines.resolve(models.get_pair(spec), engine="llama.cpp", decoding=_tree("0+1"))
 
 
 def test_a_tree_from_the_command_line_reaches_rows_and_reproduce_command(tmp_path, capsys):

@@ -226,12 +226,12 @@ def _run_setup(args: argparse.Namespace, spec: models.PairSpec, modes: Sequence[
             "ignore_eos": args.ignore_eos,
         }
     )
-    run = setup.resolve(
+    run = engines.resolve(
         spec,
         target_precision=args.target_precision,
         target_kernels=args.target_kernels,
-        # An engine with its own loop runs its own runtime's target whatever --target_backend says.
-        target_backend=setup.ENGINE_BACKEND.get(args.engine, args.target_backend),
+        # An engine with its own loop runs its own runtime's target (--target_backend is the harness's).
+        target_backend=args.target_backend if args.engine == engines.BUILT_IN else None,
         provider=args.execution_provider,
         ort_block_size=backends.OrtSettings.block_size
         if args.ort_block_size is None

@@ -18,7 +18,9 @@ import abc
 import importlib.util
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from harness.base.errors import HarnessError
 
 if TYPE_CHECKING:
     from harness.pairs.models import LoadedPair, PairSpec
@@ -63,6 +65,8 @@ class Engine(abc.ABC):
     extra: ClassVar[str | None] = None
     # What it runs of a pair, said in refusals and on the results page.
     runs: ClassVar[str] = "the pair's files"
+    # It decodes over a deployment's endpoints (``--endpoint``, ``--speculative-endpoint``).
+    takes_endpoints: ClassVar[bool] = False
     # Whether the suites can run it on a registered pair with nothing more than its files (a served
     # deployment needs the user's endpoints).
     in_suites: ClassVar[bool] = True
@@ -108,6 +112,70 @@ class Engine(abc.ABC):
         """Make what it reads of ``spec`` from the pair's converted weights (exports, IR), once per
         machine; the suites call it before the first real test, while no model is loaded."""
         return None  # most engines read the converted weights as they are
+
+    @classmethod
+    def resolve(cls, spec: PairSpec, **given: Any) -> RunSetup:
+        """A run of pair ``spec`` on this engine (``setup.resolve``'s keywords): its own target (the
+        pair's files as it runs them), its own draft at the target's settings, and a constant K,
+        the pair's registered one unless given. Settings only the harness's own loop reads (draft
+        precision, kernels and vocabulary, target kernels, a token tree) are refused, saying what
+        this engine runs instead."""
+        from harness.settings import setup
+
+        backend = given.pop("target_backend", None)
+        if backend not in (None, cls.backend or "torch"):
+            raise HarnessError(
+                f"engine {cls.name} runs a {cls.backend} target: drop --target_backend {backend}"
+            )
+        decoding = given.pop("decoding", None)
+        if decoding is not None and decoding.draft_tree:
+            raise HarnessError(
+                f"--draft_tree runs in the harness's own loop, not {cls.name}'s: drop --engine {cls.name} or "
+                "the tree"
+            )
+        for name in ("draft_precision", "draft_vocab", "draft_kernels", "target_kernels"):
+            if given.pop(name, None) is not None:
+                raise HarnessError(f"--{name} applies to --engine transformers; {cls.name} runs {cls.runs}")
+        if (given.get("endpoint") or given.get("speculative_endpoint")) and not cls.takes_endpoints:
+            raise HarnessError(
+                f"--endpoint and --speculative-endpoint go with an engine that decodes over a deployment's "
+                f"API; {cls.name} runs {cls.runs}: drop them"
+            )
+        with_draft = given.pop("with_draft", True)
+        draft_device = given.pop("draft_device", "cpu")
+        k = given.pop("num_assistant_tokens", None)
+        if given.pop("assistant_schedule", None) not in (None, "constant"):
+            raise HarnessError(f"--engine {cls.name} drafts a constant K: drop --assistant_schedule")
+        target = cls.target_of(spec, **given)
+        draft = setup.Draft(target.precision, device=draft_device) if with_draft else None
+        return setup.settle(spec, target, draft, decoding, k, "constant")
+
+    @classmethod
+    def target_of(
+        cls,
+        spec: PairSpec,
+        *,
+        target_precision: str | None = None,
+        provider: str | None = None,
+        target_device: str = "cpu",
+        **other: Any,
+    ) -> Target:
+        """The target it runs of ``spec``: the pair's files as they are (its ``precision``), or the
+        pair's registered precision for an engine that takes the harness's models."""
+        from harness.base.backends import DEFAULT_PROVIDER
+        from harness.settings.setup import Target
+
+        fixed = cls.precision
+        if (fixed is not None and target_precision not in (None, fixed)) or provider not in (
+            None,
+            DEFAULT_PROVIDER,
+        ):
+            raise HarnessError(
+                f"--engine {cls.name} runs {cls.runs}: drop --target_precision {target_precision or ''} and "
+                "--execution_provider"
+            )
+        precision = fixed or target_precision or spec.target_setup.precision
+        return Target(precision, "stock", cls.backend or "torch", None, target_device, cls.name)
 
     @classmethod
     @abc.abstractmethod

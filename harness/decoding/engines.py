@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import functools
 from importlib import metadata
+from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.decoding.base import Engine
 from harness.pairs import models
 from harness.settings.setup import RunSetup
 
-__all__ = ["GROUP", "Engine", "check", "engine_class", "load", "names"]
+__all__ = ["GROUP", "Engine", "check", "engine_class", "load", "names", "resolve"]
 
 GROUP = "assisted_generation.engines"
 BUILT_IN = "transformers"  # always registered by the harness itself
@@ -70,6 +71,12 @@ def engine_class(name: str) -> type[Engine]:
             f"whose name is {name!r}"
         )
     return cls
+
+
+def resolve(spec: str | models.PairSpec, *, engine: str = BUILT_IN, **given: Any) -> RunSetup:
+    """A run of pair ``spec`` on ``engine``, every setting not given the pair's registered one (the
+    keywords of ``harness.settings.setup.resolve``; an engine refuses those it does not read)."""
+    return engine_class(engine).resolve(models.get_pair(spec), **given)
 
 
 def check(spec: str | models.PairSpec, run: RunSetup) -> None:

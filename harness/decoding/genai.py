@@ -322,6 +322,31 @@ class GenaiEngine(Engine):
         self.vocab = vocab
 
     @classmethod
+    def target_of(
+        cls,
+        spec: Any,
+        *,
+        target_precision: str | None = None,
+        provider: str | None = None,
+        target_device: str = "cpu",
+        ort_block_size: int | None = None,
+        ort_accuracy_level: int | None = None,
+        **other: Any,
+    ) -> Any:
+        """The builder's export of the target at ``--target_precision int4|fp32`` and ``--ort_*``."""
+        from harness.base import backends
+        from harness.settings.setup import Target
+
+        defaults = backends.OrtSettings()
+        ort = backends.OrtSettings(
+            target_precision or defaults.precision,
+            defaults.block_size if ort_block_size is None else ort_block_size,
+            defaults.accuracy_level if ort_accuracy_level is None else ort_accuracy_level,
+            provider or defaults.provider,
+        ).validate()
+        return Target(ort.label, "stock", "onnxruntime", ort.provider, target_device, cls.name)
+
+    @classmethod
     def unfit(cls, spec: Any) -> str | None:
         from harness.base import backends
 

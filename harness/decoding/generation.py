@@ -27,6 +27,7 @@ from harness.decoding import trees
 from harness.decoding.base import Engine
 from harness.pairs import models
 from harness.pairs.models import LoadedPair
+from harness.settings import setup
 from harness.settings.setup import SCHEDULES, GenerationSettings, RunSetup, Target
 from harness.theory.analysis import count_acceptance
 from harness.theory.timing import Measurement, record_forwards, synchronized
@@ -170,6 +171,15 @@ class Transformers(Engine):
         if target.kernels == "invariant":
             return 0.0
         return NEAR_TIE_TOLERANCE.get(target.precision, 0.0)
+
+    @classmethod
+    def resolve(cls, spec: models.PairSpec, **given: Any) -> RunSetup:
+        if given.pop("endpoint", None) or given.pop("speculative_endpoint", None):
+            raise HarnessError(
+                "--endpoint and --speculative-endpoint go with an engine that decodes over a deployment's "
+                "API (--engine served): add it or drop them"
+            )
+        return setup.resolve(spec, **given)
 
     @classmethod
     def check(cls, spec: models.PairSpec, run: RunSetup) -> None:

@@ -236,9 +236,8 @@ class OpenVinoEngine(Engine):
 
     @classmethod
     def prepare(cls, spec: Any, weights_dir: str | None) -> None:
-        from harness.settings import setup
 
-        run = setup.resolve(spec, target_backend=cls.backend, engine=cls.name)
+        run = cls.resolve(spec)
         cls.ir_folders(spec, cls.gguf_files(spec, run, weights_dir))
 
     @classmethod

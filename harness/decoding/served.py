@@ -219,8 +219,28 @@ class ServedEngine(Engine):
     precision: ClassVar[str | None] = "served"
     modes: ClassVar[tuple[str, ...]] = ("plain", "assisted")
     runs: ClassVar[str] = "a deployment's plain and speculative OpenAI-compatible endpoints"
+    takes_endpoints: ClassVar[bool] = True
     # The suites start no deployment: a run gives its endpoints (--endpoint, --speculative-endpoint).
     in_suites: ClassVar[bool] = False
+
+    @classmethod
+    def resolve(cls, spec: Any, **given: Any) -> Any:
+        """A run over the deployment's endpoints: the plain one, and the speculative one to assist."""
+        import dataclasses as dc
+
+        from harness.settings.setup import check_url
+
+        endpoint, speculative = given.pop("endpoint", None), given.pop("speculative_endpoint", None)
+        if not endpoint or (given.get("with_draft", True) and not speculative):
+            raise HarnessError(
+                f"--engine {cls.name} decodes over a deployment's OpenAI-compatible API: give --endpoint URL "
+                "(its plain decoding) and, to assist, --speculative-endpoint URL (its speculative decoding)"
+            )
+        run = super().resolve(spec, **given)
+        target = dc.replace(run.target, endpoint=check_url(endpoint))
+        draft = dc.replace(run.draft, endpoint=check_url(speculative)) if run.draft is not None else None
+        return dc.replace(run, target=target, draft=draft)
+
     # Its judge replays the prefix as one prompt: a batched prefill, not plain decoding's steps.
     exact_judge: ClassVar[bool] = False
 

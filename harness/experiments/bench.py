@@ -89,7 +89,7 @@ def case(
     **settings: Any,
 ) -> BenchCase:
     """A benchmark case of ``pair`` (a name or ``models.PairSpec``): every setting not given is the
-    pair's registered one (``setup.resolve``, with its keyword arguments); ``sampling`` holds
+    pair's registered one (``engines.resolve``, with its keyword arguments); ``sampling`` holds
     ``do_sample``, ``temperature``, ``top_p``, ``top_k`` and ``seed``. Both arms decode exactly
     ``new_tokens`` (EOS ignored), so their tokens/s cover the same work."""
     from harness.pairs import models
@@ -99,7 +99,7 @@ def case(
     decoding = GenerationSettings(
         mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, draft_tree=tree, **(sampling or {})
     )
-    return BenchCase(setup.resolve(spec, decoding=decoding, **settings), prompt_tokens, task)
+    return BenchCase(engines.resolve(spec, decoding=decoding, **settings), prompt_tokens, task)
 
 
 # The real cases perf/test_benchmark.py gates, by name: the prompt and budget of the CI subset. The
@@ -151,7 +151,6 @@ def engine_case(
         spec,
         prompt_tokens,
         REAL_NEW_TOKENS,
-        target_backend=cls.backend or "torch",
         provider=provider if cls.backend == "onnxruntime" else None,
         engine=engine,
         num_assistant_tokens=k or cls.default_k,

@@ -41,8 +41,6 @@ OPENVINO = "openvino"
 # A served deployment (llama-server, vLLM, SGLang, TGI) over the OpenAI-compatible completions API:
 # a plain endpoint and a speculative endpoint of one model (harness.decoding.served).
 SERVED = "served"
-# An engine with a loop of its own runs the target on its own runtime, whatever --target_backend says.
-ENGINE_BACKEND = {GENAI: "onnxruntime", LLAMACPP: "llama.cpp", OPENVINO: "openvino", SERVED: "openai"}
 # User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
 # "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
 # second prompt of a run would not start from the K the user set.
@@ -376,12 +374,11 @@ def resolve(
     *,
     target_precision: str | None = None,
     target_kernels: str | None = None,
-    target_backend: str = "torch",
+    target_backend: str | None = None,
     provider: str | None = None,
     ort_block_size: int = OrtSettings.block_size,
     ort_accuracy_level: int = OrtSettings.accuracy_level,
     target_device: str = "cpu",
-    engine: str = "transformers",
     draft_precision: str | None = None,
     draft_kernels: str | None = None,
     draft_vocab: int | None = None,
@@ -390,67 +387,16 @@ def resolve(
     decoding: GenerationSettings | None = None,
     num_assistant_tokens: int | None = None,
     assistant_schedule: str | None = None,
-    endpoint: str | None = None,
-    speculative_endpoint: str | None = None,
 ) -> RunSetup:
-    """A run of pair ``spec`` (a ``models.PairSpec``) with every setting left as None taken from the
-    pair's registration: the one place registered defaults are applied.
+    """A run of pair ``spec`` (a ``models.PairSpec``) in the harness's own loop (transformers'
+    ``generate``, or its token-tree loop), with every setting left as None taken from the pair's
+    registration: the one place registered defaults are applied. Another engine's run is resolved by
+    its class (``harness.decoding.engines.resolve``), which ends in ``settle`` as this does.
 
     ``draft_vocab`` 0 means the whole vocabulary (None: the registered restriction). On ONNX Runtime
-    the target's precision is the export's label, and its kernels are the runtime's own ("stock");
-    ``engine`` onnxruntime-genai runs such a target in its own loop; ``engine`` llama.cpp runs the
-    pair's GGUF files (precision ``gguf``) in llama.cpp's server.
+    the target's precision is the export's label, and its kernels are the runtime's own ("stock").
     """
-    # The engine's name is checked where it is looked up (``engines.engine_class``).
-    if engine != "transformers":
-        backend = ENGINE_BACKEND.get(engine, target_backend)
-        if target_backend != backend:
-            raise HarnessError(f"engine {engine} runs a {backend} target: pass target_backend={backend!r}")
-        if decoding is not None and decoding.draft_tree:
-            raise HarnessError(
-                f"--draft_tree runs in the harness's own loop, not {engine}'s: drop --engine {engine} "
-                "or the tree"
-            )
-        given = dict(draft_precision=draft_precision, draft_vocab=draft_vocab, draft_kernels=draft_kernels)
-        for name, value in {**given, "target_kernels": target_kernels}.items():
-            if value is not None:
-                own = {
-                    "onnxruntime": "the builder's exports (set their precision with --target_precision "
-                    "int4|fp32 and --ort_*)",
-                    LLAMACPP: "the pair's GGUF files as they are",
-                    "openvino": "the pair's GGUF files as OpenVINO's reader converts them",
-                }.get(backend, "what the deployment serves")
-                raise HarnessError(f"--{name} applies to --engine transformers; {engine} runs {own}")
-    if (endpoint or speculative_endpoint) and engine != SERVED:
-        raise HarnessError(
-            f"--endpoint and --speculative-endpoint go with --engine {SERVED}: add it or drop them"
-        )
-    if engine == SERVED:
-        if not endpoint or (with_draft and not speculative_endpoint):
-            raise HarnessError(
-                f"--engine {SERVED} decodes over a deployment's OpenAI-compatible API: give --endpoint URL "
-                "(its plain decoding) and, to assist, --speculative-endpoint URL (its speculative decoding)"
-            )
-        if target_precision is not None or provider not in (None, DEFAULT_PROVIDER):
-            raise HarnessError(f"--engine {SERVED} runs what the deployment serves: drop --target_precision")
-        target = Target("served", "stock", "openai", None, target_device, engine, check_url(endpoint))
-    elif target_backend == LLAMACPP:
-        if engine != LLAMACPP:
-            raise HarnessError(f"a {LLAMACPP} target runs in llama.cpp's own loop: pass engine={LLAMACPP!r}")
-        if target_precision not in (None, "gguf") or provider not in (None, DEFAULT_PROVIDER):
-            raise HarnessError(
-                f"--engine {LLAMACPP} runs the pair's GGUF files as they are: drop --target_precision "
-                f"{target_precision or ''} and --execution_provider"
-            )
-        target = Target("gguf", "stock", LLAMACPP, None, target_device, engine)
-    elif target_backend == "openvino":
-        if target_precision not in (None, "gguf") or provider not in (None, DEFAULT_PROVIDER):
-            raise HarnessError(
-                f"--engine {OPENVINO} runs the pair's GGUF files converted to OpenVINO IR: drop "
-                f"--target_precision {target_precision or ''} and --execution_provider"
-            )
-        target = Target("gguf", "stock", "openvino", None, target_device, engine)
-    elif target_backend == "onnxruntime":
+    if target_backend == "onnxruntime":
         if target_kernels not in (None, "stock"):
             raise HarnessError(
                 "--target_kernels applies to the torch target only; ONNX Runtime runs its own kernels"
@@ -458,21 +404,20 @@ def resolve(
         ort = OrtSettings(
             target_precision or "int4", ort_block_size, ort_accuracy_level, provider or DEFAULT_PROVIDER
         ).validate()
-        target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device, engine)
+        target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device)
+    elif target_backend not in (None, "torch"):
+        raise HarnessError(
+            f"the harness's own loop runs a torch or onnxruntime target, not {target_backend}: pass the "
+            "engine that runs it (--engine)"
+        )
     else:
         target = Target(
             target_precision or spec.target_setup.precision,
             target_kernels or spec.target_setup.kernels,
             device=target_device,
-            engine=engine,
         )
     draft = None
-    if with_draft and engine != "transformers":
-        # The engine's draft is its own file at the target's settings (an export beside the target's,
-        # the pair's draft GGUF as it is), or what the speculative deployment serves.
-        served = check_url(speculative_endpoint) if speculative_endpoint else None
-        draft = Draft(target.precision, device=draft_device, endpoint=served)
-    elif with_draft:
+    if with_draft:
         registered = spec.draft_setup
         draft = Draft(
             draft_precision or registered.precision,
@@ -480,15 +425,25 @@ def resolve(
             registered.vocab if draft_vocab is None else (draft_vocab or None),
             draft_device,
         )
+    schedule = assistant_schedule or spec.decoding.assistant_schedule
+    return settle(spec, target, draft, decoding, num_assistant_tokens, schedule)
+
+
+def settle(
+    spec: Any,
+    target: Target,
+    draft: Draft | None,
+    decoding: GenerationSettings | None,
+    num_assistant_tokens: int | None,
+    assistant_schedule: str,
+) -> RunSetup:
+    """The run of ``spec`` with its target and draft resolved: K left as None is the pair's registered K."""
     decoding = replace(
         decoding or GenerationSettings(),
         num_assistant_tokens=spec.decoding.num_assistant_tokens
         if num_assistant_tokens is None
         else num_assistant_tokens,
-        # An engine of its own drafts a constant K whatever a pair registers for transformers' loop.
-        assistant_schedule="constant"
-        if engine != "transformers"
-        else assistant_schedule or spec.decoding.assistant_schedule,
+        assistant_schedule=assistant_schedule,
     )
     return RunSetup(spec.name, target, draft, decoding)
 
@@ -569,8 +524,8 @@ def _spell(field: Field, get: Callable[[str], Any], d: Mapping[str, Any]) -> lis
         return []
     if column == "target_precision" and ort:
         return _ort_target(get, d)
-    if get("engine") == SERVED and column in ("target_precision", "target_backend"):
-        return []  # what the deployment serves, over its own API: no flag chooses them
+    if get("engine") not in (None, "transformers") and column in ("target_precision", "target_backend"):
+        return []  # the engine's own files on its own runtime: --engine says them
     if column in ("target_backend", "execution_provider") or (column == "target_kernels" and ort):
         return []  # the ONNX Runtime target spells these itself; torch is the CLI's default
     if column == "do_sample":
