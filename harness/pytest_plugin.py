@@ -31,7 +31,6 @@ from harness.base import backends, devices, platforms
 from harness.base.errors import HarnessError
 from harness.decoding import engines
 from harness.experiments import equivalence
-from harness.kernels import llama_build
 from harness.pairs import models
 from harness.settings import baselines, precision, results
 
@@ -181,7 +180,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     for name in engines.names():
-        config.addinivalue_line("markers", f"{engines.engine_class(name).test_id()}: runs the {name} engine")
+        config.addinivalue_line("markers", f"{engines.test_id(name)}: runs the {name} engine")
     models.offline_env()
     local = _register_local_pairs(config)
     _check_options(config)
@@ -221,7 +220,11 @@ def selected_engines(config: pytest.Config) -> tuple[tuple[str, ...], dict[str, 
             return tuple(names), left_out
         chosen = []
         for name in engines.names():
-            cls = engines.engine_class(name)
+            try:
+                cls = engines.engine_class(name)
+            except HarnessError as exc:
+                left_out[name] = str(exc)
+                continue
             if not cls.own_draft:
                 continue  # the harness's own loop: its tiers run over precisions, kernels and backends
             why = cls.missing() or (None if cls.in_suites else f"the suites cannot run {cls.runs}")
@@ -287,13 +290,13 @@ def _check_options(config: pytest.Config) -> None:
     value = config.getoption("--weights_dir")
     if value is not None and not Path(value).expanduser().is_dir():
         problems.append(f"--weights_dir {value} is not a folder")
-    server = config.getoption("--llama-server")
-    if server is not None:
+    for name in engines.names():
         try:
-            # The engine reads the binary from the environment, as it does the variable's own value.
-            os.environ[llama_build.ENV["llama-server"]] = str(llama_build.given("llama-server", server))
+            cls = engines.engine_class(name)
+            cls.take_options({option: config.getoption(option, None) for option in cls.options})
         except HarnessError as exc:
-            problems.append(str(exc))
+            if config.getoption("--engines").strip().lower() != "all" or "failed to import" not in str(exc):
+                problems.append(str(exc))  # a broken plug-in is said once by the engine axis instead
     if problems:
         raise pytest.UsageError("; ".join(problems))
 
@@ -460,8 +463,9 @@ def _real_selected(config: pytest.Config, local: list[str]) -> list[str]:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """What a run with a local pair will also do, and the engines it leaves out, said before it starts."""
     session = session_of(config)
-    lines = [f"engines: {', '.join(session.engines) or 'none'} (--engines)"]
-    lines += [f"engine {name} not run here: {why}" for name, why in session.left_out.items()]
+    lines = [
+        f"engines: {', '.join(session.engines) or 'none'} (--engines; the run's end says what it left out)"
+    ]
     local = session.local_pairs
     if local and "onnxruntime" in dict(session.target_backends):
         lines.append(
@@ -630,11 +634,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     session = config.stash.get(SESSION, None)
     if session is None:  # the options were refused at configure time
         return
-    unfit = {what: why for what, why in session.left_out.items() if " on " in what}
-    if unfit:
-        terminalreporter.section("engine cases not collected")
-        for what, why in unfit.items():
-            terminalreporter.write_line(f"{what}: {why}")
+    if session.left_out:
+        terminalreporter.section("engines left out")
+        for what, why in session.left_out.items():
+            terminalreporter.write_line(f"{what if ' on ' in what else f'engine {what} not run here'}: {why}")
     left_out = real_pairs_left_out(config)
     if left_out:
         terminalreporter.section("real pairs not collected")
@@ -686,7 +689,7 @@ def engines_used(items: list[pytest.Item]) -> set[str]:
         if callspec is not None and "engine" in callspec.params:
             used.add(callspec.params["engine"])
     for name in engines.names():
-        test_id = engines.engine_class(name).test_id()
+        test_id = engines.test_id(name)
         if any(item.get_closest_marker(test_id) or test_id in item.nodeid for item in items):
             used.add(name)
     return used - {engines.BUILT_IN}

@@ -101,3 +101,10 @@ def test_two_spellings_of_one_configuration_share_one_load() -> None:
     assert cache.get("tiny-llama", target_precision="fp32", draft_kernels="stock") is registered
     assert cache.get("tiny-llama", with_draft=False) is not registered
     assert cache.get("tiny-llama", with_draft=False).draft is None
+
+
+def test_an_option_only_one_engine_reads_is_refused_with_another(capsys: pytest.CaptureFixture) -> None:
+    code = cli.main(["--model_name", "tiny-llama", "--llama-server", "/bin/true", "--limit", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--llama-server is read by --engine llama.cpp only" in err
+    assert "Traceback" not in err

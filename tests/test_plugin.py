@@ -3,6 +3,7 @@ parametrisation by installing the harness, with no conftest of their own."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -108,3 +109,44 @@ def test_a_divergence_tier_resumes_its_finished_prompts_and_redoes_an_edited_one
     again = tier()
     assert len(again) == 5 and again[-1]["prompt"] == first[0]["prompt"]
     assert again[-1]["prompt_sha"] == first[0]["prompt_sha"]
+
+
+@pytest.mark.parametrize(
+    ("engines", "said"),
+    [
+        ("vllm", "unknown engine 'vllm': choose one of transformers"),
+        ("served", "--engines served: the suites cannot run a deployment's plain and speculative"),
+        ("", "--engines names no engine"),
+    ],
+)
+def test_engines_an_engine_axis_cannot_run_are_a_usage_error_before_collection(tmp_path, engines, said):
+    done = _pytest(tmp_path, "--engines", engines, "--co")
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr + done.stdout
+
+
+def test_a_broken_plug_in_engine_is_said_once_and_the_others_run(tmp_path):
+    """An installed package whose engine fails to import leaves the engine axis without it, said
+    once in the header; named on purpose it is a usage error naming its package."""
+    site = tmp_path / "site"
+    info = site / "broken_engine-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-engine\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[assisted_generation.engines]\nbroken = broken_engine:Engine\n")
+    (site / "broken_engine.py").write_text("import a_runtime_that_is_not_installed\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    node = "perf/test_decode.py::test_engine_tier"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", node, "--co", "-q", "-p", "no:cacheprovider"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    said = [line for line in done.stdout.splitlines() if line.startswith("engine broken not run here")]
+    assert len(said) == 1 and "broken-engine" in said[0] and "ModuleNotFoundError" in said[0]
+    assert "tiny-qwen2-onnxruntime_genai" in done.stdout  # the others' cases still collected
+    named = subprocess.run(
+        [sys.executable, "-m", "pytest", node, "--co", "-q", "-p", "no:cacheprovider", "--engines", "broken"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert named.returncode == 4 and "failed to import" in named.stderr and "Traceback" not in named.stderr

@@ -100,8 +100,8 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"--execution_provider {args.execution_provider} applies to ONNX Runtime targets only; add "
             "--target_backend onnxruntime or drop it"
         )
-    if args.engine != setup.OPENVINO:
-        # OpenVINO places its models on its own devices (NPU, GPU): its engine checks them.
+    if not engines.engine_class(args.engine).own_devices:
+        # An engine that places its models on its own devices (NPU, GPU) checks them itself.
         devices.check_device(args.target_device)
         devices.check_device(args.draft_device)
     _check_threads(args.threads)
@@ -128,15 +128,14 @@ def _check_ignored(args: argparse.Namespace) -> None:
             f"--llama-bench times llama.cpp's reference row of --task sweep; it does nothing for --task "
             f"{args.task}: drop it or add --task sweep"
         )
-    if args.llama_server is not None:
-        if args.engine != setup.LLAMACPP:
-            raise HarnessError(
-                f"--llama-server is the binary of --engine {setup.LLAMACPP}: add it or drop the flag"
-            )
-        # The engine reads the binary where it reads the variable's own value.
-        os.environ[llama_build.ENV["llama-server"]] = str(
-            llama_build.given("llama-server", args.llama_server)
-        )
+    for name in engines.names():
+        cls = engines.engine_class(name)
+        given = {option: getattr(args, option, None) for option in cls.options}
+        for option in (o for o, value in given.items() if value is not None and name != args.engine):
+            flag = "--" + option.replace("_", "-")
+            raise HarnessError(f"{flag} is read by --engine {name} only: add that or drop the flag")
+        if name == args.engine:
+            cls.take_options(given)
     if args.target_backend == "torch":
         for flag in ("ort_block_size", "ort_accuracy_level"):
             if getattr(args, flag) is not None:

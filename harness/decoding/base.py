@@ -33,6 +33,11 @@ DRAFT_SPLIT_FIELDS = frozenset(
 )
 
 
+def test_id(name: str) -> str:
+    """An engine's name as test ids and markers carry it: ``llama.cpp`` -> ``llama_cpp``."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
 class Engine(abc.ABC):
     """One engine: plain and speculative decoding of a pair in one runtime's own loop."""
 
@@ -65,6 +70,11 @@ class Engine(abc.ABC):
     extra: ClassVar[str | None] = None
     # What it runs of a pair, said in refusals and on the results page.
     runs: ClassVar[str] = "the pair's files"
+    # It places its models on devices of its own naming (NPU, GPU), checked by its ``check``, not torch's.
+    own_devices: ClassVar[bool] = False
+    # Command-line options only this engine reads (argparse dest names, e.g. ``llama_server``): given
+    # with another engine they are refused; given with this one they reach ``take_options``.
+    options: ClassVar[tuple[str, ...]] = ()
     # It decodes over a deployment's endpoints (``--endpoint``, ``--speculative-endpoint``).
     takes_endpoints: ClassVar[bool] = False
     # Whether the suites can run it on a registered pair with nothing more than its files (a served
@@ -77,7 +87,7 @@ class Engine(abc.ABC):
     @classmethod
     def test_id(cls) -> str:
         """The engine as test ids carry it (``-k llama_cpp`` selects llama.cpp's cases)."""
-        return "".join(c if c.isalnum() else "_" for c in cls.name)
+        return test_id(cls.name)
 
     @classmethod
     def missing(cls) -> str | None:
@@ -87,6 +97,11 @@ class Engine(abc.ABC):
                 f"its runtime ({cls.runtime_module}) is not installed: "
                 f'pip install "assisted-generation-harness[{cls.extra}]"'
             )
+        return None
+
+    @classmethod
+    def take_options(cls, values: Mapping[str, Any]) -> None:
+        """Apply the values of its ``options`` that a command line gave (checked: a bad one raises)."""
         return None
 
     @classmethod

@@ -17,11 +17,11 @@ from importlib import metadata
 from typing import Any
 
 from harness.base.errors import HarnessError
-from harness.decoding.base import Engine
+from harness.decoding.base import Engine, test_id
 from harness.pairs import models
 from harness.settings.setup import RunSetup
 
-__all__ = ["GROUP", "Engine", "check", "engine_class", "load", "names", "resolve"]
+__all__ = ["GROUP", "Engine", "check", "engine_class", "load", "names", "resolve", "test_id"]
 
 GROUP = "assisted_generation.engines"
 BUILT_IN = "transformers"  # always registered by the harness itself

@@ -427,6 +427,7 @@ class LlamaCppEngine(Engine):
     # The server books a speculative round whole: no draft time apart, no per-round acceptance.
     unbooked: ClassVar[frozenset[str]] = DRAFT_SPLIT_FIELDS
     humaneval_problems: ClassVar[int] = 20
+    options: ClassVar[tuple[str, ...]] = ("llama_server",)
     runs: ClassVar[str] = "GGUF files as they are (a pair's, or two bare .gguf files)"
 
     def __init__(self, servers: Servers) -> None:
@@ -439,6 +440,16 @@ class LlamaCppEngine(Engine):
         from harness.pairs import models
 
         return models.missing_gguf(spec)
+
+    @classmethod
+    def take_options(cls, values: Any) -> None:
+        """``--llama-server PATH``: the binary every server of this process runs, where the engine reads
+        it (the variable's own value)."""
+        from harness.kernels import llama_build
+
+        if values.get("llama_server") is not None:
+            binary = llama_build.given("llama-server", values["llama_server"])
+            os.environ[llama_build.ENV["llama-server"]] = str(binary)
 
     @classmethod
     def build(cls) -> None:
