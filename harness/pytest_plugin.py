@@ -551,6 +551,8 @@ def backend_params(config: pytest.Config, params: list, only: tuple[str, ...] | 
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "sampling_engine" in metafunc.fixturenames and not _parametrized(metafunc, "sampling_engine"):
+        metafunc.parametrize("sampling_engine", sampling_params(metafunc.config), scope="module")
     if "pair_name" in metafunc.fixturenames:
         marker = metafunc.definition.get_closest_marker("pairs")
         kinds = marker.kwargs if marker else {}
@@ -565,6 +567,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize("pair_name,target_backend", crossed)
         else:
             metafunc.parametrize("pair_name", params)
+
+
+def _parametrized(metafunc: pytest.Metafunc, name: str) -> bool:
+    return any(name in str(m.args[0]).split(",") for m in metafunc.definition.iter_markers("parametrize"))
+
+
+def sampling_params(config: pytest.Config) -> list:
+    """What speculative sampling's chi-square tier runs: transformers' loop on each selected target
+    backend, then each engine of the session that runs models built in memory (``from_built_models``)."""
+    session = session_of(config)
+    params = [pytest.param(backend, id=backend) for backend, _ in session.target_backends]
+    for name in session.engines:
+        cls = engines.engine_class(name)
+        if cls.from_built_models:
+            params.append(
+                pytest.param(
+                    name, id=cls.test_id(), marks=[pytest.mark.engine, getattr(pytest.mark, cls.test_id())]
+                )
+            )
+    return params
 
 
 def engine_params(config: pytest.Config, params: list, mode: str | None) -> list:

@@ -23,7 +23,7 @@ from scipy import stats
 from harness.base import tasks
 from harness.base.backends import OrtSettings
 from harness.base.errors import UnsupportedError
-from harness.decoding import genai, llama_server, strategies
+from harness.decoding import engines, strategies
 from harness.decoding.generation import generate, generation_config
 from harness.experiments import bench, equivalence, humaneval
 from harness.pairs.models import LoadedPair, get_pair, load_ort_target
@@ -199,49 +199,36 @@ SAMPLING = {
 }
 
 
-SAMPLING_ENGINES = [
-    pytest.param("torch", id="torch"),
-    pytest.param("onnxruntime", id="onnxruntime"),
-    pytest.param("onnxruntime-genai", id="onnxruntime_genai"),
-    pytest.param("llama.cpp", id="llama_cpp", marks=pytest.mark.llama_cpp),
-]
-
-
-@pytest.fixture(scope="module", params=SAMPLING_ENGINES)
-def sampling_pair(request, selected_target_backends, tmp_path_factory) -> Iterator[LoadedPair]:
-    """The sampling pair with its target in torch; exported to ONNX Runtime (int4, the backend's
-    default precision) with the same torch draft; both exported for onnxruntime-genai, whose own
-    speculative sampling then runs it; and both as GGUF files for llama.cpp's server, whose own
-    speculative sampling runs them (its servers stop when the module's tests end)."""
+@pytest.fixture(scope="module")
+def sampling_pair(sampling_engine, selected_target_backends, tmp_path_factory) -> Iterator[LoadedPair]:
+    """The sampling pair on ``sampling_engine`` (the plugin's axis): its target in torch, or exported
+    to ONNX Runtime (int4, the backend's default precision) with the same torch draft, in
+    transformers' loop; or both models as an engine runs them (``Engine.from_models``: the builder's
+    exports, GGUF files), whose own speculative sampling then runs them (its servers stop when the
+    module's tests end)."""
     target = tiny.build_target(SAMPLE_RECIPE)
     draft = tiny.build_draft(SAMPLE_RECIPE, target)
     tokenizer = tiny.build_tokenizer()
-    pair = LoadedPair(get_pair("tiny-llama"), target, draft, tokenizer, Target("fp32"), Draft("fp32"))
-    if request.param == "torch":
+    spec = get_pair("tiny-llama")
+    pair = LoadedPair(spec, target, draft, tokenizer, Target("fp32"), Draft("fp32"))
+    if sampling_engine == "torch":
         yield pair
         return
-    if request.param == "llama.cpp":
-        folder = tmp_path_factory.mktemp("sampling-gguf")
-        engine = llama_server.LlamaCppEngine.of_files(
-            tiny.gguf_file(target, folder / "target.gguf"), tiny.gguf_file(draft, folder / "draft.gguf")
-        )
-        run = setup.resolve(pair.spec, target_backend=setup.LLAMACPP, engine=setup.LLAMACPP)
-        try:
-            yield LoadedPair.of_engine(pair.spec, run, tokenizer, {}, engine)
-        finally:
-            engine.close()
-        return
     provider = dict(selected_target_backends).get("onnxruntime")
-    if provider is None:
-        pytest.skip("onnxruntime is not in --target-backends")
-    settings = OrtSettings(provider=provider).validate()
-    source = tiny.saved_folder("tiny-sampling", target, tokenizer)
-    if request.param == "onnxruntime-genai":
-        folders = {"target": source, "draft": tiny.saved_folder("tiny-sampling-draft", draft, tokenizer)}
-        run = setup.resolve(pair.spec, target_backend="onnxruntime", provider=provider, engine=setup.GENAI)
-        yield genai.GenaiEngine.load(pair.spec, run, folders=folders)
+    if sampling_engine != "onnxruntime":
+        run = engines.resolve(spec, engine=sampling_engine, provider=provider)
+        built = engines.engine_class(sampling_engine).from_models(
+            spec, run, target, draft, tokenizer, tmp_path_factory.mktemp("sampling")
+        )
+        try:
+            yield built
+        finally:
+            built.engine.close()
         return
-    exported = load_ort_target("tiny-sampling", source, settings)
+    settings = OrtSettings(provider=provider).validate()
+    exported = load_ort_target(
+        "tiny-sampling", tiny.saved_folder("tiny-sampling", target, tokenizer), settings
+    )
     exported.generation_config = target.generation_config
     yield dataclasses.replace(
         pair,
@@ -330,7 +317,7 @@ def test_sampling_matches_target_distribution(sampling_pair, plain_samples, name
 
 # transformers' loop only: the draft is patched where that loop calls it (the engine's draft runs
 # inside its C++ library).
-@pytest.mark.parametrize("sampling_pair", ["torch", "onnxruntime"], indirect=True)
+@pytest.mark.parametrize("sampling_engine", ["torch", "onnxruntime"], scope="module")
 def test_sampling_test_catches_misreported_draft(sampling_pair, plain_samples, monkeypatch):
     """A draft that samples from one distribution but reports another (a known transformers bug
     class) biases speculative sampling; the distribution test must notice."""

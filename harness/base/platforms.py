@@ -109,7 +109,6 @@ def library_versions() -> dict[str, str]:
         "tokenizers",
         "gguf",
         "onnxruntime",
-        "onnxruntime-genai",
         "pytest-benchmark",
     ):
         try:

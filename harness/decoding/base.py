@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import importlib.util
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -77,12 +78,16 @@ class Engine(abc.ABC):
     options: ClassVar[tuple[str, ...]] = ()
     # It decodes over a deployment's endpoints (``--endpoint``, ``--speculative-endpoint``).
     takes_endpoints: ClassVar[bool] = False
+    # It runs models built in memory (``from_models``) and samples: the sampling tier's chi-square runs it.
+    from_built_models: ClassVar[bool] = False
     # Whether the suites can run it on a registered pair with nothing more than its files (a served
     # deployment needs the user's endpoints).
     in_suites: ClassVar[bool] = True
 
-    # Which build decoded, beside the libraries' (an instance sets its own): rows carry it.
+    # Which build decoded, beside the libraries' (an instance sets its own): rows carry it, and the
+    # results page shows the keys ``version_names`` lists.
     versions: Mapping[str, str] = MappingProxyType({})
+    version_names: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def test_id(cls) -> str:
@@ -98,6 +103,14 @@ class Engine(abc.ABC):
                 f'pip install "assisted-generation-harness[{cls.extra}]"'
             )
         return None
+
+    @classmethod
+    def from_models(
+        cls, spec: PairSpec, run: RunSetup, target: Any, draft: Any, tokenizer: Any, folder: Path
+    ) -> LoadedPair:
+        """A pair of torch models built in memory (the sampling tier's), as this engine runs them,
+        with its files written under ``folder``; an engine that samples sets ``from_built_models``."""
+        raise HarnessError(f"engine {cls.name} runs {cls.runs}, not models built in memory")
 
     @classmethod
     def take_options(cls, values: Mapping[str, Any]) -> None:

@@ -318,8 +318,12 @@ class GenaiEngine(Engine):
     exact_judge: ClassVar[bool] = True
 
     def __init__(self, models_of: Models, vocab: int) -> None:
+        from importlib import metadata
+
         self.models = models_of
         self.vocab = vocab
+        # Which onnxruntime-genai decoded: every row this engine writes carries it beside the libraries'.
+        self.versions = {"onnxruntime-genai": metadata.version("onnxruntime-genai")}
 
     @classmethod
     def target_of(
@@ -345,6 +349,21 @@ class GenaiEngine(Engine):
             provider or defaults.provider,
         ).validate()
         return Target(ort.label, "stock", "onnxruntime", ort.provider, target_device, cls.name)
+
+    from_built_models: ClassVar[bool] = True
+    version_names: ClassVar[tuple[str, ...]] = ("onnxruntime-genai",)
+
+    @classmethod
+    def from_models(cls, spec: Any, run: Any, target: Any, draft: Any, tokenizer: Any, folder: Path) -> Any:
+        """The models saved as Hugging Face folders, exported by the model builder as any pair's are."""
+        from harness.weights import tiny
+
+        root = str(folder)
+        folders = {
+            "target": tiny.saved_folder("target", target, tokenizer, root),
+            "draft": tiny.saved_folder("draft", draft, tokenizer, root),
+        }
+        return cls.load(spec, run, folders=folders)
 
     @classmethod
     def unfit(cls, spec: Any) -> str | None:

@@ -428,6 +428,7 @@ class LlamaCppEngine(Engine):
     unbooked: ClassVar[frozenset[str]] = DRAFT_SPLIT_FIELDS
     humaneval_problems: ClassVar[int] = 20
     options: ClassVar[tuple[str, ...]] = ("llama_server",)
+    version_names: ClassVar[tuple[str, ...]] = ("llama.cpp",)
     runs: ClassVar[str] = "GGUF files as they are (a pair's, or two bare .gguf files)"
 
     def __init__(self, servers: Servers) -> None:
@@ -440,6 +441,17 @@ class LlamaCppEngine(Engine):
         from harness.pairs import models
 
         return models.missing_gguf(spec)
+
+    from_built_models: ClassVar[bool] = True
+
+    @classmethod
+    def from_models(cls, spec: Any, run: Any, target: Any, draft: Any, tokenizer: Any, folder: Path) -> Any:
+        """The models as GGUF files (``tiny.gguf_file``) under the suite's server."""
+        from harness.pairs import models
+        from harness.weights import tiny
+
+        files = (tiny.gguf_file(target, folder / "target.gguf"), tiny.gguf_file(draft, folder / "draft.gguf"))
+        return models.LoadedPair.of_engine(spec, run, tokenizer, {}, cls.of_files(*files))
 
     @classmethod
     def take_options(cls, values: Any) -> None:

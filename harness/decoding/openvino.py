@@ -215,6 +215,7 @@ class OpenVinoEngine(Engine):
     precision: ClassVar[str | None] = "gguf"
     modes: ClassVar[tuple[str, ...]] = ("plain", "assisted")
     own_devices: ClassVar[bool] = True
+    version_names: ClassVar[tuple[str, ...]] = ("openvino-genai",)
     runtime_module: ClassVar[str | None] = "openvino_genai"
     extra: ClassVar[str | None] = "openvino"
     runs: ClassVar[str] = "GGUF files (a pair's, or two bare .gguf files), converted to OpenVINO IR once"

@@ -28,15 +28,12 @@ from harness.settings.results import Row
 
 PAGE_NAME = "README.md"
 REGEN = "python assisted_generation.py --regen-tables"
-_VERSIONS = (
-    "torch",
-    "transformers",
-    "onnxruntime",
-    "onnxruntime-genai",
-    "llama.cpp",
-    "openvino-genai",
-    "python",
-)
+
+
+def _shown_versions() -> tuple[str, ...]:
+    """The versions a table names: the libraries of the harness's own loop, each engine's build, Python."""
+    built = (key for name in engines.names() for key in engines.engine_class(name).version_names)
+    return ("torch", "transformers", "onnxruntime", *built, "python")
 
 
 def _versions(rows: Iterable[Row]) -> str:
@@ -47,13 +44,14 @@ def _record_versions(records: Iterable[Mapping[str, Any]]) -> str:
     """The versions records carry (``versions``), one value per package (several: all, sorted);
     older divergence and HumanEval rows carry none."""
     seen: dict[str, set[str]] = defaultdict(set)
+    shown = _shown_versions()
     for record in records:
         for name, value in (record.get("versions") or {}).items():
-            if name in _VERSIONS:
+            if name in shown:
                 seen[name].add(str(value))
     if not seen:
         return "not recorded in these rows"
-    return ", ".join(f"{name} {'/'.join(sorted(seen[name]))}" for name in _VERSIONS if name in seen)
+    return ", ".join(f"{name} {'/'.join(sorted(seen[name]))}" for name in shown if name in seen)
 
 
 def _header(platform: str, command: str, versions: str, rows: str) -> list[str]:
