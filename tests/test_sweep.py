@@ -17,6 +17,7 @@ import pytest
 from harness import cli
 from harness.base import platforms
 from harness.base.errors import HarnessError
+from harness.decoding import engines
 from harness.experiments import humaneval, sweep
 from harness.pairs import models
 from harness.report import sweep as sweep_report
@@ -134,26 +135,24 @@ def test_default_spec_is_the_documented_list():
         ("sched=fast", "sched 'fast' is not one of"),
         ("mode=prompt_lookup,d=fp32", "prompt_lookup uses no draft model"),
         ("mode=prompt_lookup,sched=dynamic", "sched applies to draft-model assistance only"),
-        ("kernels=magic", "kernels 'magic' is not one of stock, invariant, onnxruntime"),
+        ("kernels=magic", "kernels 'magic' is not one of stock, invariant, onnxruntime, and unknown engine"),
         ("kernels=onnxruntime,t=w8af32", "kernels=onnxruntime takes t=int4 or t=fp32, not t=w8af32"),
         ("t=fp32,k=3;t=fp32,d=fp32,k=3", "configuration 2 repeats configuration 1"),
-        ("kernels=onnxruntime-genai,d=w8af32", "runs the draft model exported at the target's settings"),
+        ("engine=onnxruntime-genai,d=w8af32", "engine=onnxruntime-genai drafts with its own draft model"),
         ("kernels=onnxruntime-genai,k=3,dv=100", "remove d, dv and dk"),
-        ("kernels=onnxruntime-genai,t=bf16", "kernels=onnxruntime-genai takes t=int4 or t=fp32"),
-        ("kernels=llama.cpp,d=fp32", "kernels=llama.cpp runs the pair's draft GGUF; remove d, dv and dk"),
-        ("kernels=llama.cpp,t=fp32", "kernels=llama.cpp runs the pair's GGUF files: t=gguf, not t=fp32"),
-        ("kernels=openvino,d=q4k", "kernels=openvino runs the pair's draft GGUF; remove d, dv and dk"),
-        ("kernels=openvino,t=int4", "kernels=openvino runs the pair's GGUF files: t=gguf, not t=int4"),
-        (
-            "kernels=llama",
-            "kernels 'llama' is not one of stock, invariant, onnxruntime, onnxruntime-genai, llama.cpp, "
-            "openvino",
-        ),
+        ("engine=onnxruntime-genai,t=bf16", "'bf16' is not offered with --target_backend onnxruntime"),
+        ("engine=llama.cpp,d=fp32", "engine=llama.cpp drafts with its own draft model; remove d, dv and dk"),
+        ("engine=llama.cpp,t=fp32", "engine=llama.cpp: --engine llama.cpp runs GGUF files as they are"),
+        ("engine=openvino,d=q4k", "engine=openvino drafts with its own draft model; remove d, dv and dk"),
+        ("kernels=openvino,t=int4", "its target precision is gguf, not int4"),
+        ("engine=llama.cpp,kernels=invariant", "engine=llama.cpp runs its own kernels; remove kernels"),
+        ("engine=transformers", "engine=transformers is the sweep's own loop"),
+        ("kernels=llama", "unknown engine 'llama': choose one of transformers, llama.cpp"),
     ],
 )
 def test_parse_rejects_bad_specs_with_a_clear_message(spec, expected):
     with pytest.raises(HarnessError) as info:
-        sweep_spec.parse_configs(spec)
+        sweep_spec.parse_configs(spec, engines.sweep_target(models.DEFAULT_PAIR))
     assert expected in str(info.value)
 
 
@@ -295,7 +294,7 @@ def test_onnxruntime_target_in_a_sweep():
 def test_an_engines_configuration_is_the_run_its_engine_loads(kernels):
     """An engine's draft is its own, at the target's settings, on the draft device given: the run a
     configuration is (the sweep's resume key is built from it before loading) is the run loaded."""
-    [config] = sweep_spec.parse_configs(f"kernels={kernels},k=3")
+    [config] = sweep_spec.parse_configs(f"engine={kernels},k=3", engines.sweep_target(models.DEFAULT_PAIR))
     run = config.run("qwen2.5-coder-1.5b", 8, "cpu", "npu")
     assert run.draft == setup.Draft(run.target.precision, device="npu")
     assert config.draft_precision == config.target_precision  # its label keeps the sweep's spelling
@@ -377,11 +376,11 @@ def _cli(capsys, *argv):
 def test_the_engine_as_a_sweep_target(tmp_path, capsys):
     """onnxruntime-genai's own loop beside transformers' on the same prompts: its draft model and its
     n-gram decoding measured against its own plain runs, every output equal to them."""
-    (engine,) = sweep_spec.parse_configs("kernels=onnxruntime-genai,k=3")
+    (engine,) = sweep_spec.parse_configs("engine=onnxruntime-genai,k=3", engines.sweep_target("tiny-qwen2"))
     assert engine.target.engine == "onnxruntime-genai" and engine.draft_precision == "int4"
     assert engine.label == "t_int4-d_int4-K3-constant-onnxruntime-genai"
-    spec = "kernels=onnxruntime-genai,k=3;kernels=onnxruntime-genai,mode=prompt_lookup,k=4"
-    argv = ["--model_name", "tiny-qwen2", "--task", "sweep", "--limit", "2", "--max_new_tokens", "12",
+    spec = "engine=onnxruntime-genai,k=3;kernels=onnxruntime-genai,mode=prompt_lookup,k=4"
+    argv = ["--model_name", "tiny-qwen2", "--task", "sweep", "--limit", "2", "--max_new_tokens", "32",
             "--results_dir", str(tmp_path), "--no_progress", "--sweep", spec]  # fmt: skip
     assert cli.main(argv) == 0
     path = tmp_path / "rows" / "sweep" / f"tiny-qwen2-{platforms.detect().name}.jsonl"
@@ -581,18 +580,20 @@ def test_sweep_keys_are_the_settings_own_spellings() -> None:
     assert short == long
     spelled = {key for f in setup.FIELDS for key in f.sweep}
     assert {"t", "d", "k", "sched", "kernels", "dv", "dk", "mode"} <= spelled
-    with pytest.raises(HarnessError, match="known keys: t, kernels, mode, d, dk, dv, k, sched"):
+    with pytest.raises(HarnessError, match="known keys: t, kernels, engine, mode, d, dk, dv, k, sched"):
         configs.parse_configs("q=1")
 
 
 @pytest.mark.parametrize(("kernels", "backend"), [("llama.cpp", "llama.cpp"), ("openvino", "openvino")])
 def test_an_engine_of_gguf_files_is_a_sweep_target_with_its_own_draft(kernels, backend) -> None:
-    """``kernels=llama.cpp`` and ``kernels=openvino`` run the pair's GGUF files in that engine's own
-    loop: the target and its draft (or prompt lookup) as the engine runs them, spelled back the same."""
+    """``engine=llama.cpp`` and ``engine=openvino`` (or ``kernels=``) run the pair's GGUF files in
+    that engine's own loop: the target and its draft (or prompt lookup) as the engine runs them,
+    spelled back the same."""
     from harness.settings import configs
 
     assisted, lookup = configs.parse_configs(
-        f"kernels={kernels},k=3;kernels={kernels},mode=prompt_lookup,k=5"
+        f"engine={kernels},k=3;kernels={kernels},mode=prompt_lookup,k=5",
+        engines.sweep_target(models.DEFAULT_PAIR),
     )
     run = assisted.run(models.DEFAULT_PAIR, 16)
     assert (run.target.precision, run.target.backend, run.target.engine) == ("gguf", backend, kernels)

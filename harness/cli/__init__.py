@@ -457,7 +457,9 @@ def _sweep_configs(args: argparse.Namespace, spec: models.PairSpec) -> list[swee
     _check_flags(args)
     if args.max_new_tokens is not None and args.max_new_tokens < 2:
         raise HarnessError(f"--task sweep needs --max_new_tokens of at least 2 (got {args.max_new_tokens})")
-    configs = sweep_spec.parse_configs(sweep_spec.DEFAULT_SPEC if args.sweep is None else args.sweep)
+    configs = sweep_spec.parse_configs(
+        sweep_spec.DEFAULT_SPEC if args.sweep is None else args.sweep, engines.sweep_target(spec)
+    )
     for config in configs:
         # Each configuration as the run it loads, checked as every run is (its engine's check).
         engines.check(spec, config.run(spec.name, 2, args.target_device, args.draft_device))

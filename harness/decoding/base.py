@@ -194,14 +194,13 @@ class Engine(abc.ABC):
         from harness.settings.setup import Target
 
         fixed = cls.precision
-        if (fixed is not None and target_precision not in (None, fixed)) or provider not in (
-            None,
-            DEFAULT_PROVIDER,
-        ):
+        if fixed is not None and target_precision not in (None, fixed):
             raise HarnessError(
-                f"--engine {cls.name} runs {cls.runs}: drop --target_precision {target_precision or ''} and "
-                "--execution_provider"
+                f"--engine {cls.name} runs {cls.runs}: its target precision is {fixed}, not "
+                f"{target_precision} (drop --target_precision, or t= in a sweep)"
             )
+        if provider not in (None, DEFAULT_PROVIDER):
+            raise HarnessError(f"--engine {cls.name} runs {cls.runs}: drop --execution_provider {provider}")
         precision = fixed or target_precision or spec.target_setup.precision
         return Target(precision, "stock", cls.backend or "torch", None, target_device, cls.name)
 

@@ -13,15 +13,16 @@ its runtime is imported only when a run names it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.decoding.base import Engine, test_id
 from harness.pairs import models
-from harness.settings.setup import RunSetup
+from harness.settings.setup import RunSetup, Target
 
-__all__ = ["GROUP", "Engine", "check", "engine_class", "load", "names", "resolve", "test_id"]
+__all__ = ["GROUP", "Engine", "check", "engine_class", "load", "names", "resolve", "sweep_target", "test_id"]
 
 GROUP = "assisted_generation.engines"
 BUILT_IN = "transformers"  # always registered by the harness itself
@@ -77,6 +78,22 @@ def resolve(spec: str | models.PairSpec, *, engine: str = BUILT_IN, **given: Any
     """A run of pair ``spec`` on ``engine``, every setting not given the pair's registered one (the
     keywords of ``harness.settings.setup.resolve``; an engine refuses those it does not read)."""
     return engine_class(engine).resolve(models.get_pair(spec), **given)
+
+
+def sweep_target(spec: str | models.PairSpec) -> Callable[[str, str | None], Target]:
+    """How the sweep reads ``engine=NAME`` (with ``t``, or without) for pair ``spec``: that engine's
+    own target (``settings.configs.EngineTarget``)."""
+    spec = models.get_pair(spec)
+
+    def target(name: str, precision: str | None) -> Target:
+        cls = engine_class(name)
+        if cls.name == BUILT_IN:
+            raise HarnessError(
+                "engine=transformers is the sweep's own loop: leave engine out and choose kernels"
+            )
+        return cls.target_of(spec, target_precision=precision)
+
+    return target
 
 
 def check(spec: str | models.PairSpec, run: RunSetup) -> None:

@@ -24,8 +24,9 @@ from typing import Any, ClassVar
 from harness.base import files
 from harness.base.errors import HarnessError, UnsupportedError
 from harness.decoding.base import Engine
-from harness.settings.setup import GENAI
 from harness.theory import analysis, timing
+
+GENAI = "onnxruntime-genai"  # the engine's name
 
 MAX_K = 16  # what the engine's config parser accepts for max_draft_tokens (checked here first)
 # The engine's n-gram decoding (``speculative.ngram_size``): proposals looked up in the prompt and the

@@ -33,8 +33,10 @@ from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
 from harness.decoding.base import DRAFT_SPLIT_FIELDS, Engine
-from harness.settings.setup import LLAMACPP, GenerationSettings
+from harness.settings.setup import GenerationSettings
 from harness.theory import analysis, timing
+
+LLAMACPP = "llama.cpp"  # the engine's name
 
 HOST = "127.0.0.1"  # the only address a server the suite starts listens on
 MAX_K = 64

@@ -25,8 +25,10 @@ from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
 from harness.decoding.base import Engine
-from harness.settings.setup import OPENVINO, GenerationSettings
+from harness.settings.setup import GenerationSettings
 from harness.theory import analysis, timing
+
+OPENVINO = "openvino"  # the engine's name
 
 # Device names of the suite (``--target_device``/``--draft_device``) -> OpenVINO's.
 DEVICES = {"cpu": "CPU", "npu": "NPU", "gpu": "GPU"}

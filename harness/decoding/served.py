@@ -25,8 +25,9 @@ from typing import Any, ClassVar
 from harness.base.errors import HarnessError
 from harness.decoding import llama_server
 from harness.decoding.base import Engine
-from harness.settings.setup import SERVED, GenerationSettings
+from harness.settings.setup import GenerationSettings
 
+SERVED = "served"  # the engine's name
 API_KEY_ENV = "ASSISTED_GENERATION_API_KEY"
 # The first token waits for the prompt's prefill (minutes for a long prompt on a CPU); once tokens
 # flow, a stream silent for STALL_S has stalled: no decode step of a served model takes that long.

@@ -50,7 +50,7 @@ from harness.settings.configs import SweepConfig, group_configs, plain_label
 from harness.settings.results import Row, append_row, read_rows
 from harness.settings.setup import GenerationSettings
 from harness.theory import analysis, stats
-from harness.theory.timing import Measurement
+from harness.theory.timing import MIN_TIMED_MS, Measurement
 from harness.weights import tiny
 
 TASK = "sweep"
@@ -127,6 +127,7 @@ def load_target_group(
         target_kernels=target_kernels,
         draft_vocab=first_draft[1],
         draft_kernels=first_draft[2],
+        engine_target=engines.sweep_target(spec),
     )
     run = dataclasses.replace(
         config.run(spec.name, 2, target_device, draft_device), decoding=GenerationSettings()
@@ -257,8 +258,18 @@ def summarize(
         raise HarnessError(f"{config.label}: no prompt has both a plain and an assisted row to pair")
     p = [plain[e] for e in examples]
     a = [assisted[e] for e in examples]
-    plain_tps = [r.tokens_per_s for r in p]
-    assisted_tps = [r.tokens_per_s for r in a]
+    # A decode too short to time has no rate ("not timed"): the rates pair the prompts that have one.
+    timed = [
+        (x.tokens_per_s, y.tokens_per_s)
+        for x, y in zip(p, a, strict=True)
+        if all(math.isfinite(t) and t > 0 for t in (x.tokens_per_s, y.tokens_per_s))
+    ]
+    if not timed:
+        raise HarnessError(
+            f"{config.label}: no prompt's decode was long enough to time (under {MIN_TIMED_MS} ms after its "
+            "first token): raise --max_new_tokens"
+        )
+    plain_tps, assisted_tps = [t[0] for t in timed], [t[1] for t in timed]
     drafted = sum(r.drafted for r in a)
     steps = [_sweep_extra(r) for r in a]
     alpha = analysis.alpha_mle(

@@ -150,12 +150,8 @@ def _config_of(row: Row) -> configs.SweepConfig:
         engine=row.engine or "transformers",
     )
     draft = None
-    if row.mode == "assisted":
-        precision = row.draft_precision
-        if target.engine == configs.GENAI:
-            # The engine's draft is exported at the target's settings: the sweep names it as the target.
-            precision = backends.OrtSettings.from_label(precision).precision
-        draft = setup.Draft(precision, row.draft_kernels or "stock", row.draft_vocab)
+    if row.mode == "assisted":  # an engine's own draft is named by its target (``draft_precision``)
+        draft = setup.Draft(row.draft_precision, row.draft_kernels or "stock", row.draft_vocab)
     k = row.prompt_lookup_num_tokens if row.mode == "prompt_lookup" else row.num_assistant_tokens
     return configs.SweepConfig(
         target, draft, row.mode, int(k or 0), row.assistant_schedule or "constant", row.draft_tree or ""
@@ -168,11 +164,12 @@ def _arm(row: Row) -> str:
 
 def _sweep_spec(config: configs.SweepConfig) -> str:
     items = [f"t={config.target_precision}"]
+    own = config.target.engine != "transformers"
     if config.target_kernels != "stock":
-        items.append(f"kernels={config.target_kernels}")
+        items.append(f"{'engine' if own else 'kernels'}={config.target_kernels}")
     if config.mode == "prompt_lookup":
         items.append("mode=prompt_lookup")
-    elif config.target_kernels not in configs.OWN_LOOPS:
+    elif not own:
         items.append(f"d={config.draft_precision}")
         if config.draft_kernels != "stock":
             items.append(f"dk={config.draft_kernels}")

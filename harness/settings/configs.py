@@ -16,17 +16,18 @@ k          K: draft tokens per step (prompt lookup: tokens proposed)   5 (prompt
 sched      ``constant``, ``dynamic`` or ``heuristic`` (assisted only)  constant
 kernels    target kernels: ``stock``, ``invariant``, or ``onnxruntime``  stock
            (the target exported to ONNX Runtime, CPU provider)
+engine     an engine with a loop of its own (``--engine``'s names)       transformers
 dv         draft scores only the first N token ids (+ special tokens)  whole vocabulary
 dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
 tree       a token tree's rank paths joined by ``+`` (``--draft_tree``)  a chain of K
            instead of a chain (with kernels=invariant, dk=invariant)
 =========  ==========================================================  ===========================
 
-``kernels=onnxruntime-genai`` runs the target (t=int4 or t=fp32) in onnxruntime-genai's own loop:
-assisted configurations use the draft model exported at the target's settings (no d, dv or dk),
-``mode=prompt_lookup`` the engine's n-gram decoding. ``kernels=llama.cpp`` runs the pair's GGUF
-files (t=gguf) in llama.cpp's own server: assisted configurations use the draft GGUF as it is,
-``mode=prompt_lookup`` llama.cpp's n-gram speculation.
+``engine=NAME`` runs the configuration in that engine's own loop (``kernels=NAME`` is read the same
+way): its own target (``t`` as the engine reads it: t=int4 or t=fp32 for onnxruntime-genai's
+exports, t=gguf for the GGUF engines; left out, the engine's own), its own draft (no d, dv or dk),
+``mode=prompt_lookup`` its n-gram decoding where it has one. The engine reads the spelling
+(``EngineTarget``, from ``harness.decoding.engines.sweep_target``), so this module names none.
 
 Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``draft_vocab``,
 ``draft_kernels``.
@@ -35,7 +36,7 @@ Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from harness.base import backends
@@ -51,12 +52,8 @@ KERNELS = ("stock", "invariant")
 # exported at the target's settings, prompt lookup its n-gram decoding), so the sweep can put them
 # beside the torch targets on the same prompts.
 ORT = "onnxruntime"
-GENAI = setup.GENAI  # the engine's name is its kernels value
-LLAMACPP = setup.LLAMACPP
-OPENVINO = setup.OPENVINO
-OWN_LOOPS = (GENAI, LLAMACPP, OPENVINO)  # kernels values that are an engine with its own loop and draft
-# The engines that run the pair's GGUF files (t=gguf), and the backend each names its target by.
-GGUF_LOOPS = {LLAMACPP: LLAMACPP, OPENVINO: "openvino"}
+# An engine's target as the sweep spells it: (engine name, ``t`` or None) -> the run's target.
+EngineTarget = Callable[[str, str | None], setup.Target]
 DEFAULT_K = {"assisted": 5, "prompt_lookup": 10}
 # What `--task sweep` measures without `--sweep`: the fp32 reference, a cheaper draft, both models
 # quantized, and prompt lookup (no draft at all) on both targets.
@@ -92,7 +89,7 @@ class SweepConfig:
     @classmethod
     def of(
         cls,
-        target_precision: str = "fp32",
+        target_precision: str | None = "fp32",
         draft_precision: str | None = "fp32",
         mode: str = "assisted",
         num_assistant_tokens: int = 5,
@@ -101,19 +98,36 @@ class SweepConfig:
         draft_vocab: int | None = None,
         draft_kernels: str = "stock",
         tree: str = "",
+        engine_target: EngineTarget | None = None,
     ) -> SweepConfig:
-        """The sweep's spelling (``t``, ``kernels``: stock, invariant, or the ONNX Runtime target in
-        transformers' loop or onnxruntime-genai's) as the run's target and draft."""
-        if target_kernels in GGUF_LOOPS:
-            target = setup.Target("gguf", "stock", GGUF_LOOPS[target_kernels], None, engine=target_kernels)
-        elif target_kernels in (ORT, GENAI):
-            ort = backends.OrtSettings(target_precision)
-            engine = GENAI if target_kernels == GENAI else "transformers"
-            target = setup.Target(ort.label, "stock", "onnxruntime", ort.provider, engine=engine)
+        """The sweep's spelling (``t``, ``kernels``: stock, invariant, the ONNX Runtime target in
+        transformers' loop, or an engine's name, read by ``engine_target``) as the run's target and
+        draft. An engine's draft is its own, named by the target's spelling."""
+        if target_kernels in KERNELS:
+            target = setup.Target(target_precision or "fp32", target_kernels)
+        elif target_kernels == ORT:
+            ort = backends.OrtSettings(target_precision or "int4")
+            target = setup.Target(ort.label, "stock", "onnxruntime", ort.provider)
+        elif engine_target is None:
+            raise HarnessError(
+                f"engine={target_kernels}: an engine's configuration is read with its engine "
+                "(harness.decoding.engines.sweep_target)"
+            )
         else:
-            target = setup.Target(target_precision, target_kernels)
+            try:
+                target = engine_target(target_kernels, target_precision)
+            except HarnessError as exc:
+                if str(exc).startswith("unknown engine"):
+                    kernels = ", ".join((*KERNELS, ORT))
+                    raise HarnessError(
+                        f"kernels {target_kernels!r} is not one of {kernels}, and {exc}"
+                    ) from None
+                raise HarnessError(f"engine={target_kernels}: {exc}") from None
         draft = None if draft_precision is None else setup.Draft(draft_precision, draft_kernels, draft_vocab)
-        return cls(target, draft, mode, num_assistant_tokens, schedule, tree)
+        config = cls(target, draft, mode, num_assistant_tokens, schedule, tree)
+        if draft is not None and target.engine != "transformers":
+            config = dataclasses.replace(config, draft=setup.Draft(config.target_precision))
+        return config
 
     # The sweep's spelling read back (labels, loaders and keys of stored rows use it).
     @property
@@ -124,15 +138,17 @@ class SweepConfig:
 
     @property
     def target_kernels(self) -> str:
-        if self.target.engine in GGUF_LOOPS:
+        """The sweep's ``kernels``: an engine's name, ``onnxruntime``, or the torch target's kernels."""
+        if self.target.engine != "transformers":
             return self.target.engine
-        if self.target.backend == "onnxruntime":
-            return GENAI if self.target.engine == GENAI else ORT
-        return self.target.kernels
+        return ORT if self.target.backend == "onnxruntime" else self.target.kernels
 
     @property
     def draft_precision(self) -> str | None:
-        return self.draft.precision if self.draft else None
+        if self.draft is None:
+            return None
+        # An engine's draft is its own, at the target's settings: named by the target's spelling.
+        return self.target_precision if self.target.engine != "transformers" else self.draft.precision
 
     @property
     def draft_vocab(self) -> int | None:
@@ -216,7 +232,7 @@ def _positive_int(where: str, key: str, text: str, example: int) -> int:
     return value
 
 
-def _parse_entry(entry: str, where: str) -> SweepConfig:
+def _parse_entry(entry: str, where: str, engine_target: EngineTarget | None) -> SweepConfig:
     values: dict[str, str] = {}
     for item in entry.split(","):
         item = item.strip()
@@ -263,32 +279,22 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
         if schedule not in SCHEDULES:
             raise HarnessError(f"{where}: sched {schedule!r} is not one of {', '.join(SCHEDULES)}")
     kernels = values.pop("target_kernels", "stock").lower()
-    if kernels not in (*KERNELS, ORT, *OWN_LOOPS):
-        known = ", ".join((*KERNELS, ORT, *OWN_LOOPS))
-        raise HarnessError(f"{where}: kernels {kernels!r} is not one of {known}")
+    engine = values.pop("engine", None)
+    if engine is not None:
+        if "target_kernels" in given:
+            raise HarnessError(f"{where}: engine={engine} runs its own kernels; remove kernels={kernels}")
+        kernels = engine.lower()
+    own = kernels not in (*KERNELS, ORT)  # an engine's name: its own target and draft
     draft_kernels = values.pop("draft_kernels", "stock").lower()
     if draft_kernels not in KERNELS:
         raise HarnessError(f"{where}: dk {draft_kernels!r} is not one of {', '.join(KERNELS)}")
-    target = values.pop(
-        "target_precision", "int4" if kernels in (ORT, GENAI) else "gguf" if kernels in GGUF_LOOPS else "fp32"
-    )
-    if kernels in GGUF_LOOPS and target != "gguf":
-        raise HarnessError(f"{where}: kernels={kernels} runs the pair's GGUF files: t=gguf, not t={target}")
-    if kernels in (ORT, GENAI) and target not in backends.ORT_PRECISIONS:
+    target = values.pop("target_precision", None if own else "int4" if kernels == ORT else "fp32")
+    if kernels == ORT and target not in backends.ORT_PRECISIONS:
         raise HarnessError(
             f"{where}: kernels={kernels} takes t={' or t='.join(backends.ORT_PRECISIONS)}, not t={target}"
         )
-    if kernels in OWN_LOOPS and mode == "assisted":
-        # The engine's draft is its own (exported at the target's settings, or the draft GGUF as it
-        # is): nothing else to choose.
-        if draft_given or draft_vocab is not None or draft_kernels != "stock":
-            own = (
-                "the draft model exported at the target's settings"
-                if kernels == GENAI
-                else "the pair's draft GGUF"
-            )
-            raise HarnessError(f"{where}: kernels={kernels} runs {own}; remove d, dv and dk")
-        draft = target
+    if own and mode == "assisted" and (draft_given or draft_vocab is not None or draft_kernels != "stock"):
+        raise HarnessError(f"{where}: engine={kernels} drafts with its own draft model; remove d, dv and dk")
     tree = values.pop("draft_tree", "")
     if tree and given & {"num_assistant_tokens", "assistant_schedule"}:
         raise HarnessError(f"{where}: tree={tree} proposes a tree, not a chain of K: remove k and sched")
@@ -308,11 +314,17 @@ def _parse_entry(entry: str, where: str) -> SweepConfig:
                 precision.check_precision(name)
             except HarnessError as exc:
                 raise HarnessError(f"{where}: {exc}") from None
-    return SweepConfig.of(target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels, tree)
+    try:
+        return SweepConfig.of(
+            target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels, tree, engine_target
+        )
+    except HarnessError as exc:
+        raise HarnessError(f"{where}: {exc}") from None
 
 
-def parse_configs(spec: str) -> list[SweepConfig]:
-    """Parse the compact ``--sweep`` syntax (see the module docstring) into configurations.
+def parse_configs(spec: str, engine_target: EngineTarget | None = None) -> list[SweepConfig]:
+    """Parse the compact ``--sweep`` syntax (see the module docstring) into configurations; an
+    engine's configurations are read by ``engine_target``.
 
     Configurations are separated by ``;`` (a trailing one is fine), their items by ``,``. Every
     mistake raises a HarnessError naming the configuration and what to write instead.
@@ -328,7 +340,7 @@ def parse_configs(spec: str) -> list[SweepConfig]:
         where = f"--sweep configuration {n}"
         if not entry:
             raise HarnessError(f"{where} is empty; remove the extra ';'")
-        config = _parse_entry(entry, where)
+        config = _parse_entry(entry, where, engine_target)
         if config.label in seen:
             # Labels key the rows: a duplicate would be measured once and reported twice.
             raise HarnessError(

@@ -30,17 +30,6 @@ from harness.base.errors import HarnessError
 from harness.theory import trees
 
 MODES = ("plain", "assisted", "prompt_lookup")
-# What runs the decoding loop: transformers' generate (torch or ONNX Runtime target behind an
-# adapter), onnxruntime-genai's own Generator with its own speculative decoding (harness.decoding.genai),
-# or llama.cpp's own server with its own speculative decoding (harness.decoding.llama_server).
-GENAI = "onnxruntime-genai"
-LLAMACPP = "llama.cpp"
-# OpenVINO GenAI's own pipelines, plain and speculative, over the pair's GGUF files converted to IR
-# (harness.decoding.openvino): Intel's NPU-target / CPU-draft runtime.
-OPENVINO = "openvino"
-# A served deployment (llama-server, vLLM, SGLang, TGI) over the OpenAI-compatible completions API:
-# a plain endpoint and a speculative endpoint of one model (harness.decoding.served).
-SERVED = "served"
 # User-facing schedule names -> what transformers calls them. "heuristic" maps to transformers'
 # "heuristic_transient" because the plain "heuristic" keeps the adapted K across calls, so the
 # second prompt of a run would not start from the K the user set.
@@ -139,7 +128,7 @@ class Target:
     provider: str | None = None  # ONNX Runtime's execution provider; None on torch
     device: str = "cpu"
     engine: str = "transformers"  # what runs the decoding loop (``engines.REGISTRY``)
-    endpoint: str | None = None  # a served deployment's URL (engine "served"): its plain decoding
+    endpoint: str | None = None  # a deployment's URL, for an engine that decodes over one: its plain decoding
 
 
 @dataclass(frozen=True)
@@ -150,7 +139,9 @@ class Draft:
     kernels: str = "stock"
     vocab: int | None = None  # the draft scores only this many leading token ids (+ specials)
     device: str = "cpu"
-    endpoint: str | None = None  # a served deployment's URL (engine "served"): its speculative decoding
+    endpoint: str | None = (
+        None  # a deployment's URL, for an engine that decodes over one: its speculative one
+    )
 
 
 def invariant_pair(target: Target, draft: Draft | None) -> bool:
@@ -232,7 +223,15 @@ FIELDS: tuple[Field, ...] = (
     Field("target_backend", "--target_backend", "target", lambda s: s.target.backend, "torch", "torch"),
     Field("execution_provider", "--execution_provider", "target", lambda s: s.target.provider),
     Field("target_device", "--target_device", "target", lambda s: s.target.device, "cpu", identity=False),
-    Field("engine", "--engine", "target", lambda s: s.target.engine, "transformers", "transformers"),
+    Field(
+        "engine",
+        "--engine",
+        "target",
+        lambda s: s.target.engine,
+        "transformers",
+        "transformers",
+        sweep=("engine",),
+    ),
     # Where a served run's requests went: part of a row's identity, not of a baseline's case.
     Field("endpoint", "--endpoint", "target", lambda s: s.target.endpoint, identity=False),
     Field("mode", None, "draft", lambda s: s.decoding.mode, identity=False, sweep=("mode",)),
