@@ -34,6 +34,7 @@ from harness.experiments import equivalence
 from harness.pairs import models
 from harness.settings import baselines, precision, results
 
+DEFAULT_BACKENDS = "torch,onnxruntime"
 TINY = [p.name for p in models.list_pairs() if p.target.is_tiny]
 REAL = [p.name for p in models.list_pairs() if not p.target.is_tiny]
 # Tiny pairs crossed with the ONNX Runtime target: the offline pair's family and Llama's (the
@@ -108,9 +109,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--target-backends",
-        default="torch,onnxruntime",
+        default=DEFAULT_BACKENDS,
         help="comma-separated target backends the decode, benchmark and HumanEval suites cross with "
-        "(torch, onnxruntime)",
+        "(torch, onnxruntime; by default onnxruntime where its runtime is installed)",
     )
     group.addoption(
         "--execution-provider",
@@ -192,7 +193,7 @@ def pytest_configure(config: pytest.Config) -> None:
         platform=config.getoption("--platform"),
         real_pairs=_real_selected(config, local),
         local_pairs=local,
-        target_backends=target_backends(config),
+        target_backends=target_backends(config, left_out),
         divergence_out=Path(out) if out else None,
         devices=(config.getoption("--target-device"), config.getoption("--draft-device")),
         provider=config.getoption("--execution-provider"),
@@ -203,7 +204,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def selected_engines(config: pytest.Config) -> tuple[tuple[str, ...], dict[str, str]]:
     """The engines of ``--engines`` and, for ``all``, the registered ones left out with why (said
-    once in the header, never as a skip per test). An engine named on purpose that cannot run here
+    once at the end of the run, never as a skip per test). An engine named on purpose that cannot run here
     is a usage error."""
     wanted = config.getoption("--engines").strip()
     left_out: dict[str, str] = {}
@@ -223,13 +224,13 @@ def selected_engines(config: pytest.Config) -> tuple[tuple[str, ...], dict[str, 
             try:
                 cls = engines.engine_class(name)
             except HarnessError as exc:
-                left_out[name] = str(exc)
+                left_out[f"engine {name} not run here"] = str(exc)
                 continue
             if not cls.own_draft:
                 continue  # the harness's own loop: its tiers run over precisions, kernels and backends
             why = cls.missing() or (None if cls.in_suites else f"the suites cannot run {cls.runs}")
             if why:
-                left_out[name] = why
+                left_out[f"engine {name} not run here"] = why
             else:
                 chosen.append(name)
         return tuple(chosen), left_out
@@ -266,7 +267,8 @@ def _check_options(config: pytest.Config) -> None:
         try:
             backends.check_backend(name)
         except HarnessError as exc:
-            problems.append(f"--target-backends: {exc}")
+            if config.getoption("--target-backends") != DEFAULT_BACKENDS:  # the default leaves it out
+                problems.append(f"--target-backends: {exc}")
     provider = config.getoption("--execution-provider")
     if provider != backends.DEFAULT_PROVIDER:
         try:
@@ -519,11 +521,20 @@ def pair_params(config: pytest.Config, *, tiny: bool | tuple[str, ...] = True, r
     return params
 
 
-def target_backends(config: pytest.Config) -> list[tuple[str, str | None]]:
-    """(backend, provider) pairs selected by --target-backends, checked up front."""
+def target_backends(
+    config: pytest.Config, left_out: dict[str, str] | None = None
+) -> list[tuple[str, str | None]]:
+    """(backend, provider) pairs selected by --target-backends, checked up front; by default a
+    backend whose runtime is not installed is left out (into ``left_out``, with why)."""
     out = []
     for name in (b.strip() for b in config.getoption("--target-backends").split(",") if b.strip()):
-        backends.check_backend(name)
+        try:
+            backends.check_backend(name)
+        except HarnessError as exc:
+            if config.getoption("--target-backends") != DEFAULT_BACKENDS or left_out is None:
+                raise
+            left_out[f"target backend {name} not run here"] = str(exc)
+            continue
         provider = config.getoption("--execution-provider") if name == "onnxruntime" else None
         out.append((name, provider))
     return out
@@ -659,7 +670,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if session.left_out:
         terminalreporter.section("engines left out")
         for what, why in session.left_out.items():
-            terminalreporter.write_line(f"{what if ' on ' in what else f'engine {what} not run here'}: {why}")
+            terminalreporter.write_line(f"{what}: {why}")
     left_out = real_pairs_left_out(config)
     if left_out:
         terminalreporter.section("real pairs not collected")

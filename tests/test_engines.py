@@ -108,3 +108,41 @@ def test_an_option_only_one_engine_reads_is_refused_with_another(capsys: pytest.
     err = capsys.readouterr().err
     assert code == 2 and "--llama-server is read by --engine llama.cpp only" in err
     assert "Traceback" not in err
+
+
+def test_the_core_suite_and_transformers_run_without_the_engines_runtimes(tmp_path) -> None:
+    """Each engine's runtime is an optional extra: with ONNX Runtime, onnxruntime-genai and OpenVINO
+    not importable, the CLI decodes on transformers and the suites collect, saying once what they
+    leave out and which extra installs it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n"
+        "for name in ('onnxruntime', 'onnxruntime_genai', 'openvino', 'openvino_genai', 'onnx_ir'):\n"
+        "    sys.modules[name] = None  # as if not installed\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env["PYTHONPATH"] = str(tmp_path)
+    cli_run = subprocess.run(
+        [sys.executable, "assisted_generation.py", "--model_name", "tiny-llama", "--compare", "--limit", "1",
+         "--max_new_tokens", "8", "--no_progress"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert cli_run.returncode == 0, cli_run.stderr[-2000:]
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "perf"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-2000:]
+    out = collected.stdout
+    assert "engine openvino not run here: its runtime (openvino_genai) is not installed: pip install " in out
+    assert (
+        '"assisted-generation-harness[onnxruntime]"' in out
+        and "target backend onnxruntime not run here" in out
+    )
+    assert "openvino]" not in out.split("engines left out")[0]  # no OpenVINO case collected
+    assert "test_engine_tier[qwen2.5-coder-1.5b-llama_cpp]" in out

@@ -22,8 +22,10 @@ moved = _moved_module()
 
 def declared() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
-    lines = project["dependencies"] + extras["dev"] + extras["weights"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pip-tools"]["extra"]
+    optional = project["optional-dependencies"]
+    assert set(extras) == set(optional), "the lock must hold every extra: the set-up installs them all"
+    lines = project["dependencies"] + [line for extra in extras for line in optional[extra]]
     lines += [ln for ln in (ROOT / "requirements" / "lock.in").read_text().splitlines() if ln[:1].isalpha()]
     return [Requirement(line) for line in lines]
 

@@ -122,6 +122,7 @@ def _import_onnxruntime():  # noqa: ANN202 (the module)
         import onnxruntime
     except ImportError as e:  # pragma: no cover - a broken install
         raise UnsupportedError(
-            f"--target_backend onnxruntime needs the onnxruntime package ({e}); run the README set-up"
+            f"--target_backend onnxruntime needs the onnxruntime package ({e}): "
+            'pip install "assisted-generation-harness[onnxruntime]", or run the README set-up'
         ) from None
     return onnxruntime
