@@ -54,15 +54,8 @@ def _grid() -> list:
 GRID = _grid()
 
 
-def _prompt_texts() -> list[tasks.Prompt]:
-    general, code = tasks.decode_prompts("general"), tasks.decode_prompts("code")
-    # Alternate so a short run still covers both the decode and the code prompts; the longer
-    # list's tail follows.
-    n = min(len(general), len(code))
-    return [p for pair in zip(general[:n], code[:n], strict=True) for p in pair] + general[n:] + code[n:]
-
-
-PROMPTS = _prompt_texts()
+# The decode and code prompts alternating, so a short run still covers both.
+PROMPTS = tasks.decode_prompts("mixed")
 
 
 @pytest.fixture(scope="session")

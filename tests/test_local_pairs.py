@@ -139,3 +139,21 @@ def test_folders_with_generic_names_are_named_by_their_parents(tmp_path):
         tiny.build_target("tiny-llama").save_pretrained(tmp_path / name / "hf")
     spec = models.local_pair(tmp_path / "big-coder" / "hf", tmp_path / "small-coder" / "hf")
     assert spec.name == "big-coder+small-coder" and spec.kind == "code"
+
+
+def test_a_pair_of_your_own_files_decodes_both_prompt_kinds_unless_told(tmp_path, capsys):
+    """No prompt set is guessed from a folder's name: your own pair decodes the mixed set, and
+    ``--prompts general|code|mixed|FILE`` chooses."""
+    from harness import cli
+    from harness.weights import tiny
+
+    target = tiny.build_target("tiny-qwen2")
+    tokenizer = tiny.build_tokenizer()
+    folder = tiny.saved_folder("my-model", target, tokenizer, str(tmp_path))
+    argv = ["--model_name_or_path", str(folder), "--assisted_generation", "--limit", "2",
+            "--max_new_tokens", "4", "--no_progress"]  # fmt: skip
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "the mixed prompt set" in err and "--prompts general|code|mixed|FILE chooses" in err
+    assert cli.main([*argv, "--prompts", "code"]) == 0
+    assert "prompt set" not in capsys.readouterr().err  # chosen: nothing to say

@@ -286,3 +286,38 @@ def test_the_engine_stops_where_a_stop_string_appears_in_both_modes():
         )
         out = pair.engine.decode(pair, prompt, settings).output_ids
         assert out == full[: end + 1] and end + 1 < len(full), (mode, out, full)
+
+
+def test_the_model_builders_own_output_folders_run_as_they_were_made(tmp_path, capsys):
+    """A user's exports (the model builder's output folders: genai_config.json, the graph and the
+    tokenizer) run under the engine as they are, named in the rows; another engine refuses them in
+    one line saying which runs them."""
+    from harness import cli
+    from harness.pairs import models
+    from harness.settings.results import read_rows
+
+    recipe = "tiny-qwen2"
+    target = tiny.build_target(recipe)
+    draft = tiny.build_draft(recipe, target)
+    tokenizer = tiny.build_tokenizer()
+    folders = {
+        role: tiny.saved_folder(f"mine-{role}", model, tokenizer, str(tmp_path))
+        for role, model in (("target", target), ("draft", draft))
+    }
+    exports = {
+        role: models.export_ort_target(role, folder, OrtSettings()) for role, folder in folders.items()
+    }
+    rows_path = tmp_path / "rows.jsonl"
+    argv = ["--engine", "onnxruntime-genai", "--model_name_or_path", str(exports["target"]),
+            "--assistant_model", str(exports["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",
+            str(rows_path), "--no_progress"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    rows = {r.mode: r for r in read_rows(rows_path)}
+    assert set(rows) == {"plain", "assisted"} and rows["assisted"].drafted > 0
+    assert rows["plain"].target_precision == "ort-export" and rows["plain"].engine == "onnxruntime-genai"
+    assert rows["plain"].output_ids == rows["assisted"].output_ids
+    capsys.readouterr()
+    assert cli.main([a for a in argv if a not in ("--engine", "onnxruntime-genai")]) == 2
+    err = capsys.readouterr().err
+    assert "is an onnxruntime-genai export" in err and "--engine onnxruntime-genai" in err
+    assert "Traceback" not in err

@@ -68,7 +68,7 @@ def test_code_decode_prompts_are_python_to_complete() -> None:
 
 def test_decode_prompts_are_deterministic_and_reject_unknown_kind() -> None:
     assert decode_prompts("code") == decode_prompts("code")
-    with pytest.raises(HarnessError, match="'general' or 'code'"):
+    with pytest.raises(HarnessError, match="unknown prompt set 'poetry'; use general, code, mixed"):
         decode_prompts("poetry")
 
 

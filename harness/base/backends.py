@@ -16,6 +16,9 @@ DEFAULT_PROVIDER = "CPUExecutionProvider"
 # Precisions of an exported target: fp32 (no quantization: the reference the int4 export is held
 # against) and int4 (every MatMul quantized by ONNX Runtime's MatMulNBits quantizer).
 ORT_PRECISIONS = ("int4", "fp32")
+# The target precision of a model given as an export already made (the model builder's output folder):
+# run as it was made, whatever settings made it.
+EXPORT_LABEL = "ort-export"
 # MatMulNBits accuracy levels: the type activations are computed in (ONNX Runtime's contrib op doc).
 ACCURACY_LEVELS = {0: "unset", 1: "fp32", 2: "fp16", 3: "bf16", 4: "int8"}
 # Architectures onnxruntime-genai's model builder writes with a KV cache, by harness family.

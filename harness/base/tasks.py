@@ -234,13 +234,28 @@ def top_words(text: str, k: int = 10, stopwords: frozenset[str] = frozenset()) -
 )
 
 
+PROMPT_SETS = ("general", "code", "mixed")
+
+
 def decode_prompts(kind: str) -> list[Prompt]:
-    """The decode task's prompts: "general" (ten short questions) or "code" (a dozen completions)."""
+    """The decode task's prompts: "general" (ten short questions), "code" (a dozen completions) or
+    "mixed" (the two alternating, the longer list's tail last)."""
     if kind == "general":
         return [Prompt(f"general-{name}", text, GENERAL_NEW_TOKENS) for name, text in _GENERAL]
     if kind == "code":
         return [Prompt(f"code-{name}", text, CODE_NEW_TOKENS) for name, text in _CODE]
-    raise HarnessError(f"unknown decode prompt kind {kind!r}; use 'general' or 'code'")
+    if kind == "mixed":
+        general, code = decode_prompts("general"), decode_prompts("code")
+        n = min(len(general), len(code))
+        return [p for both in zip(general[:n], code[:n], strict=True) for p in both] + general[n:] + code[n:]
+    raise HarnessError(f"unknown prompt set {kind!r}; use {', '.join(PROMPT_SETS)}, or a prompts file")
+
+
+def prompts_of(choice: str, max_new_tokens: int) -> list[Prompt]:
+    """``--prompts``: a prompt set by name (``PROMPT_SETS``), else a prompts file (``load_prompts_file``)."""
+    if choice in PROMPT_SETS:
+        return decode_prompts(choice)
+    return load_prompts_file(choice, max_new_tokens)
 
 
 def _positive_int(value: Any, what: str) -> int:

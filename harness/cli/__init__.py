@@ -44,12 +44,19 @@ def _prompts(
     if from_file is not None:
         prompts = from_file
     elif args.task == "decode":
-        kind = "code" if pair.spec.kind == "code" else "general"
+        # A registered pair's kind chooses; a pair of the user's own files gets both kinds, never a
+        # guess from a folder name.
+        own = pair.spec.target.path is not None
+        kind = "mixed" if own else "code" if pair.spec.kind == "code" else "general"
         prompts = tasks.decode_prompts(kind)
         print(
-            f"decode task: the {kind} prompt set ({len(prompts)} prompts, chosen by the pair's kind"
-            + (": a local pair is 'code' when its folder name says so" if pair.spec.target.path else "")
-            + "); --prompts FILE decodes your own",
+            f"decode task: the {kind} prompt set ({len(prompts)} prompts, "
+            + (
+                "questions and code completions alternating, for a pair of your own files"
+                if own
+                else "the pair's kind"
+            )
+            + f"); --prompts {'|'.join(tasks.PROMPT_SETS)}|FILE chooses",
             file=sys.stderr,
         )
     elif args.task == "benchmark":
@@ -232,12 +239,8 @@ def _run_setup(args: argparse.Namespace, spec: models.PairSpec, modes: Sequence[
         # An engine with its own loop runs its own runtime's target (--target_backend is the harness's).
         target_backend=args.target_backend if args.engine == engines.BUILT_IN else None,
         provider=args.execution_provider,
-        ort_block_size=backends.OrtSettings.block_size
-        if args.ort_block_size is None
-        else args.ort_block_size,
-        ort_accuracy_level=backends.OrtSettings.accuracy_level
-        if args.ort_accuracy_level is None
-        else args.ort_accuracy_level,
+        ort_block_size=args.ort_block_size,  # None: the export's default
+        ort_accuracy_level=args.ort_accuracy_level,
         target_device=args.target_device,
         engine=args.engine,
         draft_precision=args.draft_precision,
@@ -351,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     run = _run_setup(args, spec, modes)
     # Read before loading: a typo in the path should not cost a model load.
     from_file = (
-        tasks.load_prompts_file(args.prompts, args.max_new_tokens or PROMPTS_FILE_NEW_TOKENS)
+        tasks.prompts_of(args.prompts, args.max_new_tokens or PROMPTS_FILE_NEW_TOKENS)
         if args.prompts
         else None
     )
@@ -475,7 +478,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     new_tokens = args.max_new_tokens or sweep.DEFAULT_NEW_TOKENS
     limit = args.limit or sweep.DEFAULT_LIMIT
     if args.prompts:
-        prompts = tasks.load_prompts_file(args.prompts, new_tokens)[:limit]
+        prompts = tasks.prompts_of(args.prompts, new_tokens)[:limit]
     else:
         prompts = humaneval.prompts(limit, new_tokens)
     platform = args.platform or platforms.detect().name

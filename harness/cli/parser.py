@@ -364,7 +364,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="JSONL row files for --regen-tables (default: results/rows/*.jsonl)",
     )
-    _add(g, "--prompts", help="your own prompts: one JSON string per line, or plain text lines")
+    _add(
+        g,
+        "--prompts",
+        help="a prompt set (general, code, mixed) or your own prompts file: one JSON string per line, or "
+        "plain text lines",
+    )
     _add(
         g, "--limit", type=int, help=f"decode only the first N prompts (--task sweep: {sweep.DEFAULT_LIMIT})"
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness.base import files
+from harness.base import backends, files
 from harness.base.errors import HarnessError, UnsupportedError
 from harness.decoding.base import Engine
 from harness.theory import analysis, timing
@@ -338,9 +338,26 @@ class GenaiEngine(Engine):
         ort_accuracy_level: int | None = None,
         **other: Any,
     ) -> Any:
-        """The builder's export of the target at ``--target_precision int4|fp32`` and ``--ort_*``."""
+        """The builder's export of the target at ``--target_precision int4|fp32`` and ``--ort_*``; a
+        target given as the builder's output folder is run as it is (``export``)."""
         from harness.base import backends
         from harness.settings.setup import Target
+
+        if spec is not None and spec.target.is_genai_export:
+            if target_precision is not None or ort_block_size is not None or ort_accuracy_level is not None:
+                raise HarnessError(
+                    f"{spec.target.path} is an export already: its precision is what the model builder made; "
+                    "drop --target_precision and --ort_*"
+                )
+            provider = provider or backends.DEFAULT_PROVIDER
+            return Target(
+                backends.EXPORT_LABEL,
+                "stock",
+                "onnxruntime",
+                backends.check_provider(provider),
+                target_device,
+                cls.name,
+            )
 
         defaults = backends.OrtSettings()
         ort = backends.OrtSettings(
@@ -390,7 +407,14 @@ class GenaiEngine(Engine):
         from harness.pairs import models
 
         backends.check_family(spec.family, spec.name)
-        models.ort_settings(run).validate()
+        if run.target.precision == backends.EXPORT_LABEL:
+            if run.draft is not None and not spec.draft.is_genai_export:
+                raise HarnessError(
+                    f"the target {spec.target.path} is an export: give the draft as one too (the model "
+                    "builder's output folder), so both run as they were made"
+                )
+        else:
+            models.ort_settings(run).validate()
         check_settings(run.decoding)
 
     @classmethod
@@ -411,7 +435,7 @@ class GenaiEngine(Engine):
         from harness.weights import packaged
 
         cls.check(spec, run)
-        ort = models.ort_settings(run)
+        ort = None if run.target.precision == backends.EXPORT_LABEL else models.ort_settings(run)
         roles = {"target": spec.target, **({"draft": spec.draft} if run.draft is not None else {})}
         if folders is not None:
             folders = {role: folders[role] for role in roles}
@@ -426,9 +450,17 @@ class GenaiEngine(Engine):
                 role: tiny.saved_folder(m.name, models_of[role], tokenizer) for role, m in roles.items()
             }
         else:
-            folders = {role: models.resolve_model(m, weights_dir, verify=verify) for role, m in roles.items()}
+            # A model given as the builder's output is run as it is (its tokenizer is in it too).
+            folders = {
+                role: Path(m.path)
+                if m.is_genai_export
+                else models.resolve_model(m, weights_dir, verify=verify)
+                for role, m in roles.items()
+            }
         exports = {
-            role: models.export_ort_target(roles[role].name, folder, ort, verify=verify)
+            role: folder
+            if roles[role].is_genai_export
+            else models.export_ort_target(roles[role].name, folder, ort, verify=verify)
             for role, folder in folders.items()
         }
         held = Models(

@@ -25,6 +25,8 @@ from harness.settings import precision
 from harness.settings.setup import Draft, GenerationSettings, RunSetup, Target, invariant_pair
 from harness.weights import packaged, tiny, weights
 
+GENAI_CONFIG = "genai_config.json"  # what onnxruntime-genai's model builder writes beside its export
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -44,6 +46,12 @@ class ModelSpec:
     def is_gguf_file(self) -> bool:
         """A model given as one GGUF file (``local_model``): the engines that read GGUF run it."""
         return self.path is not None and self.path.endswith(".gguf")
+
+    @property
+    def is_genai_export(self) -> bool:
+        """A model given as onnxruntime-genai's model-builder output (``local_model``): that engine
+        runs it."""
+        return self.path is not None and (Path(self.path) / GENAI_CONFIG).is_file()
 
 
 @dataclass(frozen=True)
@@ -253,6 +261,8 @@ def local_model(path: str | os.PathLike[str]) -> ModelSpec:
     if str(path).endswith(".gguf") or Path(path).expanduser().is_file():
         return _gguf_model(Path(path).expanduser())
     folder = Path(path).expanduser()
+    if (folder / GENAI_CONFIG).is_file():
+        return _genai_export(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise HarnessError(
@@ -265,6 +275,20 @@ def local_model(path: str | os.PathLike[str]) -> ModelSpec:
     except (ValueError, KeyError, TypeError) as exc:
         raise HarnessError(f"{config_file} is not a usable model config ({exc}); re-save the model") from None
     check_weight_files(folder)
+    family = _FAMILIES.get(model_type, model_type)
+    return ModelSpec(_folder_name(folder), family, vocab_size=vocab_size, path=str(folder.resolve()))
+
+
+def _genai_export(folder: Path) -> ModelSpec:
+    """A model given as the model builder's output folder, described from its ``genai_config.json``."""
+    try:
+        config = json.loads((folder / GENAI_CONFIG).read_text(encoding="utf-8"))["model"]
+        model_type, vocab_size = config["type"], int(config["vocab_size"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise HarnessError(
+            f"{folder / GENAI_CONFIG} is not a usable onnxruntime-genai config ({exc}); export the model "
+            "again"
+        ) from None
     family = _FAMILIES.get(model_type, model_type)
     return ModelSpec(_folder_name(folder), family, vocab_size=vocab_size, path=str(folder.resolve()))
 
@@ -528,6 +552,12 @@ def check_run(spec: PairSpec, run: RunSetup) -> None:
     """Refuse, before any weight loads, a run of ``spec`` that transformers' loop cannot do here: an
     unknown precision, kernel or device, a pairing whose vocabularies cannot be reconciled."""
     target = run.target
+    for role, model in (("target", spec.target), ("draft", spec.draft)):
+        if model.is_genai_export:
+            raise HarnessError(
+                f"the {role} {model.path} is an onnxruntime-genai export (the model builder's output): run "
+                "it with --engine onnxruntime-genai, or give its Hugging Face folder"
+            )
     backends.check_backend(target.backend)
     t_dev = devices.check_device(target.device)
     ort = ort_settings(run)

@@ -132,6 +132,8 @@ class SweepConfig:
     # The sweep's spelling read back (labels, loaders and keys of stored rows use it).
     @property
     def target_precision(self) -> str:
+        if self.target.precision == backends.EXPORT_LABEL:
+            return "export"
         if self.target.backend == "onnxruntime":
             return backends.OrtSettings.from_label(self.target.precision).precision
         return self.target.precision

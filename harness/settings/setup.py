@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from harness.base.backends import DEFAULT_PROVIDER, OrtSettings
+from harness.base.backends import DEFAULT_PROVIDER, EXPORT_LABEL, OrtSettings
 from harness.base.errors import HarnessError
 from harness.theory import trees
 
@@ -375,8 +375,8 @@ def resolve(
     target_kernels: str | None = None,
     target_backend: str | None = None,
     provider: str | None = None,
-    ort_block_size: int = OrtSettings.block_size,
-    ort_accuracy_level: int = OrtSettings.accuracy_level,
+    ort_block_size: int | None = None,
+    ort_accuracy_level: int | None = None,
     target_device: str = "cpu",
     draft_precision: str | None = None,
     draft_kernels: str | None = None,
@@ -401,7 +401,10 @@ def resolve(
                 "--target_kernels applies to the torch target only; ONNX Runtime runs its own kernels"
             )
         ort = OrtSettings(
-            target_precision or "int4", ort_block_size, ort_accuracy_level, provider or DEFAULT_PROVIDER
+            target_precision or "int4",
+            OrtSettings.block_size if ort_block_size is None else ort_block_size,
+            OrtSettings.accuracy_level if ort_accuracy_level is None else ort_accuracy_level,
+            provider or DEFAULT_PROVIDER,
         ).validate()
         target = Target(ort.label, "stock", "onnxruntime", ort.provider, target_device)
     elif target_backend not in (None, "torch"):
@@ -503,6 +506,8 @@ def _number(value: Any) -> str:
 
 
 def _ort_target(get: Callable[[str], Any], _d: Mapping[str, Any]) -> list[str]:
+    if get("target_precision") == EXPORT_LABEL:
+        return []  # an export given by its folder (--model_name_or_path): run as it was made
     ort = OrtSettings.from_label(get("target_precision"), get("execution_provider") or DEFAULT_PROVIDER)
     args = ["--target_backend", "onnxruntime", "--target_precision", ort.precision]
     if ort.provider != DEFAULT_PROVIDER:
