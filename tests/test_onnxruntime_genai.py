@@ -309,7 +309,8 @@ def test_the_model_builders_own_output_folders_run_as_they_were_made(tmp_path, c
     }
     rows_path = tmp_path / "rows.jsonl"
     argv = ["--engine", "onnxruntime-genai", "--model_name_or_path", str(exports["target"]),
-            "--assistant_model", str(exports["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",
+            "--assistant_model", str(exports["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16",
+            "--json",
             str(rows_path), "--no_progress"]  # fmt: skip
     assert cli.main(argv) == 0, capsys.readouterr().err
     rows = {r.mode: r for r in read_rows(rows_path)}
