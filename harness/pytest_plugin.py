@@ -148,9 +148,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--local-pair",
         action="append",
         default=[],
-        metavar="NAME=TARGET[,DRAFT]",
-        help="also run every pair test on a pair of local Hugging Face folders, named NAME in test ids "
-        "(repeatable; without DRAFT the target drafts for itself)",
+        metavar="NAME=TARGET[,DRAFT][@PRECISION[,PRECISION]]",
+        help="also run every pair test on a pair of your own files (Hugging Face folders, .gguf files, "
+        "the model builder's output), named NAME in test ids (repeatable; without DRAFT the target drafts "
+        "for itself; @q4k,q4k runs them at those precisions, on the batch-invariant kernels; default fp32)",
     )
     for option in group.options:
         attrs = option.attrs()
@@ -495,12 +496,20 @@ def _register_local_pairs(config: pytest.Config) -> list[str]:
 
     names = []
     for text in config.getoption("--local-pair"):
-        name, eq, folders = (part.strip() for part in text.partition("="))
+        name, eq, rest = (part.strip() for part in text.partition("="))
+        folders, at, chosen = rest.rpartition("@") if "@" in rest else (rest, "", "")
         paths = [f.strip() for f in folders.split(",") if f.strip()]
-        if not eq or not name or not 1 <= len(paths) <= 2:
-            raise pytest.UsageError(f"--local-pair {text!r}: write NAME=TARGET_FOLDER[,DRAFT_FOLDER]")
+        precisions = [p.strip() for p in chosen.split(",") if p.strip()]
+        if not eq or not name or not 1 <= len(paths) <= 2 or (at and not 1 <= len(precisions) <= 2):
+            raise pytest.UsageError(
+                f"--local-pair {text!r}: write NAME=TARGET[,DRAFT][@TARGET_PRECISION[,DRAFT_PRECISION]]"
+            )
         try:
-            spec = models.local_pair(paths[0], paths[1] if len(paths) > 1 else None)
+            spec = models.local_pair(
+                paths[0],
+                paths[1] if len(paths) > 1 else None,
+                (precisions[0], precisions[-1]) if precisions else None,
+            )
             models.register_pair(dataclasses.replace(spec, name=name))
         except HarnessError as exc:
             raise pytest.UsageError(f"--local-pair {text!r}: {exc}") from None

@@ -128,7 +128,7 @@ def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--local-pair", "mine", "--collect-only"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "NAME=TARGET_FOLDER" in bad.stdout + bad.stderr
+    assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "NAME=TARGET[,DRAFT]" in bad.stdout + bad.stderr
 
 
 def test_folders_with_generic_names_are_named_by_their_parents(tmp_path):
@@ -157,3 +157,46 @@ def test_a_pair_of_your_own_files_decodes_both_prompt_kinds_unless_told(tmp_path
     assert "the mixed prompt set" in err and "--prompts general|code|mixed|FILE chooses" in err
     assert cli.main([*argv, "--prompts", "code"]) == 0
     assert "prompt set" not in capsys.readouterr().err  # chosen: nothing to say
+
+
+def test_a_pair_of_your_own_files_runs_at_the_precisions_you_give(tmp_path):
+    """``--local-pair NAME=T,D@q4k,q4k``: the pair's registered configuration is those precisions on
+    the batch-invariant kernels they need, which every pair test then runs; a bad one is one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from harness.weights import tiny
+
+    target = tiny.build_target("tiny-qwen2")
+    draft = tiny.build_draft("tiny-qwen2", target)
+    tokenizer = tiny.build_tokenizer()
+    t = tiny.saved_folder("t", target, tokenizer, str(tmp_path))
+    d = tiny.saved_folder("d", draft, tokenizer, str(tmp_path))
+    spec = models.local_pair(t, d, ("q4k", "q4k"))
+    assert (spec.target_setup.precision, spec.target_setup.kernels) == ("q4k", "invariant")
+    assert (spec.draft_setup.precision, spec.draft_setup.kernels) == ("q4k", "invariant")
+    assert models.local_pair(t, d).target_setup.precision == "fp32"  # the default: as the files are
+    root = Path(__file__).resolve().parents[1]
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "perf/test_benchmark.py",
+         "--local-pair", f"mine={t},{d}@q5"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 4 and "Unknown precision 'q5'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_your_own_pair_is_told_the_flags_of_its_fastest_exact_configuration(tmp_path, capsys):
+    from harness import cli
+    from harness.weights import tiny
+
+    target = tiny.build_target("tiny-qwen2")
+    folder = tiny.saved_folder("mine", target, tiny.build_tokenizer(), str(tmp_path))
+    argv = ["--model_name_or_path", str(folder), "--limit", "1", "--max_new_tokens", "4", "--no_progress"]
+    assert cli.main(argv) == 0
+    flags = (
+        "--target_precision q4k --draft_precision q4k --target_kernels invariant --draft_kernels invariant"
+    )
+    assert flags in capsys.readouterr().err
+    assert cli.main([*argv, "--target_precision", "q4k", "--target_kernels", "invariant"]) == 0
+    assert "fastest exact configuration" not in capsys.readouterr().err  # chosen: nothing to say

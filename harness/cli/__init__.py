@@ -340,6 +340,19 @@ def regen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_fastest(args: argparse.Namespace, spec: models.PairSpec) -> None:
+    """A pair of the user's own files runs fp32 on stock kernels unless flags say otherwise: say which
+    flags run the fastest exact configuration the suite has for it, where none of them was given."""
+    chosen = (args.target_precision, args.draft_precision, args.target_kernels, args.draft_kernels)
+    flags = models.fastest_exact_flags(spec) if spec.target.path and args.engine == engines.BUILT_IN else None
+    if flags and not any(chosen) and args.target_backend == "torch":
+        print(
+            f"note: a pair of your own files runs fp32 on stock kernels; the fastest exact configuration for "
+            f"it: {flags}",
+            file=sys.stderr,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list_models:
         print(report.pairs_table(models.list_pairs(), args.weights_dir, wide=args.wide))
@@ -365,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
         )
     models.offline_env()
     _use_threads(args.threads)
+    _say_fastest(args, spec)
     pair = engines.load(spec, run, weights_dir=args.weights_dir, verify=args.verify)
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name

@@ -321,15 +321,42 @@ def check_weight_files(folder: Path) -> None:
             ) from None
 
 
-def local_pair(target: str | os.PathLike[str], draft: str | os.PathLike[str] | None = None) -> PairSpec:
-    """A pair from local folders, registered nowhere: the target, and the draft (the target itself
-    when none is given: it then accepts every token, a valid but slow assistant)."""
+def local_pair(
+    target: str | os.PathLike[str],
+    draft: str | os.PathLike[str] | None = None,
+    precisions: tuple[str, str] | None = None,
+) -> PairSpec:
+    """A pair from local folders or files, registered nowhere: the target, and the draft (the target
+    itself when none is given: it then accepts every token, a valid but slow assistant), run at
+    ``precisions`` (target, draft; a block precision on the batch-invariant kernels it needs), fp32
+    on stock kernels when none are given."""
     t = local_model(target)
     d = local_model(draft) if draft is not None else t
     if t.vocab_size and d.vocab_size:
         vocab.check_reconcilable(t.vocab_size, d.vocab_size, target=t.name, draft=d.name)
     kind = "code" if "code" in t.name.lower() else "general"
-    return PairSpec(t.name if d is t else f"{t.name}+{d.name}", t, d, kind, note="local folders")
+    spec = PairSpec(t.name if d is t else f"{t.name}+{d.name}", t, d, kind, note="local folders")
+    if precisions is None:
+        return spec
+    for name in precisions:
+        precision.check_precision(name)
+    kernels = "invariant" if any(p in precision.BLOCK_PRECISIONS for p in precisions) else "stock"
+    return replace(
+        spec, target_setup=Target(precisions[0], kernels), draft_setup=Draft(precisions[1], kernels)
+    )
+
+
+def fastest_exact_flags(spec: PairSpec) -> str | None:
+    """The flags of the fastest exact configuration the suite has for a pair of the user's own files
+    (docs/FINDINGS.md: the file's own k-quant blocks, or Q4_K blocks made from its float weights, on
+    the batch-invariant kernels, K=3 dynamic), or None where its kernels do not cover the family."""
+    if spec.target.family not in ("llama", "codellama", "qwen2") or spec.target.is_genai_export:
+        return None
+    target = "gguf" if _gguf_problem("target", spec.target, None) is None else "q4k"
+    return (
+        f"--target_precision {target} --draft_precision q4k --target_kernels invariant "
+        "--draft_kernels invariant --num_assistant_tokens 3 --assistant_schedule dynamic"
+    )
 
 
 def register_pair(spec: PairSpec) -> PairSpec:
@@ -470,15 +497,22 @@ def missing_gguf(spec: PairSpec, weights_dir: str | None = None) -> str | None:
     """Why an engine that runs GGUF files cannot run ``spec`` (None: both models have one here),
     found without assembling or converting anything: a run's collection asks it of every pair."""
     for role, model in (("target", spec.target), ("draft", spec.draft)):
-        if model.is_tiny:
-            return f"its {role} is built from a config, with no GGUF file"
-        if model.is_gguf_file or (
-            model.packaged_key and packaged.parts_status(packaged.get_model(model.packaged_key)).complete
-        ):
-            continue
-        folder = locate_model(model, weights_dir).path
-        if folder is None or len(list(Path(folder).glob("*.gguf"))) != 1:
-            return f"its {role} {model.name} has no GGUF file here (give a .gguf file, or a folder with one)"
+        problem = _gguf_problem(role, model, weights_dir)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _gguf_problem(role: str, model: ModelSpec, weights_dir: str | None) -> str | None:
+    if model.is_tiny:
+        return f"its {role} is built from a config, with no GGUF file"
+    if model.is_gguf_file or (
+        model.packaged_key and packaged.parts_status(packaged.get_model(model.packaged_key)).complete
+    ):
+        return None
+    folder = locate_model(model, weights_dir).path
+    if folder is None or len(list(Path(folder).glob("*.gguf"))) != 1:
+        return f"its {role} {model.name} has no GGUF file here (give a .gguf file, or a folder with one)"
     return None
 
 
