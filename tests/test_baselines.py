@@ -421,6 +421,16 @@ def test_a_schema_1_baseline_loads_unchanged(tmp_path):
 def test_the_case_fields_are_run_setting_columns():
     from harness.settings import baselines, setup
 
-    # The case's fields are exactly the settings marked as part of a result's identity: a setting
-    # added later reaches the key through ``CaseKey.more`` (tests/test_one_setting.py).
-    assert set(baselines.CASE_COLUMNS) == {f.column for f in setup.FIELDS if f.identity}
+    # The case's fields are settings marked as part of a result's identity; a setting added later
+    # reaches the key through ``CaseKey.more`` (tests/test_one_setting.py), as proposals from the
+    # context do.
+    identity = {f.column for f in setup.FIELDS if f.identity}
+    assert set(baselines.CASE_COLUMNS) <= identity
+    assert identity - set(baselines.CASE_COLUMNS) == {"context_draft"}
+    from harness.pairs import models
+
+    run = setup.resolve(
+        models.get_pair("tiny-llama"), decoding=setup.GenerationSettings(mode="assisted", context_draft=16)
+    )
+    key = baselines.case_key(run.columns(), "benchmark", 64)
+    assert key.more == (("context_draft", 16),) and key.case_id.endswith("-context-draft_16")

@@ -221,6 +221,16 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
                 "on the batch-invariant kernels",
             ),
         ),
+        "context_draft": (
+            "assistance",
+            dict(
+                type=int,
+                metavar="N",
+                help="propose from the context (the prompt and the output so far) where it holds the "
+                "continuation, up to N tokens a round, and from the draft model where it does not; greedy, "
+                "exact, the harness's own loop on the batch-invariant kernels (0: off)",
+            ),
+        ),
         "prompt_lookup_num_tokens": (
             "assistance",
             dict(

@@ -19,6 +19,7 @@ It therefore runs on the batch-invariant kernels only (the fused layers), and re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -29,6 +30,7 @@ import torch
 from transformers import DynamicCache
 
 from harness.base.errors import HarnessError
+from harness.decoding.context import ContextProposer
 from harness.kernels import fused
 from harness.pairs.models import LoadedPair
 from harness.settings.setup import GenerationSettings
@@ -44,9 +46,9 @@ def check_pair(pair: LoadedPair) -> None:
         stack = getattr(model, "model", None)
         if not isinstance(stack, fused.FusedStack):
             raise HarnessError(
-                f"a token tree (--draft_tree) runs on the harness's batch-invariant kernels only, and the "
-                f"{role} is not on them: use --target_kernels invariant and --draft_kernels invariant, or "
-                f"a block precision (gguf, q4k)"
+                f"a token tree (--draft_tree) and proposals from the context (--context_draft) run on the "
+                f"harness's batch-invariant kernels only, and the {role} is not on them: use "
+                "--target_kernels invariant and --draft_kernels invariant, or a block precision (gguf, q4k)"
             )
 
 
@@ -112,17 +114,30 @@ def _cut(tree: Tree, depth: int) -> list[Path]:
     return [p for p in tree.nodes if len(p) <= depth]
 
 
+# The most of a prompt the draft model reads before its first proposal: on a CPU the prefill of a
+# long prompt dominates a request, and the draft's own (about a third of the target's for this
+# pair) would come on top of the target's. Its proposals only need the recent context; what it
+# reads never changes the output, which the target verifies.
+DRAFT_WINDOW = 256
+
+
 class _Draft:
-    """The draft's side of the rounds: its cache, and the tokens it has not seen yet."""
+    """The draft's side of the rounds: its cache (from ``start`` on: a long prompt's recent window),
+    and the tokens it has not seen yet."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.cache = DynamicCache()
+        self.start = 0  # the sequence index of the cache's first entry
         self.rows: dict[Path, int] = {}  # a node of this round -> its entry in the draft's cache
 
-    def propose(self, seq: list[int], nodes: list[Path]) -> dict[Path, int]:
-        """Each node's token for the sequence ``seq`` (the prefix and the round's last token)."""
-        seen = self.cache.get_seq_length()
+    def propose(self, seq: list[int], nodes: list[Path], threshold: float = 0.0) -> dict[Path, int]:
+        """Each node's token for the sequence ``seq`` (the prefix and the round's last token). A chain
+        stops at the first token the draft gives less than ``threshold`` of its probability (that
+        token still proposed), as transformers' dynamic schedule stops its drafts; a tree is whole."""
+        if self.cache.get_seq_length() == 0:
+            self.start = max(0, len(seq) - DRAFT_WINDOW)
+        seen = self.start + self.cache.get_seq_length()
         logits = _forward(self.model, seq[seen:], self.cache, range(seen, len(seq)), None)[-1:]
         parents: list[Path] = [()]
         tokens: dict[Path, int] = {}
@@ -137,13 +152,15 @@ class _Draft:
                 for p in nodes:
                     if len(p) == depth + 1 and p[:-1] == parent:
                         tokens[p] = int(top[i, p[-1]])
+            if threshold > 0 and len(parents) == 1 and float(logits[0].softmax(-1).max()) < threshold:
+                break  # unsure of this token: the chain ends with it
             depth += 1
             parents = [p for p in nodes if len(p) == depth and any(q[:-1] == p for q in nodes)]
             if not parents:
                 break
-            start = self.cache.get_seq_length()
+            first = self.cache.get_seq_length()
             for i, p in enumerate(parents):
-                self.rows[p] = start + i
+                self.rows[p] = first + i
             expanded += parents
             mask = tree_mask(tuple(parents), tuple(expanded))
             position = len(seq) - 1 + depth
@@ -153,16 +170,22 @@ class _Draft:
         return tokens
 
     def accept(self, seq_before: int, path: list[Path]) -> None:
-        """Keep the prefix of ``seq_before`` tokens and the accepted nodes the draft has entries for."""
+        """Keep the prefix of ``seq_before`` tokens and the accepted nodes the draft has entries for
+        (none after a round proposed from the context: the draft catches up when next asked)."""
         keep = [self.rows[p] for p in path if p in self.rows]
-        keep_path(self.cache, seq_before, keep)
+        keep_path(self.cache, seq_before - self.start, keep)
+        self.rows = {}
 
 
 def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSettings) -> Measurement:
-    """Decode one prompt greedily with the settings' tree (``draft_tree``), measured as
+    """Decode one prompt greedily with the settings' tree (``draft_tree``; else a chain of K), and
+    with proposals from the context where it has them (``context_draft``), measured as
     ``generation.generate`` measures transformers' loop."""
-    check_pair(pair)  # the settings were validated by ``generation.generate`` (greedy, a tree)
-    tree = Tree.parse(settings.draft_tree)
+    check_pair(pair)  # the settings were validated by ``generation.generate`` (greedy)
+    tree = Tree.parse(settings.draft_tree or _chain(settings.num_assistant_tokens))
+    context = ContextProposer(settings.context_draft) if settings.context_draft else None
+    # A chain's dynamic schedule (its confidence threshold) holds in this loop as in transformers'.
+    threshold = 0.0 if settings.draft_tree else settings.confidence_threshold_in_effect
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise HarnessError("empty prompt: give at least one token")
@@ -175,7 +198,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     budget = settings.max_new_tokens
     draft = _Draft(pair.draft)
     target_cache = DynamicCache()
-    drafted = accepted = 0
+    drafted = accepted = from_context = 0
     judged: list[list[bool]] = []
     out: list[int] = []
 
@@ -191,8 +214,17 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             seq = prompt + out
             # A round emits its accepted nodes and one token more: never past the budget. The first
             # round verifies the prompt with its nodes, as transformers' assisted loop does.
-            nodes = _cut(tree, budget - len(out) - 1)
-            tokens = draft.propose(seq, nodes) if nodes else {}
+            room = budget - len(out) - 1
+            found: list[int] = []
+            if context is not None:
+                context.extend(seq)
+                found = context.propose(room)
+            if found:  # the context's continuation, as a chain: no draft forward this round
+                nodes = [(0,) * (i + 1) for i in range(len(found))]
+                tokens = dict(zip(nodes, found, strict=True))
+            else:
+                tokens = draft.propose(seq, _cut(tree, room), threshold) if room > 0 else {}
+                nodes = [p for p in _cut(tree, room) if p in tokens]
             seen = target_cache.get_seq_length()
             verify = _forward(
                 pair.target,
@@ -225,10 +257,19 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                     break
             drafted += len(nodes)
             accepted += len(path)
+            if found:
+                context.verified(len(nodes), len(path))
+                from_context += len(path)
             # Along the path taken: each depth accepted, then the one whose children all missed.
             judged.append([True] * len(path) + [False] * rejected)
             keep_path(target_cache, len(seq), [len(seq) + nodes.index(p) for p in path])
             draft.accept(len(seq), path)
         end = time.perf_counter()
     # Nothing to cut: a round's nodes stop short of the budget, and a path ends at an EOS.
-    return Measurement.of_log(log, start, end, len(prompt), out, drafted, accepted, judged)
+    m = Measurement.of_log(log, start, end, len(prompt), out, drafted, accepted, judged)
+    return dataclasses.replace(m, from_context=from_context) if context is not None else m
+
+
+def _chain(k: int) -> str:
+    """A chain of K as a tree's spelling: the draft's first choice at each depth."""
+    return "+".join("0" * depth for depth in range(1, k + 1))

@@ -138,6 +138,7 @@ def make_row(
         accepted=m.accepted,
         acceptance_rate=m.acceptance_rate,
         tokens_per_target_forward=m.tokens_per_target_forward,
+        accepted_from_context=m.from_context,
         output_ids=m.output_ids,
         platform=platform,
         prompt_label=label,

@@ -79,6 +79,9 @@ class Measured:
     run_id: str = ""
     timestamp: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Accepted tokens proposed from the context, not by the draft model (``--context_draft``); None
+    # where nothing proposed from the context.
+    accepted_from_context: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -64,6 +64,11 @@ class GenerationSettings:
     # ``theory.trees.Tree.parse`` reads them): greedy, on the batch-invariant kernels, in the
     # harness's own loop (``harness.decoding.trees``). "": a chain, in transformers' loop.
     draft_tree: str = ""
+    # Proposals from the context beside the draft model (``harness.decoding.context``): where the
+    # prompt or the output so far holds a continuation of the latest tokens, a round proposes up to
+    # this many of them (adapted to how such proposals fare), else the draft model's chain or tree.
+    # Greedy, on the batch-invariant kernels, in the harness's own loop. 0: off.
+    context_draft: int = 0
 
     def validate(self) -> GenerationSettings:
         def bad(what: str) -> HarnessError:
@@ -97,6 +102,12 @@ class GenerationSettings:
             trees.Tree.parse(self.draft_tree)
             if self.do_sample:
                 raise bad("--draft_tree decodes greedily: drop --do_sample, or the tree")
+        if not 0 <= self.context_draft <= 64:
+            raise bad(
+                f"--context_draft must be between 0 (off) and 64 tokens a round (got {self.context_draft})"
+            )
+        if self.context_draft and self.do_sample:
+            raise bad("--context_draft decodes greedily: drop --do_sample, or --context_draft")
         return self
 
     @property
@@ -284,6 +295,13 @@ FIELDS: tuple[Field, ...] = (
         "draft",
         lambda s: (s.decoding.draft_tree or None) if s.uses_draft else None,
         sweep=("tree",),
+    ),
+    Field(
+        "context_draft",
+        "--context_draft",
+        "draft",
+        lambda s: (s.decoding.context_draft or None) if s.uses_draft else None,
+        sweep=("ctx",),
     ),
     Field("do_sample", "--do_sample", "sampling", lambda s: s.decoding.do_sample),
     Field("temperature", "--temperature", "sampling", _sampled(lambda d: d.temperature)),

@@ -210,6 +210,9 @@ class Measurement:
     # round, each depth of the tree along the path it took, accepted or not. None: read off the
     # target's verify inputs, which hold a chain's candidates in order.
     judged_steps: list[list[bool]] | None = None
+    # Accepted tokens that were proposed from the context rather than by the draft model
+    # (``harness.decoding.context``); None where nothing proposes from the context.
+    from_context: int | None = None
 
     @classmethod
     def of_log(

@@ -1,0 +1,158 @@
+"""Proposals from the context beside the draft model (``--context_draft``): what they propose, how
+they adapt, and that the output stays the target's own."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import load_pair
+from test_cli import TINY, read_json_rows, run_cli
+
+from harness.base.errors import HarnessError
+from harness.decoding.context import MIN_MATCH, ContextProposer
+from harness.decoding.generation import generate
+from harness.settings.setup import GenerationSettings
+
+
+def _proposer(seq: list[int], limit: int = 16) -> ContextProposer:
+    proposer = ContextProposer(limit)
+    proposer.extend(seq)
+    return proposer
+
+
+def test_the_continuation_of_the_latest_tokens_is_proposed():
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 50, 51, 1, 2, 3]
+    assert _proposer(seq).propose(room=4) == [4, 5, 6, 7]
+    assert _proposer(seq).propose(room=100) == [4, 5, 6, 7, 8, 9, 10, 50]  # its first length: 8
+
+
+def test_the_place_whose_match_runs_furthest_back_is_taken():
+    # [7, 8, 9] ends two earlier places; the later one shares only the three, the earlier one five.
+    seq = [5, 6, 7, 8, 9, 100, 0, 0, 7, 8, 9, 200, 0, 0, 5, 6, 7, 8, 9]
+    assert _proposer(seq).propose(room=1) == [100]
+
+
+def test_nothing_is_proposed_without_an_earlier_match():
+    assert _proposer([1, 2, 3, 4, 5, 6]).propose(room=8) == []
+    assert _proposer([1, 2]).propose(room=8) == []
+    assert _proposer([1, 2, 3, 1, 2, 3]).propose(room=0) == []
+
+
+def test_the_length_and_the_match_asked_for_follow_how_proposals_fared():
+    proposer = _proposer([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3], limit=12)
+    proposer.verified(8, 8)
+    assert proposer.length == 12  # doubled, within the limit
+    proposer.verified(12, 3)
+    assert proposer.length == 5 and proposer.need == MIN_MATCH
+    proposer.verified(5, 0)  # a miss at once: the next proposal needs a longer match
+    assert proposer.need == MIN_MATCH + 2
+    assert proposer.propose(room=8) == []  # this sequence's match is only three long
+    proposer.verified(2, 1)
+    assert proposer.need == MIN_MATCH + 1
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen2", "tiny-llama"])
+def pair(request):
+    return load_pair(
+        request.param,
+        target_precision="w8af32",
+        target_kernels="invariant",
+        draft_precision="w8af32",
+        draft_kernels="invariant",
+    )
+
+
+# A prompt that repeats itself, and prompts that do not.
+PROMPTS = ([3, 4, 5, 6, 7, 8, 9, 10, 11] * 4, list(range(3, 40)), [7, 7, 7, 19, 4, 4, 100, 3])
+
+
+@pytest.mark.parametrize("schedule", ["constant", "dynamic"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_output_is_the_targets_own_greedy_output(pair, k, schedule):
+    for prompt in PROMPTS:
+        plain = generate(pair, prompt, GenerationSettings(max_new_tokens=48, ignore_eos=True))
+        s = GenerationSettings(
+            mode="assisted",
+            max_new_tokens=48,
+            ignore_eos=True,
+            num_assistant_tokens=k,
+            assistant_schedule=schedule,
+            context_draft=8,
+        )
+        m = generate(pair, prompt, s)
+        assert m.output_ids == plain.output_ids
+        assert m.from_context is not None and 0 <= m.from_context <= m.accepted <= m.drafted
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_an_edit_that_copies_its_code_is_proposed_from_the_context():
+    """The offline pair asked to rename a class in code it is given: most of the answer is the code
+    again, which the context proposes and the target keeps, with the output plain decoding's."""
+    import inspect
+
+    from harness.decoding import engines
+    from harness.experiments import equivalence
+    from harness.pairs import models
+
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    pair = engines.load(spec, engines.resolve(spec))
+    code = inspect.getsource(equivalence.EqualityRuns)
+    text = (
+        "<|im_start|>user\nRename the class EqualityRuns to EqualCases in this code and output the whole "
+        f"code:\n```python\n{code}```<|im_end|>\n<|im_start|>assistant\n```python\n"
+    )
+    ids = pair.tokenizer(text)["input_ids"]
+    plain = generate(pair, ids, GenerationSettings(max_new_tokens=48, ignore_eos=True))
+    registered = spec.decoding
+    s = GenerationSettings(
+        mode="assisted",
+        max_new_tokens=48,
+        ignore_eos=True,
+        num_assistant_tokens=registered.num_assistant_tokens,
+        assistant_schedule=registered.assistant_schedule,
+        context_draft=16,
+    )
+    m = generate(pair, ids, s)
+    assert m.output_ids == plain.output_ids
+    assert m.from_context >= len(m.output_ids) // 2, (m.from_context, m.accepted, m.drafted)
+    assert m.target_forwards < len(m.output_ids) // 3  # several tokens kept per verification
+
+
+def test_eos_and_stop_strings_end_where_plain_decoding_ends(pair):
+    prompt = PROMPTS[0]
+    plain = generate(pair, prompt, GenerationSettings(max_new_tokens=40, ignore_eos=True)).output_ids
+    eos = plain[len(plain) // 2]
+    stop = next(t for i in range(10, 30) if (t := pair.tokenizer.decode(plain[i : i + 2])).strip())
+    for extra in (dict(eos_token_id=eos), dict(stop_strings=(stop,))):
+        want = generate(pair, prompt, GenerationSettings(max_new_tokens=40, **extra)).output_ids
+        got = generate(
+            pair, prompt, GenerationSettings(mode="assisted", max_new_tokens=40, context_draft=8, **extra)
+        ).output_ids
+        assert got == want
+
+
+def test_context_drafting_is_greedy_bounded_and_on_the_invariant_kernels():
+    with pytest.raises(HarnessError, match="--context_draft decodes greedily"):
+        GenerationSettings(mode="assisted", do_sample=True, context_draft=8).validate()
+    with pytest.raises(HarnessError, match="between 0 \\(off\\) and 64"):
+        GenerationSettings(mode="assisted", context_draft=65).validate()
+    stock = load_pair("tiny-llama")
+    with pytest.raises(HarnessError, match="--context_draft\\) run on the harness's batch-invariant kernels"):
+        generate(stock, [3, 4, 5], GenerationSettings(mode="assisted", context_draft=8))
+
+
+def test_context_drafting_from_the_command_line_reaches_rows_and_reproduce_command(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    flags = ["--target_kernels", "invariant", "--draft_kernels", "invariant", "--target_precision", "w8af32"]
+    flags += ["--draft_precision", "w8af32", "--context_draft", "12"]
+    code, out, err = run_cli(capsys, *TINY, "--compare", *flags, "--json", str(path))
+    assert code == 0, err
+    rows = read_json_rows(path)
+    assisted = [r for r in rows if r["mode"] == "assisted"]
+    assert {r["context_draft"] for r in assisted} == {12} and all(
+        r["accepted_from_context"] >= 0 for r in assisted
+    )
+    assert {r["context_draft"] for r in rows if r["mode"] == "plain"} == {None}
+    by_mode = {(r["example"], r["mode"]): r["output_ids"] for r in rows}
+    assert all(by_mode[(e, "plain")] == by_mode[(e, "assisted")] for e in (1, 2))
+    assert "--context_draft 12" in out
