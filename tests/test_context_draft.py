@@ -156,3 +156,24 @@ def test_context_drafting_from_the_command_line_reaches_rows_and_reproduce_comma
     by_mode = {(r["example"], r["mode"]): r["output_ids"] for r in rows}
     assert all(by_mode[(e, "plain")] == by_mode[(e, "assisted")] for e in (1, 2))
     assert "--context_draft 12" in out
+
+
+def test_the_sweep_measures_context_drafting_beside_its_chain(tmp_path, capsys):
+    from harness import cli
+    from harness.settings import configs
+    from harness.settings.results import read_rows
+
+    chain = "t=w8af32,kernels=invariant,d=w8af32,dk=invariant,k=3"
+    spec = f"{chain};{chain},ctx=8"
+    plain, with_context = configs.parse_configs(spec)
+    assert with_context.label == plain.label + "-ctx8" and with_context.settings(8).context_draft == 8
+    with pytest.raises(HarnessError, match="ctx=8 proposes from the context beside a draft model"):
+        configs.parse_configs("t=fp32,k=3,ctx=8")
+    argv = ["--model_name", "tiny-llama", "--task", "sweep", "--limit", "2", "--max_new_tokens", "32",
+            "--results_dir", str(tmp_path), "--no_progress", "--sweep", spec]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    rows = [r for path in (tmp_path / "rows" / "sweep").glob("*.jsonl") for r in read_rows(path)]
+    ctx_rows = [r for r in rows if r.context_draft == 8]
+    assert len(ctx_rows) == 2 and all(r.accepted_from_context is not None for r in ctx_rows)
+    plain_out = {r.example: r.output_ids for r in rows if r.mode == "plain"}
+    assert all(r.output_ids == plain_out[r.example] for r in ctx_rows)

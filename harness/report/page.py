@@ -154,7 +154,13 @@ def _config_of(row: Row) -> configs.SweepConfig:
         draft = setup.Draft(row.draft_precision, row.draft_kernels or "stock", row.draft_vocab)
     k = row.prompt_lookup_num_tokens if row.mode == "prompt_lookup" else row.num_assistant_tokens
     return configs.SweepConfig(
-        target, draft, row.mode, int(k or 0), row.assistant_schedule or "constant", row.draft_tree or ""
+        target,
+        draft,
+        row.mode,
+        int(k or 0),
+        row.assistant_schedule or "constant",
+        row.draft_tree or "",
+        int(getattr(row, "context_draft", None) or 0),
     )
 
 
@@ -175,6 +181,8 @@ def _sweep_spec(config: configs.SweepConfig) -> str:
             items.append(f"dk={config.draft_kernels}")
         if config.draft_vocab is not None:
             items.append(f"dv={config.draft_vocab}")
+    if config.context:
+        items.append(f"ctx={config.context}")
     if config.tree:
         items.append(f"tree={config.tree}")
         return ",".join(items)

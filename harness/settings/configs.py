@@ -85,6 +85,7 @@ class SweepConfig:
     num_assistant_tokens: int = 5  # K; for prompt lookup the number of tokens proposed
     schedule: str = "constant"
     tree: str = ""  # a token tree's rank paths (``--draft_tree``) instead of a chain of K
+    context: int = 0  # proposals from the context, up to this many a round (``--context_draft``)
 
     @classmethod
     def of(
@@ -99,6 +100,7 @@ class SweepConfig:
         draft_kernels: str = "stock",
         tree: str = "",
         engine_target: EngineTarget | None = None,
+        context: int = 0,
     ) -> SweepConfig:
         """The sweep's spelling (``t``, ``kernels``: stock, invariant, the ONNX Runtime target in
         transformers' loop, or an engine's name, read by ``engine_target``) as the run's target and
@@ -124,7 +126,7 @@ class SweepConfig:
                     ) from None
                 raise HarnessError(f"engine={target_kernels}: {exc}") from None
         draft = None if draft_precision is None else setup.Draft(draft_precision, draft_kernels, draft_vocab)
-        config = cls(target, draft, mode, num_assistant_tokens, schedule, tree)
+        config = cls(target, draft, mode, num_assistant_tokens, schedule, tree, context)
         if draft is not None and target.engine != "transformers":
             config = dataclasses.replace(config, draft=setup.Draft(config.target_precision))
         return config
@@ -179,6 +181,7 @@ class SweepConfig:
             f"t_{self.target_precision}-d_{self.draft_precision}-{proposes}-{self.target_kernels}"
             + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
             + ("-dk_invariant" if self.draft_kernels != "stock" else "")
+            + (f"-ctx{self.context}" if self.context else "")
         )
 
     @property
@@ -198,6 +201,7 @@ class SweepConfig:
             prompt_lookup_num_tokens=self.num_assistant_tokens,
             ignore_eos=True,
             draft_tree=self.tree,
+            context_draft=self.context,
         )
 
     def settings(self, new_tokens: int) -> GenerationSettings:
@@ -297,6 +301,12 @@ def _parse_entry(entry: str, where: str, engine_target: EngineTarget | None) -> 
         )
     if own and mode == "assisted" and (draft_given or draft_vocab is not None or draft_kernels != "stock"):
         raise HarnessError(f"{where}: engine={kernels} drafts with its own draft model; remove d, dv and dk")
+    context = _positive_int(where, "ctx", values.pop("context_draft"), 16) if "context_draft" in values else 0
+    if context and (mode != "assisted" or kernels != "invariant" or draft_kernels != "invariant"):
+        raise HarnessError(
+            f"{where}: ctx={context} proposes from the context beside a draft model, on the batch-invariant "
+            "kernels: mode=assisted,kernels=invariant,dk=invariant"
+        )
     tree = values.pop("draft_tree", "")
     if tree and given & {"num_assistant_tokens", "assistant_schedule"}:
         raise HarnessError(f"{where}: tree={tree} proposes a tree, not a chain of K: remove k and sched")
@@ -316,9 +326,21 @@ def _parse_entry(entry: str, where: str, engine_target: EngineTarget | None) -> 
                 precision.check_precision(name)
             except HarnessError as exc:
                 raise HarnessError(f"{where}: {exc}") from None
+    if values:  # a setting with a sweep key that a configuration cannot carry: never silently dropped
+        raise HarnessError(f"{where}: {', '.join(sorted(values))} cannot be set per configuration here")
     try:
         return SweepConfig.of(
-            target, draft, mode, k, schedule, kernels, draft_vocab, draft_kernels, tree, engine_target
+            target,
+            draft,
+            mode,
+            k,
+            schedule,
+            kernels,
+            draft_vocab,
+            draft_kernels,
+            tree,
+            engine_target,
+            context,
         )
     except HarnessError as exc:
         raise HarnessError(f"{where}: {exc}") from None
