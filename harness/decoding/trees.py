@@ -92,14 +92,22 @@ def keep_path(cache: DynamicCache, start: int, entries: Sequence[int]) -> None:
 
 
 def _forward(
-    model: torch.nn.Module, ids: Sequence[int], cache: DynamicCache, positions: Sequence[int], mask: Any
+    model: torch.nn.Module,
+    ids: Sequence[int],
+    cache: DynamicCache,
+    positions: Sequence[int],
+    mask: Any,
+    keep: int = 0,
 ) -> torch.Tensor:
+    """The logits of the last ``keep`` rows (0: every row). A prompt's rows need none: their output
+    layer over a 150K-token vocabulary would cost a long prompt's prefill about a third again."""
     out = model(
         input_ids=torch.tensor([list(ids)], dtype=torch.long),
         position_ids=torch.tensor([list(positions)], dtype=torch.long),
         past_key_values=cache,
         use_cache=True,
         tree_mask=mask,
+        logits_to_keep=keep,
     )
     return out.logits[0].float()
 
@@ -138,7 +146,7 @@ class _Draft:
         if self.cache.get_seq_length() == 0:
             self.start = max(0, len(seq) - DRAFT_WINDOW)
         seen = self.start + self.cache.get_seq_length()
-        logits = _forward(self.model, seq[seen:], self.cache, range(seen, len(seq)), None)[-1:]
+        logits = _forward(self.model, seq[seen:], self.cache, range(seen, len(seq)), None, keep=1)
         parents: list[Path] = [()]
         tokens: dict[Path, int] = {}
         self.rows = {}
@@ -232,8 +240,9 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 target_cache,
                 [*range(seen, len(seq)), *(len(seq) - 1 + len(p) for p in nodes)],
                 verify_mask(len(seq) - seen, tuple(nodes)),
+                keep=1 + len(nodes),
             )
-            scores = verify[len(seq) - seen - 1 :]  # the root's row, then the nodes'
+            scores = verify  # the root's row, then the nodes'
             if stops and len(out) < settings.min_new_tokens:
                 # As transformers' min-new-tokens processor: no EOS before the floor, per emitted position.
                 early = [len(out) + len(p) < settings.min_new_tokens for p in ((), *nodes)]
