@@ -122,10 +122,11 @@ def _cut(tree: Tree, depth: int) -> list[Path]:
     return [p for p in tree.nodes if len(p) <= depth]
 
 
-# The most of a prompt the draft model reads before its first proposal: on a CPU the prefill of a
-# long prompt dominates a request, and the draft's own (about a third of the target's for this
-# pair) would come on top of the target's. Its proposals only need the recent context; what it
-# reads never changes the output, which the target verifies.
+# With proposals from the context, the most of a prompt the draft model reads before its first
+# proposal: on a CPU the prefill of a long prompt dominates a request, and the draft's own (about a
+# third of the target's for this pair) would come on top of the target's, while a long prompt's
+# copies come from the context. What it reads never changes the output, which the target verifies.
+# (A tree or chain alone reads the whole prompt, as the tree planner's predictions assume.)
 DRAFT_WINDOW = 256
 
 
@@ -133,8 +134,9 @@ class _Draft:
     """The draft's side of the rounds: its cache (from ``start`` on: a long prompt's recent window),
     and the tokens it has not seen yet."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, window: int | None = None) -> None:
         self.model = model
+        self.window = window  # the most of a prompt it reads (None: all of it)
         self.cache = DynamicCache()
         self.start = 0  # the sequence index of the cache's first entry
         self.rows: dict[Path, int] = {}  # a node of this round -> its entry in the draft's cache
@@ -143,8 +145,8 @@ class _Draft:
         """Each node's token for the sequence ``seq`` (the prefix and the round's last token). A chain
         stops at the first token the draft gives less than ``threshold`` of its probability (that
         token still proposed), as transformers' dynamic schedule stops its drafts; a tree is whole."""
-        if self.cache.get_seq_length() == 0:
-            self.start = max(0, len(seq) - DRAFT_WINDOW)
+        if self.cache.get_seq_length() == 0 and self.window is not None:
+            self.start = max(0, len(seq) - self.window)
         seen = self.start + self.cache.get_seq_length()
         logits = _forward(self.model, seq[seen:], self.cache, range(seen, len(seq)), None, keep=1)
         parents: list[Path] = [()]
@@ -204,7 +206,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     )
     stops = set(eos if isinstance(eos, list | tuple) else [eos]) - {None}
     budget = settings.max_new_tokens
-    draft = _Draft(pair.draft)
+    draft = _Draft(pair.draft, DRAFT_WINDOW if context is not None else None)
     target_cache = DynamicCache()
     drafted = accepted = from_context = 0
     judged: list[list[bool]] = []
