@@ -103,3 +103,24 @@ def test_a_result_is_looked_up_before_it_runs_by_the_key_its_row_will_have(tmp_p
         assert setup.result_key(pair.run_setup(decoding), **{**where, **other}) != key
     changed = setup.GenerationSettings(max_new_tokens=5, **settings)
     assert setup.result_key(pair.run_setup(changed), **where) != key
+
+
+def test_rows_carry_acceptance_per_draft_position(tmp_path, capsys):
+    """Each assisted row holds [drafted, accepted] per draft position, read off its verifications:
+    positions drafted no more often than the one before, accepted never more than drafted, and the
+    accepted total the row's own."""
+    from harness import cli
+    from harness.settings.results import read_rows
+
+    path = tmp_path / "rows.jsonl"
+    argv = ["--model_name", "tiny-llama", "--compare", "--limit", "2", "--max_new_tokens", "24",
+            "--num_assistant_tokens", "4", "--no_progress", "--json", str(path)]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    rows = read_rows(path)
+    assert all(r.accepted_by_position is None for r in rows if r.mode == "plain")
+    for r in (r for r in rows if r.mode == "assisted"):
+        counts = r.accepted_by_position
+        assert counts and len(counts) <= 4
+        assert all(0 <= a <= d for d, a in counts)
+        assert all(later[0] <= earlier[0] for earlier, later in zip(counts, counts[1:], strict=False))
+        assert sum(a for _, a in counts) == r.accepted and sum(d for d, _ in counts) == r.drafted

@@ -27,6 +27,7 @@ from harness.pairs.models import LoadedPair, ModelSpec
 from harness.settings import results, setup
 from harness.settings.results import Row, append_row, read_rows
 from harness.settings.setup import GenerationSettings
+from harness.theory import analysis
 from harness.theory.timing import Measurement
 from harness.weights import packaged
 
@@ -102,6 +103,13 @@ def _model_id(spec: ModelSpec) -> str:
     return spec.path or spec.hf_id or spec.name
 
 
+def _by_position(m: Measurement, settings: GenerationSettings) -> list[list[int]] | None:
+    if settings.mode == "plain":
+        return None
+    counts = analysis.acceptance_by_position(m)
+    return counts if counts or not m.drafted else None
+
+
 def make_row(
     pair: LoadedPair,
     m: Measurement,
@@ -139,6 +147,7 @@ def make_row(
         acceptance_rate=m.acceptance_rate,
         tokens_per_target_forward=m.tokens_per_target_forward,
         accepted_from_context=m.from_context,
+        accepted_by_position=_by_position(m, settings),
         output_ids=m.output_ids,
         platform=platform,
         prompt_label=label,

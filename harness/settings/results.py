@@ -82,6 +82,10 @@ class Measured:
     # Accepted tokens proposed from the context, not by the draft model (``--context_draft``); None
     # where nothing proposed from the context.
     accepted_from_context: int | None = None
+    # [drafted, accepted] per draft position (position i accepted when candidates 0..i all were),
+    # read off the run's verifications; None for plain decoding, and for an engine whose books hold
+    # a round whole (per-position counts are not in them).
+    accepted_by_position: list[list[int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
