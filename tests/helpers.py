@@ -22,6 +22,15 @@ def load_pair(name: str | models.PairSpec = models.DEFAULT_PAIR, **settings: Any
     return engines.load(spec, engines.resolve(spec, **settings), weights_dir=weights_dir)
 
 
+def installed_engine(root: Path, name: str, value: str) -> None:
+    """A distribution ``broken-engine`` installed under ``root`` as pip leaves one (its metadata and
+    its entry points), registering engine ``name`` as ``value`` (module:Class)."""
+    info = root / "broken_engine-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-engine\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{engines.GROUP}]\n{name} = {value}\n")
+
+
 def bare_gguf_files(folder: Path) -> dict[str, Path]:
     """The offline pair's two GGUF files alone in ``folder`` (no config, no tokenizer beside them), as
     ``target.gguf`` and ``draft.gguf``: hard links where the file system allows them, so they cost

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import installed_engine
 
 from harness import cli
 from harness.base.errors import HarnessError
@@ -40,14 +41,6 @@ def test_the_entry_point_group_registers_every_built_in_engine_and_the_cli_offer
     assert {parser.parse_args(["--engine", name]).engine for name in engines.names()} == set(engines.names())
 
 
-def _plugin(root, name: str, value: str) -> None:
-    """An installed distribution, as pip leaves one: metadata and its entry points on the path."""
-    info = root / "broken_engine-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-engine\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[{engines.GROUP}]\n{name} = {value}\n")
-
-
 @pytest.fixture
 def fresh_registry():
     engines._registered.cache_clear()
@@ -61,7 +54,7 @@ def test_a_plugin_engine_that_fails_to_import_is_one_line_naming_its_package(
     tmp_path, monkeypatch: pytest.MonkeyPatch, fresh_registry
 ) -> None:
     (tmp_path / "broken_engine.py").write_text("import a_runtime_that_is_not_installed\n")
-    _plugin(tmp_path, "broken", "broken_engine:Engine")
+    installed_engine(tmp_path, "broken", "broken_engine:Engine")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "broken" in engines.names()
     with pytest.raises(HarnessError) as err:
@@ -75,7 +68,7 @@ def test_a_plugin_entry_that_is_not_an_engine_class_is_refused(
     tmp_path, monkeypatch: pytest.MonkeyPatch, fresh_registry
 ) -> None:
     (tmp_path / "not_engine.py").write_text("class Thing:\n    name = 'thing'\n")
-    _plugin(tmp_path, "thing", "not_engine:Thing")
+    installed_engine(tmp_path, "thing", "not_engine:Thing")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(HarnessError, match="not a harness.decoding.base.Engine subclass"):
         engines.engine_class("thing")

@@ -10,6 +10,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from helpers import installed_engine
 
 # A test of a user's own repository, using the plugin's fixtures (WHICH: the pairs it runs on).
 USER_TEST = Path(__file__).parent / "fixtures" / "user_test.py.txt"
@@ -129,10 +130,7 @@ def test_a_broken_plug_in_engine_is_said_once_and_the_others_run(tmp_path):
     """An installed package whose engine fails to import leaves the engine axis without it, said
     once in the header; named on purpose it is a usage error naming its package."""
     site = tmp_path / "site"
-    info = site / "broken_engine-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-engine\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[assisted_generation.engines]\nbroken = broken_engine:Engine\n")
+    installed_engine(site, "broken", "broken_engine:Engine")
     (site / "broken_engine.py").write_text("import a_runtime_that_is_not_installed\n")
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(site)}
