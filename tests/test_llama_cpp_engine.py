@@ -23,7 +23,7 @@ from helpers import bare_gguf_files
 
 from harness import cli
 from harness.base.errors import HarnessError
-from harness.decoding import engines, llama_server
+from harness.decoding import engines, llama_server, metrics
 from harness.kernels import llama_build
 from harness.pairs import models
 from harness.settings import setup
@@ -546,6 +546,90 @@ def test_a_served_deployment_under_the_cli(deployment, tmp_path):
     # The speculative server's own counters, streamed with its last chunk.
     assert rows["assisted"].drafted > 0 and rows["plain"].drafted == 0
     assert rows["plain"].new_tokens == rows["assisted"].new_tokens == 16
+    # Per position from the speculative deployment's /metrics, agreeing with its streamed totals.
+    by_position = rows["assisted"].accepted_by_position
+    assert by_position is not None and sum(a for _, a in by_position) == rows["assisted"].accepted
+    assert rows["plain"].accepted_by_position is None
+
+
+@pytest.mark.real
+def test_the_servers_counters_book_one_requests_acceptance_per_position(deployment):
+    """llama-server's /metrics, read around one speculative request, give that request's drafted and
+    accepted tokens per position, summing to the response's own totals."""
+    server = deployment["speculative"]
+    body = llama_server.request_body([151643, 750, 75698, 1445], GenerationSettings(max_new_tokens=24))
+    before = server.counters()
+    answer = server.complete(body)
+    after = server.counters()
+    books = answer["timings"]
+    counts = metrics.request_positions(before, after, 3, books["draft_n_accepted"])
+    assert counts is not None and len(counts) == 3
+    assert sum(d for d, _ in counts) == books["draft_n"]
+    assert sum(a for _, a in counts) == books["draft_n_accepted"]
+    # Accepted at a position only after every earlier one was.
+    assert all(counts[i][1] >= counts[i + 1][1] for i in range(2))
+    # Counters that moved by more than this request (another client's) are not booked as its own.
+    assert metrics.request_positions(before, after, 3, books["draft_n_accepted"] + 1) is None
+
+
+VLLM_METRICS = """\
+# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 30.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 17.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 6.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 3.0
+"""
+
+
+class _MetricsPage(http.server.BaseHTTPRequestHandler):
+    page = ""
+
+    def do_GET(self):  # noqa: N802 (http.server's spelling)
+        if self.path != "/metrics" or not self.page:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.page.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("page", "said"),
+    [
+        (VLLM_METRICS, None),
+        ("# TYPE http_requests counter\nhttp_requests_total 3\n", "has no speculative-decoding counters"),
+        ("", "answered HTTP 404"),
+    ],
+    ids=["vllm-counters", "no-counters", "no-page"],
+)
+def test_a_deployments_metrics_page_is_read_or_said_missing(page, said):
+    """vLLM's counter names are read per position (summed over its engine and model labels); a page
+    without speculative counters, or none at all, is named once with what to do."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_MetricsPage,), {"page": page}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reader = metrics.Reader(f"http://127.0.0.1:{server.server_address[1]}/metrics")
+        counters = reader.read()
+        if said is None:
+            assert counters == metrics.Counters(10.0, 30.0, 17.0, (8.0, 6.0, 3.0))
+            assert counters.position_counts(3) == [[10, 8], [10, 6], [10, 3]]
+            assert reader.missing is None
+        else:
+            assert counters is None and said in reader.missing
+            assert reader.read() is None  # found out once, not asked again
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.real

@@ -59,6 +59,14 @@ def test_a_partial_draft_changes_nothing_and_the_engine_counts_truthfully(export
         assert got.output_ids == want.output_ids, (prompt, want.output_ids, got.output_ids)
         assert engine_stats_problems(got.stats, len(got.output_ids), k) == [], got.stats
         rates.append(got.stats["acceptance_rate"])
+        # Each verification's own drafted and accepted, read off the engine's counters as it went:
+        # they add up to its totals.
+        got_rounds = genai.decode_prompt(spec, prompt, 32, rounds=True)
+        assert got_rounds.output_ids == want.output_ids
+        assert len(got_rounds.rounds) == got_rounds.stats["target_verify_forward_passes"]
+        assert sum(d for d, _ in got_rounds.rounds) == got_rounds.stats["draft_tokens_evaluated"]
+        assert sum(a for _, a in got_rounds.rounds) == got_rounds.stats["draft_tokens_accepted"]
+        assert all(0 <= a <= d <= k for d, a in got_rounds.rounds)
     assert 0.0 < min(rates) and max(rates) < 1.0  # partial: neither everything nor nothing
 
 

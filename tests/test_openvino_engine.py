@@ -20,6 +20,7 @@ from harness.pairs import models
 from harness.settings import setup
 from harness.settings.results import read_rows
 from harness.settings.setup import GenerationSettings
+from harness.theory import analysis
 from harness.weights import openvino_ir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,6 +196,12 @@ def test_speculative_and_plain_books_on_the_real_pair(pair):
     assert spec.target_forwards == 1 + rounds < 24 and spec.step_costs["draft"][1] >= spec.drafted / 3
     assert 0 <= spec.rejected_steps <= rounds
     assert all(ms > 0 for ms, _ in spec.step_costs.values())
+    # Per position from its per-round books: every round judged (but a last one the budget may have
+    # cut) at K = 3, and no more accepted than it booked.
+    counts = analysis.acceptance_by_position(spec)
+    assert len(counts) == 3 and rounds - 1 <= counts[0][0] <= rounds
+    assert sum(a for _, a in counts) <= spec.accepted
+    assert all(counts[i][1] >= counts[i + 1][1] for i in range(2))
     if spec.output_ids != plain.output_ids:  # only ever a near tie of the plain pipeline's own
         gap = pair.engine.gap(ids, plain.output_ids, spec.output_ids)
         assert gap is not None and gap <= 0.5, gap

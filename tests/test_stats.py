@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from harness.base.errors import HarnessError
+from harness.theory import analysis
 from harness.theory.analysis import (
     expected_tokens_per_forward,
     first_differing_token,
@@ -284,3 +285,40 @@ def test_simulation_behaves_like_a_power_curve():
 def test_where_two_outputs_part(a, b, differing, divergence):
     assert first_differing_token(a, b) == differing
     assert first_divergence(a, b) == divergence == first_divergence(b, a)
+
+
+@pytest.mark.parametrize(
+    ("emitted", "budget_reached", "expected"),
+    [
+        ([4, 2, 1], False, [[True] * 3, [True, False, False], [False] * 3]),
+        ([4, 4, 2], True, [[True] * 3, [True] * 3]),  # the last round the budget may have cut: left out
+        ([4, 4], True, [[True] * 3, [True] * 3]),  # a whole last round is judged
+        ([5, 4], False, [[True] * 3]),  # more than K + 1 tokens: not a chain of K
+    ],
+)
+def test_an_engines_rounds_are_judged_as_a_chain_of_k(emitted, budget_reached, expected):
+    assert analysis.chain_rounds(emitted, 3, budget_reached) == expected
+
+
+@pytest.mark.parametrize(
+    ("drafts", "draft_tokens", "accepted", "expected"),
+    [
+        (8, 24, [8, 8, 7], [[8, 8], [8, 8], [8, 7]]),
+        (8, 23, [8, 8, 7], [[8, 8], [8, 8], [7, 7]]),  # the last draft cut to two by the budget
+        (4, 10, [3, 1, 0], [[4, 3], [3, 1], [3, 0]]),  # one draft of one token
+        (0, 0, [], []),
+    ],
+)
+def test_a_deployments_counters_give_drafted_and_accepted_per_position(
+    drafts, draft_tokens, accepted, expected
+):
+    counts = analysis.positions_of_counters(drafts, draft_tokens, accepted, 3)
+    assert counts == expected
+    assert sum(d for d, _ in counts) == draft_tokens
+
+
+def test_acceptance_length_counts_tokens_per_verification():
+    # 1 + 31 tokens over 8 verifications after the prompt's forward: 31 / 8.
+    assert analysis.acceptance_length(32, 9) == pytest.approx(31 / 8)
+    assert analysis.acceptance_length(32, 32) == pytest.approx(1.0)  # nothing accepted
+    assert analysis.acceptance_length(1, 1) is None

@@ -126,6 +126,9 @@ class EngineRun:
     prefill_ms: float  # append_tokens(prompt) up to the first new token
     time_per_token_ms: float
     stats: dict[str, Any] = field(default_factory=dict)  # get_speculative_stats(), as the engine says
+    # Per verification, [drafted, accepted]: the engine's own counters' step at each verify (read
+    # with ``rounds``); None when not read.
+    rounds: list[tuple[int, int]] | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -175,11 +178,14 @@ def decode_prompt(
     ignore_eos: bool = True,
     sampling: dict[str, Any] | None = None,
     stop: Callable[[list[int]], bool] | None = None,
+    rounds: bool = False,
 ) -> EngineRun:
     """Decoding of ``prompt_ids`` by the engine, greedy or with ``sampling`` (``Sampling.options``),
     one ``generate_next_token`` per token (the engine drains a speculative round's tokens one call
     at a time), timed around the calls; it ends early once ``stop`` says so of the tokens so far
-    (the library has no stop strings of its own)."""
+    (the library has no stop strings of its own). With ``rounds``, the engine's counters are read
+    after each call, so each verification's drafted and accepted tokens are known (its books keep
+    totals only)."""
     og = _og()
     params = og.GeneratorParams(model)
     params.set_search_options(
@@ -192,9 +198,20 @@ def decode_prompt(
     generator.append_tokens(list(prompt_ids))
     out: list[int] = []
     first = start
+    books: list[tuple[int, int]] | None = [] if rounds else None
+    seen = (0, 0, 0)  # verifications, drafted, accepted so far
     while not generator.is_done() and len(out) < max_new_tokens:
         generator.generate_next_token()
         out.append(int(generator.get_next_tokens()[0]))
+        if books is not None:
+            now = generator.get_speculative_stats()
+            counters = tuple(
+                int(now.get(key, 0))
+                for key in ("target_verify_forward_passes", "draft_tokens_evaluated", "draft_tokens_accepted")
+            )
+            if counters[0] > seen[0]:
+                books.append((counters[1] - seen[1], counters[2] - seen[2]))
+            seen = counters
         if len(out) == 1:
             first = time.perf_counter()
         if stop is not None and stop(out):
@@ -203,7 +220,7 @@ def decode_prompt(
     prefill_ms = (first - start) * 1000
     per_token = timing.per_token_ms((end - first) * 1000, len(out))
     return EngineRun(
-        len(prompt_ids), out, end - start, prefill_ms, per_token, generator.get_speculative_stats()
+        len(prompt_ids), out, end - start, prefill_ms, per_token, generator.get_speculative_stats(), books
     )
 
 
@@ -496,6 +513,7 @@ class GenaiEngine(Engine):
             ignore_eos=settings.ignore_eos,
             sampling=sampling.options(self.vocab) if sampling else None,
             stop=stop,
+            rounds=settings.mode != "plain",
         )
         s = run.stats
         speculative = settings.mode != "plain"
@@ -521,4 +539,7 @@ class GenaiEngine(Engine):
             # The rounds a correction token closed are the ones that rejected a candidate.
             step_costs=_step_costs(s) if speculative else _plain_step_costs(run),
             rejected_steps=s.get("correction_tokens", 0) if speculative else None,
+            judged_steps=[[i < accepted for i in range(drafted)] for drafted, accepted in run.rounds]
+            if run.rounds is not None
+            else None,
         )

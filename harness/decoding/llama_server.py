@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
+from harness.decoding import metrics
 from harness.decoding.base import DRAFT_SPLIT_FIELDS, Engine
 from harness.settings.setup import GenerationSettings
 from harness.theory import analysis, timing
@@ -90,6 +91,9 @@ class ServerArgs:
         argv += ["-t", str(self.threads), "-tb", str(self.threads), "-c", str(CONTEXT), "-np", "1"]
         # No web UI, no prompt cache in host memory: each request is decoded from its first token.
         argv += ["--no-webui", "--cache-ram", "0"]
+        # Its Prometheus counters: drafted and accepted per position (``metrics``), which a
+        # response's timings do not break down.
+        argv += ["--metrics"]
         if self.draft is not None:
             # Always K candidates a round (n_min 0, p_min 0): the suite's constant K.
             argv += ["--spec-type", "draft-simple", "--spec-draft-model", str(self.draft)]
@@ -131,6 +135,10 @@ class Server:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    def counters(self) -> metrics.Counters | None:
+        """Its speculative counters now (``metrics``); None where it books none."""
+        return metrics.Reader(f"{self.url}/metrics").read()
 
     def log_tail(self, lines: int = 4) -> str:
         try:
@@ -533,9 +541,15 @@ class LlamaCppEngine(Engine):
                 f"{CONTEXT}-token context"
             )
         server = self.servers.server(settings.mode, settings.proposal_k)
+        # The counters are read outside the timed request: per position, as the server books them.
+        before = server.counters() if settings.mode != "plain" else None
         start = time.perf_counter()
         answer = server.complete(request_body(ids, settings))
-        return measurement(ids, answer, time.perf_counter() - start, settings.mode)
+        m = measurement(ids, answer, time.perf_counter() - start, settings.mode)
+        if before is not None:
+            after = server.counters()
+            m.position_counts = metrics.request_positions(before, after, settings.proposal_k, m.accepted)
+        return m
 
     def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
         """The plain server's own judgement of the first place ``other`` leaves ``plain``."""

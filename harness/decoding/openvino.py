@@ -127,6 +127,7 @@ def measurement(
     drafted = accepted = 0
     draft_ms = 0.0
     rejected: int | None = None
+    judged: list[list[bool]] | None = None
     extended = getattr(result, "extended_perf_metrics", None)
     if mode == "plain":
         # Each timed step after the prompt's is one target forward that emitted one token.
@@ -143,6 +144,7 @@ def measurement(
         drafts = model_steps(extended.draft_model_metrics)[1:]
         forwards = 1 + len(verify)
         rejected = rejected_rounds([n for _, n in verify], k, len(tokens) >= budget > 0)
+        judged = analysis.chain_rounds([n for _, n in verify], k, len(tokens) >= budget > 0)
         costs = {
             "target": (sum(ms for ms, _ in verify), len(verify)),
             "draft": (sum(ms for ms, _ in drafts), len(drafts)),
@@ -164,6 +166,7 @@ def measurement(
         accepted=accepted,
         step_costs=costs,
         rejected_steps=rejected,
+        judged_steps=judged,
     )
 
 

@@ -19,11 +19,12 @@ import os
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from harness.base.errors import HarnessError
-from harness.decoding import llama_server
+from harness.decoding import llama_server, metrics
 from harness.decoding.base import Engine
 from harness.settings.setup import GenerationSettings
 
@@ -249,6 +250,18 @@ class ServedEngine(Engine):
         self.plain = plain
         self.speculative = speculative
         self.tokenizer = tokenizer
+        # The speculative deployment's own counters, per position where it books them; a deployment
+        # without them is said once (``counters_note``), and its rows keep the response's totals.
+        self.counters = metrics.Reader(f"{speculative.url}/metrics", _headers()) if speculative else None
+
+    def counters_note(self) -> str | None:
+        """Why the speculative deployment's per-position acceptance is not booked (None: it is)."""
+        if self.counters is None or self.counters.read() is not None:
+            return None
+        return (
+            f"{self.counters.missing}: rows book the responses' drafted and accepted totals only, no "
+            "acceptance per position (serve with its metrics on: llama-server --metrics; vLLM exports them)"
+        )
 
     @classmethod
     def check(cls, spec: Any, run: Any) -> None:
@@ -269,6 +282,9 @@ class ServedEngine(Engine):
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         engine = cls(plain, speculative, tokenizer)
         engine.check_same_model()
+        note = engine.counters_note()
+        if note is not None:
+            warnings.warn(note, stacklevel=2)
         return models.LoadedPair.of_engine(
             spec,
             run,
@@ -302,9 +318,22 @@ class ServedEngine(Engine):
         endpoint = self.plain if settings.mode == "plain" else self.speculative
         if endpoint is None:
             raise HarnessError("this deployment was loaded without its speculative endpoint")
+        reader = self.counters if settings.mode != "plain" else None
+        before = reader.read() if reader is not None else None
         start = time.perf_counter()
         answer = endpoint.complete(llama_server.request_body(ids, settings), self.tokenizer)
-        return llama_server.measurement(ids, answer, time.perf_counter() - start, settings.mode)
+        wall_s = time.perf_counter() - start
+        after = reader.read() if before is not None else None
+        if after is not None and before is not None and "draft_n" not in answer["timings"]:
+            # A response without llama.cpp's timings (vLLM's): the deployment's counters book it.
+            booked = after.since(before)
+            answer["timings"].update(
+                draft_n=int(round(booked.draft_tokens)), draft_n_accepted=int(round(booked.accepted))
+            )
+        m = llama_server.measurement(ids, answer, wall_s, settings.mode)
+        # The deployment's own K is not the suite's to know: the counters' positions give it.
+        m.position_counts = metrics.request_positions(before, after, 0, m.accepted)
+        return m
 
     def gap(self, prompt_ids: Sequence[int], plain: Sequence[int], other: Sequence[int]) -> float | None:
         """The plain endpoint's own judgement of the first place ``other`` leaves ``plain``."""

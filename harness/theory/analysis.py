@@ -110,6 +110,8 @@ def acceptance_by_position(m: Measurement) -> list[list[int]]:
     clock involved), so they can be held to a baseline exactly, as vLLM holds acceptance length per
     position: a change in drafting or verification moves them.
     """
+    if m.position_counts is not None:
+        return [list(c) for c in m.position_counts]
     counts: list[list[int]] = []
     for judged in _judged_steps(m):
         run = judged.index(False) if False in judged else len(judged)
@@ -119,6 +121,42 @@ def acceptance_by_position(m: Measurement) -> list[list[int]]:
             counts[offset][0] += 1
             counts[offset][1] += int(offset < run)
     return counts
+
+
+def chain_rounds(emitted: Sequence[int], k: int, budget_reached: bool) -> list[list[bool]]:
+    """Judged candidates per round (as ``Measurement.judged_steps`` holds them) of a chain of ``k``
+    from the tokens each verification emitted, an engine's own per-round books: a round that emitted
+    n tokens accepted its first n - 1 candidates and, below k + 1, rejected the next. A last round
+    the token budget may have cut is left out (it may have been cut, not rejected), as is a round
+    that emitted more than k + 1 (not a chain of ``k``)."""
+    rounds = list(emitted[:-1]) if budget_reached and emitted and emitted[-1] <= k else list(emitted)
+    return [[offset < n - 1 for offset in range(k)] for n in rounds if 1 <= n <= k + 1]
+
+
+def positions_of_counters(drafts: int, draft_tokens: int, accepted: Sequence[int], k: int) -> list[list[int]]:
+    """[[drafted, accepted], ...] per position from a deployment's counters (vLLM's and llama.cpp's
+    ``spec_decode_num_drafts``, ``_num_draft_tokens`` and ``_num_accepted_tokens_per_pos``): the
+    counters hold no drafted count per position, so every draft is taken at ``k`` tokens but the
+    shortfall, which the token budget takes off the ends of the last drafts (exact where one draft
+    was cut, the usual case: the budget's end)."""
+    width = max(k, len(accepted))
+    drafted = [drafts] * width
+    short = min(max(0, drafts * width - draft_tokens), drafts * width)
+    while short > 0:
+        for position in reversed(range(width)):
+            if short and drafted[position] > 0:
+                drafted[position] -= 1
+                short -= 1
+    counts = [[d, int(accepted[i]) if i < len(accepted) else 0] for i, d in enumerate(drafted)]
+    return [c for c in counts if c[0] > 0 or c[1] > 0]
+
+
+def acceptance_length(new_tokens: int, target_forwards: int) -> float | None:
+    """Tokens emitted per verification (vLLM's mean acceptance length: 1 + accepted / drafts), from
+    a run's output length and target forwards, the prompt's forward and its first token left out;
+    None when the run verified nothing."""
+    rounds = target_forwards - 1
+    return (new_tokens - 1) / rounds if rounds > 0 and new_tokens > 0 else None
 
 
 def alpha_mle(accepted: int, rejected: int) -> float | None:

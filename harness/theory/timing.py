@@ -210,6 +210,9 @@ class Measurement:
     # round, each depth of the tree along the path it took, accepted or not. None: read off the
     # target's verify inputs, which hold a chain's candidates in order.
     judged_steps: list[list[bool]] | None = None
+    # [[drafted, accepted], ...] per draft position as a deployment's counters book them, where no
+    # round is seen (``analysis.positions_of_counters``); None: counted from the rounds.
+    position_counts: list[list[int]] | None = None
     # Accepted tokens that were proposed from the context rather than by the draft model
     # (``harness.decoding.context``); None where nothing proposes from the context.
     from_context: int | None = None
