@@ -73,6 +73,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="prompts per real-weights case (CI keeps this short; raise it for a full run)",
     )
     group.addoption(
+        "--acceptance-prompts",
+        type=int,
+        default=40,
+        help="prompts the acceptance tier runs per configuration (the mixed prompts, then HumanEval's); "
+        "it is held to its reference over the prompts it ran",
+    )
+    group.addoption(
         "--divergence-out",
         default=None,
         help="JSONL file that gets one row per precision-tier prompt as it finishes (appended)",
@@ -174,7 +181,8 @@ MARKERS = (
     "backends(*names): the target backends a target_backend test is crossed with (default: all selected)",
     "engine: an engine-axis test, crossed with the engines of --engines (each case also carries its "
     "engine's own marker, e.g. llama_cpp, openvino, onnxruntime_genai)",
-    "engines(mode=None): what an engine-axis test needs of an engine (mode: a decoding mode it must run)",
+    "engines(mode=None, built_in=False): what an engine-axis test needs of an engine (mode: a decoding "
+    "mode it must run; built_in: transformers' loop is crossed too)",
 )
 
 
@@ -250,7 +258,7 @@ def session_of(config: pytest.Config) -> suite.SuiteSession:
 def _check_options(config: pytest.Config) -> None:
     """Option values that would make a run test less than it says, refused before collection."""
     problems = []
-    for option in ("--real-prompts", "--humaneval-limit"):
+    for option in ("--real-prompts", "--humaneval-limit", "--acceptance-prompts"):
         value = config.getoption(option)
         if value < 1:
             problems.append(f"{option} must be at least 1 (got {value})")
@@ -579,7 +587,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         params = pair_params(metafunc.config, tiny=kinds.get("tiny", True), real=kinds.get("real", True))
         if "engine" in metafunc.fixturenames:
             needs = metafunc.definition.get_closest_marker("engines")
-            crossed = engine_params(metafunc.config, params, needs.kwargs.get("mode") if needs else None)
+            kwargs = needs.kwargs if needs else {}
+            crossed = engine_params(
+                metafunc.config, params, kwargs.get("mode"), built_in=kwargs.get("built_in", False)
+            )
             metafunc.parametrize("pair_name,engine", crossed)
         elif "target_backend" in metafunc.fixturenames:
             only = metafunc.definition.get_closest_marker("backends")
@@ -609,13 +620,14 @@ def sampling_params(config: pytest.Config) -> list:
     return params
 
 
-def engine_params(config: pytest.Config, params: list, mode: str | None) -> list:
-    """``params`` (pair params) crossed with the session's engines, ids carrying both (``-k
-    llama_cpp``), each case marked ``engine`` and with its engine's own marker. A pair an engine
-    cannot run, or a mode it does not have, is left out and said once at the end."""
+def engine_params(config: pytest.Config, params: list, mode: str | None, *, built_in: bool = False) -> list:
+    """``params`` (pair params) crossed with the session's engines (``built_in``: transformers' loop
+    first, as the pair is registered), ids carrying both (``-k llama_cpp``), each case marked
+    ``engine`` and with its engine's own marker. A pair an engine cannot run, or a mode it does not
+    have, is left out and said once at the end."""
     session = session_of(config)
     crossed = []
-    for name in session.engines:
+    for name in (engines.BUILT_IN, *session.engines) if built_in else session.engines:
         cls = engines.engine_class(name)
         if mode is not None and mode not in cls.modes:
             continue

@@ -231,6 +231,20 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--draft_tree", "0+1", "--num_assistant_tokens", "3"], "--draft_tree proposes a tree"),
         (["--draft_tree", "0+1", "--do_sample", "--assisted_generation"], "--draft_tree decodes greedily"),
         (["--draft_vocab", "-1"], "--draft_vocab must be 0 (the whole vocabulary) or a positive count"),
+        (["--synthetic_acceptance", "0.5"], "this run decodes plainly, without a draft"),
+        (["--synthetic_acceptance", "1.5", "--assisted_generation"], "a probability in [0, 1]"),
+        (
+            ["--synthetic_acceptance", "0.5", "--assisted_generation", "--do_sample"],
+            "--synthetic_acceptance draws the verdict",
+        ),
+        (
+            ["--synthetic_acceptance", "0.5", "--assisted_generation", "--engine", "llama.cpp"],
+            "--synthetic_acceptance runs in the harness's own loop",
+        ),
+        (
+            ["--context_draft", "8", "--assisted_generation", "--engine", "openvino"],
+            "--context_draft runs in the harness's own loop",
+        ),
         (["--platform", "../x"], "must be a slug"),
         (["--execution_provider", "CUDAExecutionProvider"], "applies to ONNX Runtime targets only"),
         (["--json", "/proc/version"], "is not a rows file"),

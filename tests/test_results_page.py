@@ -235,3 +235,19 @@ def test_each_committed_sweep_page_embeds_its_own_plot():
         plots = re.findall(r"\]\(\./([^)]+\.png)\)", sweep_page.read_text())
         assert plots == [sweep_page.with_suffix(".png").name], f"{sweep_page} embeds {plots}"
         assert sweep_page.with_suffix(".png").is_file()
+
+
+def test_the_page_shows_acceptance_per_engine_and_position_with_its_chart(tmp_path):
+    """The committed acceptance references (every host is held to them): per engine, acceptance
+    length and acceptance by draft position, with the floors, and a chart of them."""
+    text = page.results_page(RESULTS)
+    section = text.split("## Acceptance, held on every host", 1)[1].split("\n## ", 1)[0]
+    assert page.ACCEPTANCE_COMMAND in section
+    for engine in ("transformers", "llama.cpp", "onnxruntime-genai", "openvino"):
+        line = next((ln for ln in section.splitlines() if f"/ {engine} /" in ln), None)
+        assert line is not None, f"no acceptance reference for {engine}"
+        rates = line.split("|")[4].strip()
+        assert rates != "not counted" and len(rates.split(" / ")) == 3, line
+    out = tmp_path / "out"
+    page.write_results_page(RESULTS, out=out)
+    assert (out / page.ACCEPTANCE_PNG).read_bytes().startswith(b"\x89PNG")

@@ -280,3 +280,61 @@ def test_the_results_page_names_the_tree_tiers_own_test():
     assert node == "perf/test_decode.py::test_precision_tier_real_tree[qwen2.5-coder-1.5b]"
     source = (Path(__file__).parents[1] / "perf" / "test_decode.py").read_text()
     assert "def test_precision_tier_real_tree(" in source
+
+
+# --------------------------------------------------------------------------- synthetic acceptance
+
+
+def _synthetic(p: float, k: int = 4, new: int = 160, **kw) -> GenerationSettings:
+    return GenerationSettings(
+        mode="assisted",
+        max_new_tokens=new,
+        ignore_eos=True,
+        num_assistant_tokens=k,
+        synthetic_acceptance=p,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0])
+def test_synthetic_acceptance_at_its_ends_accepts_nothing_or_everything(pair, p):
+    """At p = 0 every round emits the target's one token (the output is the plain one); at p = 1
+    every proposal is taken, whatever the target would have chosen."""
+    m = generate(pair, PROMPTS[0], _synthetic(p, new=40))
+    assert m.drafted > 0 and m.accepted == (m.drafted if p else 0)
+    if p == 0.0:
+        assert m.output_ids == generate(pair, PROMPTS[0], _plain(40)).output_ids
+        assert m.target_forwards == 40
+
+
+def test_synthetic_acceptance_draws_each_position_at_its_rate_and_repeats_by_seed(pair):
+    """Position i of a chain is accepted when its draw and every earlier one passed: at rate p^(i+1),
+    within four standard errors over the rounds that drafted it; the same seed repeats the rounds."""
+    from harness.theory import analysis
+
+    p = 0.6
+    m = generate(pair, PROMPTS[2], _synthetic(p, new=240))
+    counts = analysis.acceptance_by_position(m)
+    assert len(counts) == 4
+    for i, (drafted, accepted) in enumerate(counts):
+        expected = p ** (i + 1)
+        # Conditioned on being drafted, position i passes when its draws 0..i all do.
+        assert abs(accepted / drafted - expected) <= 4 * math.sqrt(expected * (1 - expected) / drafted), (
+            counts
+        )
+    again = generate(pair, PROMPTS[2], _synthetic(p, new=240))
+    assert again.output_ids == m.output_ids and analysis.acceptance_by_position(again) == counts
+    other = generate(pair, PROMPTS[2], _synthetic(p, new=240, seed=7))
+    assert analysis.acceptance_by_position(other) != counts
+
+
+def test_synthetic_rows_carry_the_setting_and_its_reproduce_command(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    flags = ["--target_kernels", "invariant", "--draft_kernels", "invariant", "--target_precision", "w8af32"]
+    flags += ["--draft_precision", "w8af32", "--synthetic_acceptance", "0.5"]
+    code, out, err = run_cli(capsys, *TINY, "--compare", *flags, "--json", str(path))
+    assert code == 0, err
+    rows = read_json_rows(path)
+    assert {r["synthetic_acceptance"] for r in rows if r["mode"] == "assisted"} == {0.5}
+    assert {r["synthetic_acceptance"] for r in rows if r["mode"] == "plain"} == {None}
+    assert "--synthetic_acceptance 0.5" in out

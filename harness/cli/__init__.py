@@ -178,6 +178,7 @@ def _check_ignored(args: argparse.Namespace) -> None:
             "draft_tree",
             "assistant_schedule",
             "assistant_confidence_threshold",
+            "synthetic_acceptance",
         ):
             if getattr(args, flag, None) is not None:
                 raise HarnessError(

@@ -231,6 +231,17 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
                 "exact, the harness's own loop on the batch-invariant kernels (0: off)",
             ),
         ),
+        "synthetic_acceptance": (
+            "assistance",
+            dict(
+                type=float,
+                metavar="P",
+                help="synthetic acceptance: accept each proposed token with probability P (a seeded draw, "
+                "not the target's verdict) to time a round at a chosen acceptance; the output is not the "
+                "target's and is not compared (rows carry the setting); the harness's own loop, greedy, on "
+                "the batch-invariant kernels",
+            ),
+        ),
         "prompt_lookup_num_tokens": (
             "assistance",
             dict(

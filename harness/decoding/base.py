@@ -156,11 +156,21 @@ class Engine(abc.ABC):
                 f"engine {cls.name} runs a {cls.backend} target: drop --target_backend {backend}"
             )
         decoding = given.pop("decoding", None)
-        if decoding is not None and decoding.draft_tree:
-            raise HarnessError(
-                f"--draft_tree runs in the harness's own loop, not {cls.name}'s: drop --engine {cls.name} or "
-                "the tree"
+        own_loop = (
+            (
+                ("draft_tree", bool(decoding.draft_tree)),
+                ("context_draft", bool(decoding.context_draft)),
+                ("synthetic_acceptance", decoding.synthetic_acceptance is not None),
             )
+            if decoding is not None
+            else ()
+        )
+        for flag, given_here in own_loop:
+            if given_here:
+                raise HarnessError(
+                    f"--{flag} runs in the harness's own loop, not {cls.name}'s: drop --engine {cls.name} "
+                    f"or --{flag}"
+                )
         for name in ("draft_precision", "draft_vocab", "draft_kernels", "target_kernels"):
             if given.pop(name, None) is not None:
                 raise HarnessError(f"--{name} applies to --engine transformers; {cls.name} runs {cls.runs}")

@@ -201,9 +201,11 @@ def transformers_loop(pair: LoadedPair, prompt_ids: list[int], settings: Generat
     """transformers' ``generate`` on one prompt, every setting pinned and every forward timed."""
     if settings.mode == "assisted" and pair.draft is None:
         raise HarnessError(f"{pair.spec.name} was loaded without a draft; load it with its draft to assist")
-    if settings.mode == "assisted" and (settings.draft_tree or settings.context_draft):
-        # transformers' loop verifies a draft model's chains only: a tree, or proposals from the
-        # context, run in the harness's own.
+    if settings.mode == "assisted" and (
+        settings.draft_tree or settings.context_draft or settings.synthetic_acceptance is not None
+    ):
+        # transformers' loop verifies a draft model's chains only, by the target's verdict: a tree,
+        # proposals from the context and a synthetic verdict run in the harness's own.
         return trees.decode(pair, prompt_ids, settings)
     ids = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(1, -1).to(pair.target.device)
     if ids.shape[1] == 0:

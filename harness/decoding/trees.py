@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -205,6 +206,10 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
         else (settings.eos_token_id if settings.eos_token_id is not None else pair.eos_token_id)
     )
     stops = set(eos if isinstance(eos, list | tuple) else [eos]) - {None}
+    # A synthetic verdict (``synthetic_acceptance``): the draft's first choice at each depth accepted
+    # with probability p by a draw seeded per decode, so a rerun repeats its rounds.
+    synthetic = settings.synthetic_acceptance
+    draw = random.Random(settings.seed).random if synthetic is not None else None
     budget = settings.max_new_tokens
     draft = _Draft(pair.draft, DRAFT_WINDOW if context is not None else None)
     target_cache = DynamicCache()
@@ -257,7 +262,11 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             while True:
                 token = choice[rows.index(node)]
                 children = [p for p in nodes if p[:-1] == node]
-                child = next((p for p in children if tokens[p] == token), None)
+                if draw is None:
+                    child = next((p for p in children if tokens[p] == token), None)
+                else:  # accepted: the draft's token is emitted, as if the target had chosen it
+                    child = min(children) if children and draw() < synthetic else None
+                    token = tokens[child] if child is not None else token
                 out.append(token)
                 if child is None:
                     rejected = bool(children)  # a leaf ends the path without a verdict
@@ -271,8 +280,13 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             if found:
                 context.verified(len(nodes), len(path))
                 from_context += len(path)
-            # Along the path taken: each depth accepted, then the one whose children all missed.
-            judged.append([True] * len(path) + [False] * rejected)
+            if all(n == (0,) * len(n) for n in nodes):
+                # A chain, counted as transformers' loop counts one: every proposed position drafted,
+                # accepted up to the first miss.
+                judged.append([True] * len(path) + [False] * (len(nodes) - len(path)))
+            else:
+                # A tree, along the path taken: each depth accepted, then the one whose children all missed.
+                judged.append([True] * len(path) + [False] * rejected)
             keep_path(target_cache, len(seq), [len(seq) + nodes.index(p) for p in path])
             draft.accept(len(seq), path)
         end = time.perf_counter()

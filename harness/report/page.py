@@ -23,7 +23,7 @@ from harness.decoding import engines
 from harness.experiments import bench, forwards, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
 from harness.report.sweep import cell
-from harness.settings import baselines, configs, results, setup
+from harness.settings import acceptance, baselines, configs, results, setup
 from harness.settings.results import Row
 
 PAGE_NAME = "README.md"
@@ -508,6 +508,98 @@ def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord]
     return lines
 
 
+ACCEPTANCE_PNG = "acceptance.png"
+ACCEPTANCE_COMMAND = "pytest perf/test_acceptance.py -k test_acceptance_tier --update-baselines"
+
+
+def _reference_label(reference: acceptance.Reference) -> str:
+    """A reference's configuration in a few words: its engine, K and schedule (or tree)."""
+    case = baselines.CaseKey.from_dict(reference.case) if reference.case else None
+    if case is None:
+        return reference.key
+    shape = f"tree {case.draft_tree}" if case.draft_tree else f"K={case.num_assistant_tokens}"
+    schedule = f" {case.assistant_schedule}" if case.assistant_schedule else ""
+    precisions = f"{case.target_precision} + {case.draft_precision}"
+    return f"{case.model} / {case.engine} / {precisions} / {shape}{schedule}"
+
+
+def acceptance_section(references: Sequence[acceptance.Reference], source: str) -> list[str]:
+    """The acceptance references every host is held to: acceptance length and per position."""
+    body = []
+    for reference in references:
+        summary = acceptance.summarize(reference.prompts)
+        rates = " / ".join(f"{r:.2f}" for r in summary.rates) or "not counted"
+        floors = " / ".join(f"{f:.2f}" for f in summary.floors()) or "-"
+        body.append(
+            [
+                _reference_label(reference),
+                str(summary.prompts),
+                cell(summary.acceptance_length, ".3f"),
+                rates,
+                floors,
+                reference.recorded_on or "-",
+            ]
+        )
+    table = tabulate(
+        body,
+        headers=[
+            "pair / engine / target + draft / draft",
+            "prompts",
+            "acceptance length",
+            "accepted by position",
+            "floors",
+            "recorded on",
+        ],
+        tablefmt="github",
+        disable_numparse=True,
+    )
+    versions = _record_versions({"versions": r.versions} for r in references)
+    return [
+        "## Acceptance, held on every host",
+        "",
+        f"- Command: `{ACCEPTANCE_COMMAND}` records them; without `--update-baselines` every host is held "
+        f"to them: acceptance length (tokens per verification) at least {acceptance.LENGTH_FLOOR:.0%} of "
+        "the reference's, each position's acceptance at least its floor",
+        f"- Versions: {versions}",
+        f"- Source: `{source}`",
+        "",
+        table,
+        "",
+        f"![Acceptance by draft position per engine](./{ACCEPTANCE_PNG})",
+        "",
+    ]
+
+
+def acceptance_png(references: Sequence[acceptance.Reference]) -> bytes:
+    """Per-position acceptance of each reference, one line per configuration, floors dotted."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4.8))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for reference in references:
+        summary = acceptance.summarize(reference.prompts)
+        if not summary.rates:
+            continue
+        positions = range(1, len(summary.rates) + 1)
+        label = f"{_reference_label(reference)} (length {cell(summary.acceptance_length, '.2f')})"
+        (line,) = ax.plot(list(positions), list(summary.rates), marker="o", label=label)
+        ax.plot(list(positions), list(summary.floors()), linestyle=":", color=line.get_color())
+    ax.set_xlabel("draft position (dotted: the floor each host is held to)", fontsize=9)
+    ax.set_ylabel("accepted / drafted", fontsize=9)
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Acceptance by draft position, per engine", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
 # --------------------------------------------------------------------------- the summary
 
 
@@ -760,6 +852,9 @@ def _page(
     ]
     order = sorted(sections, key=lambda p: (newest[p], p), reverse=True)
     lines += summary_section(order, sweeps, humaneval_files)
+    references = acceptance.load_all(baselines_dir)
+    if references:
+        lines += acceptance_section(references, _rel(acceptance.path_of(baselines_dir), root))
     for platform in order:
         lines += [f"## {platform}", ""]
         if sweeps.get(platform):
@@ -775,6 +870,10 @@ def write_results_page(results_dir: Path, baselines_dir: Path | None = None, out
     text, sweeps = _page(Path(results_dir), baselines_dir)
     for platform, found in sweeps.items():
         files.atomic_write(out / files.file_name(platform) / SPEEDS_PNG, speeds_png(platform, found))
+    root = Path(results_dir).parent
+    references = acceptance.load_all(root / "baselines" if baselines_dir is None else Path(baselines_dir))
+    if references:
+        files.atomic_write(out / ACCEPTANCE_PNG, acceptance_png(references))
     path = out / PAGE_NAME
     files.atomic_write(path, text.encode("utf-8"))
     return path

@@ -69,6 +69,11 @@ class GenerationSettings:
     # this many of them (adapted to how such proposals fare), else the draft model's chain or tree.
     # Greedy, on the batch-invariant kernels, in the harness's own loop. 0: off.
     context_draft: int = 0
+    # Synthetic acceptance: each proposed token accepted with this probability (a seeded draw, not
+    # the target's verdict), so a round's cost is measured at a chosen acceptance apart from the
+    # draft's quality (llama.cpp's and SGLang's simulated acceptance). The output is not the
+    # target's: rows carry the setting and no output is compared. None: off.
+    synthetic_acceptance: float | None = None
 
     def validate(self) -> GenerationSettings:
         def bad(what: str) -> HarnessError:
@@ -108,6 +113,16 @@ class GenerationSettings:
             )
         if self.context_draft and self.do_sample:
             raise bad("--context_draft decodes greedily: drop --do_sample, or --context_draft")
+        if self.synthetic_acceptance is not None:
+            if not 0.0 <= self.synthetic_acceptance <= 1.0:
+                raise bad(
+                    f"--synthetic_acceptance is a probability in [0, 1] (got {self.synthetic_acceptance})"
+                )
+            if self.do_sample or self.mode == "prompt_lookup":
+                raise bad(
+                    "--synthetic_acceptance draws the verdict on a draft model's proposals under greedy "
+                    "decoding: use it with --assisted_generation and without --do_sample"
+                )
         return self
 
     @property
@@ -302,6 +317,13 @@ FIELDS: tuple[Field, ...] = (
         "draft",
         lambda s: (s.decoding.context_draft or None) if s.uses_draft else None,
         sweep=("ctx",),
+    ),
+    Field(
+        "synthetic_acceptance",
+        "--synthetic_acceptance",
+        "draft",
+        lambda s: s.decoding.synthetic_acceptance if s.uses_draft else None,
+        sweep=("synth",),
     ),
     Field("do_sample", "--do_sample", "sampling", lambda s: s.decoding.do_sample),
     Field("temperature", "--temperature", "sampling", _sampled(lambda d: d.temperature)),
