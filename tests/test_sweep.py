@@ -600,3 +600,21 @@ def test_an_engine_of_gguf_files_is_a_sweep_target_with_its_own_draft(kernels, b
     assert run.draft is not None and run.draft.precision == "gguf" and run.decoding.num_assistant_tokens == 3
     assert lookup.run(models.DEFAULT_PAIR, 16).draft is None and lookup.target_kernels == kernels
     assert assisted.target_kernels == kernels and assisted.target_precision == "gguf"
+
+
+def test_a_synthetic_acceptance_configuration_beside_the_exact_one(tmp_path, capsys):
+    """``synth=P``: the same chain with a synthetic verdict, its rows marked with the setting and its
+    label, its acceptance near P at the first position and its output not held to plain's."""
+    (config,) = sweep_spec.parse_configs("t=w8af32,d=w8af32,kernels=invariant,dk=invariant,k=3,synth=0.5")
+    assert config.label.endswith("-synth0.5") and config.decoding(8).synthetic_acceptance == 0.5
+    chain = "t=w8af32,d=w8af32,kernels=invariant,dk=invariant,k=3"
+    spec = f"{chain};{chain},synth=0.5"
+    argv = ["--model_name", "tiny-qwen2", "--task", "sweep", "--limit", "2", "--max_new_tokens", "48",
+            "--results_dir", str(tmp_path), "--no_progress", "--sweep", spec]  # fmt: skip
+    assert cli.main(argv) == 0
+    path = tmp_path / "rows" / "sweep" / f"tiny-qwen2-{platforms.detect().name}.jsonl"
+    synthetic = [r for r in read_rows(path) if r.synthetic_acceptance is not None]
+    assert synthetic and {r.synthetic_acceptance for r in synthetic} == {0.5}
+    first = [sum(c) for c in zip(*(r.accepted_by_position[0] for r in synthetic), strict=True)]
+    assert 0.25 <= first[1] / first[0] <= 0.75, first
+    assert "synth0.5" in capsys.readouterr().out

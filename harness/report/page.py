@@ -161,6 +161,7 @@ def _config_of(row: Row) -> configs.SweepConfig:
         row.assistant_schedule or "constant",
         row.draft_tree or "",
         int(getattr(row, "context_draft", None) or 0),
+        getattr(row, "synthetic_acceptance", None),
     )
 
 
@@ -183,6 +184,8 @@ def _sweep_spec(config: configs.SweepConfig) -> str:
             items.append(f"dv={config.draft_vocab}")
     if config.context:
         items.append(f"ctx={config.context}")
+    if config.synthetic is not None:
+        items.append(f"synth={config.synthetic:g}")
     if config.tree:
         items.append(f"tree={config.tree}")
         return ",".join(items)
@@ -543,7 +546,7 @@ def acceptance_section(references: Sequence[acceptance.Reference], source: str) 
     table = tabulate(
         body,
         headers=[
-            "pair / engine / target + draft / draft",
+            "pair / engine / target + draft precision / proposals",
             "prompts",
             "acceptance length",
             "accepted by position",
@@ -588,6 +591,8 @@ def acceptance_png(references: Sequence[acceptance.Reference]) -> bytes:
         label = f"{_reference_label(reference)} (length {cell(summary.acceptance_length, '.2f')})"
         (line,) = ax.plot(list(positions), list(summary.rates), marker="o", label=label)
         ax.plot(list(positions), list(summary.floors()), linestyle=":", color=line.get_color())
+    widest = max((len(acceptance.summarize(r.prompts).rates) for r in references), default=0)
+    ax.set_xticks(list(range(1, widest + 1)))
     ax.set_xlabel("draft position (dotted: the floor each host is held to)", fontsize=9)
     ax.set_ylabel("accepted / drafted", fontsize=9)
     ax.set_ylim(0, 1.02)

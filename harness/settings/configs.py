@@ -21,6 +21,11 @@ dv         draft scores only the first N token ids (+ special tokens)  whole voc
 dk         draft kernels: ``stock`` or ``invariant`` (for speed)        stock
 tree       a token tree's rank paths joined by ``+`` (``--draft_tree``)  a chain of K
            instead of a chain (with kernels=invariant, dk=invariant)
+ctx        proposals from the context, up to N a round              off
+           (``--context_draft``; kernels=invariant, dk=invariant)
+synth      a synthetic verdict: each proposal accepted with          off
+           probability P (``--synthetic_acceptance``; the output is
+           not the target's)
 =========  ==========================================================  ===========================
 
 ``engine=NAME`` runs the configuration in that engine's own loop (``kernels=NAME`` is read the same
@@ -36,6 +41,7 @@ Long names work too: ``target``, ``draft``, ``schedule``, ``target_kernels``, ``
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -86,6 +92,7 @@ class SweepConfig:
     schedule: str = "constant"
     tree: str = ""  # a token tree's rank paths (``--draft_tree``) instead of a chain of K
     context: int = 0  # proposals from the context, up to this many a round (``--context_draft``)
+    synthetic: float | None = None  # a synthetic verdict's acceptance (``--synthetic_acceptance``)
 
     @classmethod
     def of(
@@ -101,6 +108,7 @@ class SweepConfig:
         tree: str = "",
         engine_target: EngineTarget | None = None,
         context: int = 0,
+        synthetic: float | None = None,
     ) -> SweepConfig:
         """The sweep's spelling (``t``, ``kernels``: stock, invariant, the ONNX Runtime target in
         transformers' loop, or an engine's name, read by ``engine_target``) as the run's target and
@@ -126,7 +134,7 @@ class SweepConfig:
                     ) from None
                 raise HarnessError(f"engine={target_kernels}: {exc}") from None
         draft = None if draft_precision is None else setup.Draft(draft_precision, draft_kernels, draft_vocab)
-        config = cls(target, draft, mode, num_assistant_tokens, schedule, tree, context)
+        config = cls(target, draft, mode, num_assistant_tokens, schedule, tree, context, synthetic)
         if draft is not None and target.engine != "transformers":
             config = dataclasses.replace(config, draft=setup.Draft(config.target_precision))
         return config
@@ -182,6 +190,7 @@ class SweepConfig:
             + (f"-dv{self.draft_vocab}" if self.draft_vocab is not None else "")
             + ("-dk_invariant" if self.draft_kernels != "stock" else "")
             + (f"-ctx{self.context}" if self.context else "")
+            + (f"-synth{self.synthetic:g}" if self.synthetic is not None else "")
         )
 
     @property
@@ -202,6 +211,7 @@ class SweepConfig:
             ignore_eos=True,
             draft_tree=self.tree,
             context_draft=self.context,
+            synthetic_acceptance=self.synthetic,
         )
 
     def settings(self, new_tokens: int) -> GenerationSettings:
@@ -307,6 +317,18 @@ def _parse_entry(entry: str, where: str, engine_target: EngineTarget | None) -> 
             f"{where}: ctx={context} proposes from the context beside a draft model, on the batch-invariant "
             "kernels: mode=assisted,kernels=invariant,dk=invariant"
         )
+    synthetic = (
+        _probability(where, "synth", values.pop("synthetic_acceptance"))
+        if "synthetic_acceptance" in values
+        else None
+    )
+    if synthetic is not None and (
+        mode != "assisted" or kernels != "invariant" or draft_kernels != "invariant"
+    ):
+        raise HarnessError(
+            f"{where}: synth={synthetic:g} draws a synthetic verdict on a draft model's proposals, on the "
+            "batch-invariant kernels: mode=assisted,kernels=invariant,dk=invariant"
+        )
     tree = values.pop("draft_tree", "")
     if tree and given & {"num_assistant_tokens", "assistant_schedule"}:
         raise HarnessError(f"{where}: tree={tree} proposes a tree, not a chain of K: remove k and sched")
@@ -341,9 +363,20 @@ def _parse_entry(entry: str, where: str, engine_target: EngineTarget | None) -> 
             tree,
             engine_target,
             context,
+            synthetic,
         )
     except HarnessError as exc:
         raise HarnessError(f"{where}: {exc}") from None
+
+
+def _probability(where: str, key: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise HarnessError(f"{where}: {key}={text} is not a probability in [0, 1]")
+    return value
 
 
 def parse_configs(spec: str, engine_target: EngineTarget | None = None) -> list[SweepConfig]:
