@@ -627,7 +627,9 @@ def engine_params(config: pytest.Config, params: list, mode: str | None, *, buil
     have, is left out and said once at the end."""
     session = session_of(config)
     crossed = []
-    for name in (engines.BUILT_IN, *session.engines) if built_in else session.engines:
+    names = [engines.BUILT_IN] if built_in else []
+    names += [name for name in session.engines if name not in names]
+    for name in names:
         cls = engines.engine_class(name)
         if mode is not None and mode not in cls.modes:
             continue

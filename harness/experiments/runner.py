@@ -148,6 +148,9 @@ def make_row(
         tokens_per_target_forward=m.tokens_per_target_forward,
         accepted_from_context=m.from_context,
         accepted_by_position=_by_position(m, settings),
+        acceptance_length=analysis.acceptance_length(m.new_tokens, m.target_forwards)
+        if settings.mode != "plain"
+        else None,
         output_ids=m.output_ids,
         platform=platform,
         prompt_label=label,

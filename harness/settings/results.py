@@ -83,9 +83,12 @@ class Measured:
     # where nothing proposed from the context.
     accepted_from_context: int | None = None
     # [drafted, accepted] per draft position (position i accepted when candidates 0..i all were),
-    # read off the run's verifications; None for plain decoding, and for an engine whose books hold
-    # a round whole (per-position counts are not in them).
+    # from the run's verifications or the engine's own books (docs/USAGE.md says which, per engine);
+    # None for plain decoding, and where an engine's books give no positions.
     accepted_by_position: list[list[int]] | None = None
+    # Tokens emitted per verification (vLLM's mean acceptance length: 1 + accepted / verifications),
+    # the prompt's forward and its first token left out; None for plain decoding.
+    acceptance_length: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
