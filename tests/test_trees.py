@@ -159,8 +159,26 @@ def test_the_planner_keeps_its_ranks_and_plans_again_from_them(tmp_path):
         (["--limit", "0"], "--limit must be at least 1"),
         (["--replan", "/nonexistent/trees.jsonl"], "not a trees run's rows"),
         (["--measure", "0+x"], "--measure: a tree is rank paths"),
+        (["--synthetic_acceptance", "0.5,2"], "--synthetic_acceptance takes probabilities in [0, 1]"),
     ],
 )
 def test_bad_planner_input_is_one_line(argv, expected):
     done = _trees(*argv)
     assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_planner_times_a_round_against_a_synthetic_acceptance(tmp_path):
+    """``--synthetic_acceptance``: a chain whose verdict is a draw, so each round's real cost is
+    measured at a chosen acceptance: at p = 0 one token a round, at p = 1 K + 1, each row kept."""
+    rows = tmp_path / "trees.jsonl"
+    argv = ["--model_name", "tiny-llama", "--kernels", "invariant", "--prompts", "code", "--limit", "2"]
+    argv += ["--max_new_tokens", "25", "--repetitions", "1", "--num_assistant_tokens", "3"]
+    done = _trees(*argv, "--synthetic_acceptance", "0,0.5,1", "--json", str(rows))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "synthetic acceptance, a chain of K=3" in done.stdout
+    kept = {r["p"]: r for r in map(json.loads, rows.read_text().splitlines()) if r["kind"] == "synthetic"}
+    assert sorted(kept) == [0.0, 0.5, 1.0]
+    assert kept[0.0]["tokens"] == kept[0.0]["rounds"] == 2 * 24  # one token a round
+    assert kept[1.0]["tokens"] == 4 * kept[1.0]["rounds"] == 2 * 24  # K + 1 a round
+    assert kept[1.0]["expected_tokens_per_round"] == 4.0 and kept[0.0]["expected_tokens_per_round"] == 1.0
+    assert all(r["decode_ms"] > 0 and r["predicted_round_ms"] > 0 for r in kept.values())

@@ -14,6 +14,7 @@ tokens per round, round cost and predicted speedup over plain decoding, against 
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 import time
@@ -255,6 +256,77 @@ def chain_problems(decoded: Sequence[Decoded]) -> list[str]:
     return problems
 
 
+@dataclass(frozen=True)
+class Synthetic:
+    """A chain of K decoded with a synthetic verdict at acceptance ``p``, over the prompts: what a
+    round cost at that acceptance, beside what the forward-cost table predicts it costs."""
+
+    p: float
+    k: int
+    tokens: int
+    rounds: int
+    decode_ms: float  # wall ms after each prompt's first token, summed
+    expected_tokens_per_round: float  # (1 - p^(K+1)) / (1 - p): a chain's, accepted at rate p
+    predicted_round_ms: float  # K draft forwards and the K+1-row verification, from the table
+
+    @property
+    def round_ms(self) -> float:
+        return self.decode_ms / self.rounds if self.rounds else math.nan
+
+
+def synthetic_rounds(
+    pair: LoadedPair,
+    prompts: Sequence[tuple[str, list[int]]],
+    ps: Sequence[float],
+    k: int,
+    new_tokens: int,
+    target_ms: dict[int, float],
+    draft_ms: dict[int, float],
+) -> list[Synthetic]:
+    """Per acceptance p, every prompt decoded with a chain of K whose verdict is a draw accepting each
+    proposal with probability p (``--synthetic_acceptance``): a round's real cost against
+    acceptance, the draft's quality set aside."""
+    out = []
+    chain = trees.Tree.chain(k)
+    for p in ps:
+        settings = GenerationSettings(
+            mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, num_assistant_tokens=k,
+            synthetic_acceptance=p,
+        )  # fmt: skip
+        tokens = rounds = 0
+        decode_ms = 0.0
+        for _, ids in prompts:
+            m = generate(pair, ids, settings)
+            tokens += m.new_tokens - 1  # the prompt's forward gives the first
+            rounds += m.target_forwards - 1
+            decode_ms += m.total_s * 1000 - m.prefill_ms
+        expected = (1 - p ** (k + 1)) / (1 - p) if p < 1 else float(k + 1)
+        out.append(
+            Synthetic(p, k, tokens, rounds, decode_ms, expected, trees.round_ms(chain, target_ms, draft_ms))
+        )
+    return out
+
+
+def synthetic_table(rows: Sequence[Synthetic], one_step_ms: float) -> str:
+    """Per acceptance: tokens and ms a round measured against the table's prediction, and time per
+    token against plain decoding's one-token step."""
+    from tabulate import tabulate
+
+    body = [
+        [
+            f"{r.p:g}",
+            f"{r.tokens / r.rounds:.2f}" if r.rounds else "-",
+            f"{r.expected_tokens_per_round:.2f}",
+            f"{r.round_ms:.1f}",
+            f"{r.predicted_round_ms:.1f}",
+            f"{one_step_ms * r.tokens / r.decode_ms:.2f}x" if r.decode_ms else "-",
+        ]
+        for r in rows
+    ]
+    headers = ["p", "tokens/round", "expected", "ms/round", "predicted ms/round", "speed vs one-token step"]
+    return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+
+
 def forward_costs(
     pair: LoadedPair, rows: Sequence[int] = tuple(range(1, MAX_NODES + 2)), repetitions: int = 5
 ) -> tuple[dict[int, float], dict[int, float]]:
@@ -328,6 +400,14 @@ def main(argv: list[str] | None = None) -> int:
         "beside plain decoding, after the plan; 'best': the chain and the tree predicted fastest",
     )
     parser.add_argument(
+        "--synthetic_acceptance",
+        default=None,
+        metavar="P[,P]",
+        help="after the plan, decode the prompts with a chain of --num_assistant_tokens whose verdict "
+        "accepts each proposal with probability P: each round's real cost against acceptance, beside "
+        "the forward-cost table's prediction",
+    )
+    parser.add_argument(
         "--replan",
         default=None,
         metavar="FILE",
@@ -343,6 +423,18 @@ def main(argv: list[str] | None = None) -> int:
             _measured_specs(args.measure, [])
         except HarnessError as exc:
             parser.exit(2, f"error: --measure: {exc}\n")
+    synthetic_ps: list[float] = []
+    if args.synthetic_acceptance:
+        try:
+            synthetic_ps = [float(x) for x in args.synthetic_acceptance.split(",") if x.strip()]
+        except ValueError:
+            synthetic_ps = [math.nan]
+        if not synthetic_ps or not all(0.0 <= x <= 1.0 for x in synthetic_ps):
+            parser.exit(
+                2,
+                f"error: --synthetic_acceptance takes probabilities in [0, 1], not "
+                f"{args.synthetic_acceptance!r}\n",
+            )
     kinds = [k.strip() for k in args.prompts.split(",") if k.strip()]
     unknown = sorted(set(kinds) - {"code", "general", "humaneval"})
     if unknown or not kinds:
@@ -412,6 +504,24 @@ def main(argv: list[str] | None = None) -> int:
         problems += [
             f"{m.label}: tree {m.tree} output differs from plain" for m in measured if not m.identical
         ]
+    if synthetic_ps:
+        try:
+            synthetic = synthetic_rounds(
+                pair,
+                prompts,
+                synthetic_ps,
+                args.num_assistant_tokens,
+                args.max_new_tokens,
+                target_ms,
+                draft_ms,
+            )
+        except HarnessError as exc:
+            parser.exit(2, f"error: {exc}\n")
+        print(f"synthetic acceptance, a chain of K={args.num_assistant_tokens} (outputs not the target's):")
+        print(synthetic_table(synthetic, trees.cost_at(target_ms, 1)))
+        if args.json:
+            for r in synthetic:
+                results.append_row(args.json, {**context, "kind": "synthetic", **asdict(r)})
     if args.json:
         costs = {
             **context,
