@@ -124,7 +124,7 @@ def test_rows_carry_acceptance_per_draft_position(tmp_path, capsys):
         assert all(0 <= a <= d for d, a in counts)
         assert all(later[0] <= earlier[0] for earlier, later in zip(counts, counts[1:], strict=False))
         assert sum(a for _, a in counts) == r.accepted and sum(d for d, _ in counts) == r.drafted
-        # Tokens per verification: the first token (the prompt's forward) aside, the rest over rounds.
-        assert r.acceptance_length == pytest.approx((r.new_tokens - 1) / (r.target_forwards - 1))
+        # Tokens per verification, as vLLM counts it: 1 + accepted per round that drafted.
+        assert r.acceptance_length == pytest.approx(1 + r.accepted / counts[0][0])
         assert 1.0 <= r.acceptance_length <= 5.0
     assert all(r.acceptance_length is None for r in rows if r.mode == "plain")

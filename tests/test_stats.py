@@ -318,7 +318,8 @@ def test_a_deployments_counters_give_drafted_and_accepted_per_position(
 
 
 def test_acceptance_length_counts_tokens_per_verification():
-    # 1 + 31 tokens over 8 verifications after the prompt's forward: 31 / 8.
-    assert analysis.acceptance_length(32, 9) == pytest.approx(31 / 8)
-    assert analysis.acceptance_length(32, 32) == pytest.approx(1.0)  # nothing accepted
-    assert analysis.acceptance_length(1, 1) is None
+    # vLLM's: 1 + accepted / drafts, a draft being a round that proposed (position 1's drafted count).
+    assert analysis.acceptance_length([[8, 6], [8, 4], [7, 2]], 40, 9) == pytest.approx(1 + 12 / 8)
+    assert analysis.acceptance_length([[8, 0], [8, 0]], 9, 9) == pytest.approx(1.0)  # nothing accepted
+    assert analysis.acceptance_length(None, 32, 8) == pytest.approx(4.0)  # no positions: per forward
+    assert analysis.acceptance_length([[0, 0]], 1, 1) is None

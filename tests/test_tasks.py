@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -68,7 +69,7 @@ def test_code_decode_prompts_are_python_to_complete() -> None:
 
 def test_decode_prompts_are_deterministic_and_reject_unknown_kind() -> None:
     assert decode_prompts("code") == decode_prompts("code")
-    with pytest.raises(HarnessError, match="unknown prompt set 'poetry'; use general, code, mixed"):
+    with pytest.raises(HarnessError, match="unknown prompt set 'poetry'; use one of general, code, mixed"):
         decode_prompts("poetry")
 
 
@@ -251,3 +252,43 @@ def test_a_line_past_any_context_is_refused_before_tokenizing(tmp_path) -> None:
     path.write_text("short one\n" + "x" * (tasks.MAX_PROMPT_CHARS + 1) + "\n")
     with pytest.raises(HarnessError, match=r"line\(s\) 2 hold more than 1,000,000 characters"):
         load_prompts_file(path, 16)
+
+
+def test_every_category_holds_at_least_twelve_distinct_prompts_of_its_own() -> None:
+    from harness.base import categories
+
+    assert len(categories.CATEGORIES) >= 8
+    seen: set[str] = set()
+    for category in categories.CATEGORIES:
+        prompts = tasks.decode_prompts(category.name)
+        assert len(prompts) >= 12, category.name
+        assert all(
+            p.label.startswith(f"{category.name}-") and p.max_new_tokens == category.new_tokens
+            for p in prompts
+        )
+        texts = {p.text for p in prompts}
+        assert len(texts) == len(prompts) and not texts & seen  # no prompt twice, in or across sets
+        seen |= texts
+    # The answers that copy their prompt: an edit returns the function it was given.
+    edit = tasks.decode_prompts("code_editing")[0]
+    assert "def average(lst):" in edit.text and "return the whole function" in edit.text
+
+
+def test_several_sets_are_taken_in_turn_so_a_limit_spans_them() -> None:
+    prompts = tasks.prompts_of("summarization,rag,math", 10)
+    assert [p.label.split("-")[0] for p in prompts[:6]] == ["summarization", "rag", "math"] * 2
+    assert len(prompts) == 36
+    with pytest.raises(HarnessError, match="unknown prompt set 'poems'.*--list-prompts"):
+        tasks.prompts_of("summarization,poems", 10)
+    with pytest.raises(HarnessError, match="unknown prompt set 'summarisation'"):
+        tasks.prompts_of("summarisation", 10)
+
+
+def test_list_prompts_names_every_set_with_its_count(capsys) -> None:
+    from harness import cli
+
+    assert cli.main(["--list-prompts"]) == 0
+    out = capsys.readouterr().out
+    for name, count, _ in tasks.list_prompt_sets():
+        assert re.search(rf"^\| {name} +\| +{count} \|", out, flags=re.MULTILINE), name
+    assert sum(1 for name, count, _ in tasks.list_prompt_sets() if count >= 12) >= 9

@@ -7,12 +7,14 @@ same token ids for a given tokenizer), so rows from different runs and machines 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.base import categories
 from harness.base.errors import HarnessError
 
 TASKS: tuple[str, ...] = ("decode", "benchmark", "benchmark_code")
@@ -50,212 +52,58 @@ _GENERAL: tuple[tuple[str, str], ...] = (
     ("rainbow", "Describe how a rainbow forms."),
 )
 
-# Signature + docstring to complete, 60-160 tokens each, like the seeds' CodeLlama decode prompts.
-_CODE: tuple[tuple[str, str], ...] = (
-    (
-        "merge_intervals",
-        '''\
-def merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Merge overlapping closed intervals.
-
-    The input may be unsorted. Intervals that touch, such as (1, 3) and (3, 5), are merged.
-    Return the merged intervals sorted by their start.
-
-    >>> merge_intervals([(5, 8), (1, 3), (2, 4)])
-    [(1, 4), (5, 8)]
-    """
-''',
-    ),
-    (
-        "parse_duration",
-        '''\
-def parse_duration(text: str) -> int:
-    """Convert a duration such as "1h30m", "45s" or "2d4h" to a number of seconds.
-
-    Units are d (days), h (hours), m (minutes) and s (seconds); each may appear at most once,
-    in that order. Raise ValueError for anything else.
-
-    >>> parse_duration("1h30m")
-    5400
-    """
-''',
-    ),
-    (
-        "rolling_mean",
-        '''\
-from collections.abc import Iterable, Iterator
-
-
-def rolling_mean(values: Iterable[float], window: int) -> Iterator[float]:
-    """Yield the mean of each full window of `window` consecutive values.
-
-    Keep a running sum so each step costs O(1), and never hold more than `window` values.
-
-    >>> list(rolling_mean([1, 2, 3, 4], 2))
-    [1.5, 2.5, 3.5]
-    """
-''',
-    ),
-    (
-        "slugify",
-        '''\
-import re
-import unicodedata
-
-
-def slugify(title: str, max_length: int = 50) -> str:
-    """Turn a title into a lowercase URL slug.
-
-    Strip accents, replace runs of non-alphanumeric characters with a single hyphen, trim
-    hyphens from both ends and cut at a hyphen so the slug is at most `max_length` long.
-
-    >>> slugify("Héllo, World!  2024")
-    'hello-world-2024'
-    """
-''',
-    ),
-    (
-        "topological_sort",
-        '''\
-def topological_sort(deps: dict[str, set[str]]) -> list[str]:
-    """Order tasks so that every task comes after the tasks it depends on.
-
-    `deps` maps a task to the set of tasks it needs. Tasks that only appear as dependencies
-    are included too. Ties are broken alphabetically so the result is deterministic.
-    Raise ValueError naming one task on a cycle if there is no valid order.
-    """
-''',
-    ),
-    (
-        "chunked",
-        '''\
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
-
-T = TypeVar("T")
-
-
-def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """Split an iterable into lists of `size` items; the last list may be shorter.
-
-    >>> list(chunked(range(7), 3))
-    [[0, 1, 2], [3, 4, 5], [6]]
-    """
-''',
-    ),
-    (
-        "levenshtein",
-        '''\
-def levenshtein(a: str, b: str) -> int:
-    """Return the edit distance between two strings.
-
-    Insertions, deletions and substitutions each cost 1. Use two rows of the dynamic
-    programming table so memory is O(min(len(a), len(b))).
-
-    >>> levenshtein("kitten", "sitting")
-    3
-    """
-''',
-    ),
-    (
-        "column_stats",
-        '''\
-import csv
-import statistics
-from pathlib import Path
-
-
-def column_stats(path: Path, column: str) -> dict[str, float]:
-    """Read a CSV file with a header row and summarise one numeric column.
-
-    Return a dict with keys "count", "mean", "median", "min" and "max". Skip empty cells;
-    raise KeyError if the column does not exist and ValueError if a cell is not a number.
-    """
-''',
-    ),
-    (
-        "roman_to_int",
-        '''\
-def roman_to_int(numeral: str) -> int:
-    """Convert a Roman numeral such as "MCMXCIV" to an integer.
-
-    Accept upper or lower case. A smaller symbol before a larger one is subtracted.
-
-    >>> roman_to_int("MCMXCIV")
-    1994
-    """
-''',
-    ),
-    (
-        "flatten_dict",
-        '''\
-from typing import Any
-
-
-def flatten_dict(data: dict[str, Any], sep: str = ".") -> dict[str, Any]:
-    """Flatten nested dictionaries into one level with joined keys.
-
-    Lists are left as values. An empty nested dict becomes an empty dict value.
-
-    >>> flatten_dict({"a": {"b": 1, "c": {"d": 2}}, "e": 3})
-    {'a.b': 1, 'a.c.d': 2, 'e': 3}
-    """
-''',
-    ),
-    (
-        "bisect_left",
-        '''\
-from collections.abc import Sequence
-
-
-def bisect_left(items: Sequence[int], target: int) -> int:
-    """Return the first index at which `target` could be inserted keeping `items` sorted.
-
-    `items` is sorted ascending and may contain duplicates; the index returned is before any
-    existing entries equal to `target`. Do not use the bisect module.
-    """
-''',
-    ),
-    (
-        "top_words",
-        '''\
-import re
-from collections import Counter
-
-
-def top_words(text: str, k: int = 10, stopwords: frozenset[str] = frozenset()) -> list[tuple[str, int]]:
-    """Return the `k` most frequent words in `text` with their counts.
-
-    Words are runs of letters and apostrophes, compared case-insensitively. Words in
-    `stopwords` are ignored. Ties are ordered alphabetically.
-    """
-''',
-    ),
-)
-
-
-PROMPT_SETS = ("general", "code", "mixed")
+# The decode task's own sets, then the categories (``harness.base.categories``).
+PROMPT_SETS = ("general", "code", "mixed", *(c.name for c in categories.CATEGORIES))
 
 
 def decode_prompts(kind: str) -> list[Prompt]:
-    """The decode task's prompts: "general" (ten short questions), "code" (a dozen completions) or
-    "mixed" (the two alternating, the longer list's tail last)."""
+    """The decode task's prompts: "general" (ten short questions), "code" (a dozen completions),
+    "mixed" (the two alternating, the longer list's tail last), or a category's (labelled
+    ``category-name``, each at the budget its kind of answer takes)."""
     if kind == "general":
         return [Prompt(f"general-{name}", text, GENERAL_NEW_TOKENS) for name, text in _GENERAL]
     if kind == "code":
-        return [Prompt(f"code-{name}", text, CODE_NEW_TOKENS) for name, text in _CODE]
+        return [Prompt(f"code-{name}", text, CODE_NEW_TOKENS) for name, text in categories.CODE_COMPLETION]
     if kind == "mixed":
         general, code = decode_prompts("general"), decode_prompts("code")
         n = min(len(general), len(code))
         return [p for both in zip(general[:n], code[:n], strict=True) for p in both] + general[n:] + code[n:]
-    raise HarnessError(f"unknown prompt set {kind!r}; use {', '.join(PROMPT_SETS)}, or a prompts file")
+    for category in categories.CATEGORIES:
+        if category.name == kind:
+            return [Prompt(f"{kind}-{name}", text, category.new_tokens) for name, text in category.prompts]
+    raise HarnessError(
+        f"unknown prompt set {kind!r}; use one of {', '.join(PROMPT_SETS)} (--list-prompts describes "
+        "them), several joined by commas, or a prompts file"
+    )
 
 
 def prompts_of(choice: str, max_new_tokens: int) -> list[Prompt]:
-    """``--prompts``: a prompt set by name (``PROMPT_SETS``), else a prompts file (``load_prompts_file``)."""
-    if choice in PROMPT_SETS:
-        return decode_prompts(choice)
+    """``--prompts``: prompt sets by name (``PROMPT_SETS``; several joined by commas are taken in
+    turn, one prompt of each), else a prompts file (``load_prompts_file``)."""
+    names = [n.strip() for n in choice.split(",") if n.strip()]
+    if names and all(n in PROMPT_SETS for n in names):
+        # Taken in turn, one of each set, so --limit N spans the sets named.
+        sets = [decode_prompts(n) for n in names]
+        return [p for row in itertools.zip_longest(*sets) for p in row if p is not None]
+    unknown = [n for n in names if n not in PROMPT_SETS]
+    if len(names) > 1 or not Path(choice).suffix and not Path(choice).exists():
+        # Not a file's name: a set misspelled is said as one, not as a missing file.
+        decode_prompts(unknown[0] if unknown else choice)
     return load_prompts_file(choice, max_new_tokens)
+
+
+def list_prompt_sets() -> list[tuple[str, int, str]]:
+    """(name, prompts, what it holds) of every prompt set, for ``--list-prompts``."""
+    out = [
+        ("general", len(_GENERAL), "short questions, 5-10 tokens (the seeds' chat decode prompts)"),
+        (
+            "code",
+            len(categories.CODE_COMPLETION),
+            "the same as code_completion (the seeds' code decode prompts)",
+        ),
+        ("mixed", len(_GENERAL) + len(categories.CODE_COMPLETION), "general and code, alternating"),
+    ]
+    return out + [(c.name, len(c.prompts), c.what) for c in categories.CATEGORIES]
 
 
 def _positive_int(value: Any, what: str) -> int:

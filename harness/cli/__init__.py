@@ -358,6 +358,13 @@ def run(args: argparse.Namespace) -> int:
     if args.list_models:
         print(report.pairs_table(models.list_pairs(), args.weights_dir, wide=args.wide))
         return 0
+    if args.list_prompts:
+        from tabulate import tabulate
+
+        table = [[name, count, what] for name, count, what in tasks.list_prompt_sets()]
+        print(tabulate(table, headers=["--prompts", "prompts", "what"], tablefmt="github"))
+        print("several sets: --prompts chat,rag,code_editing (taken in turn, so --limit N spans them)")
+        return 0
     if args.regen_tables:
         return regen(args)
     if args.task == "sweep" or args.sweep is not None:

@@ -365,6 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(
         g,
+        "--list-prompts",
+        action="store_true",
+        help="list the prompt sets --prompts takes (the task categories among them), each with its count, "
+        "and exit",
+    )
+    _add(
+        g,
         "--regen-tables",
         action="store_true",
         help="rebuild results/<platform>/<model>.md and plots from stored JSONL rows, then exit",
@@ -388,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         g,
         "--prompts",
-        help="a prompt set (general, code, mixed) or your own prompts file: one JSON string per line, or "
-        "plain text lines",
+        help="prompt sets by name, several joined by commas and taken in turn (general, code, mixed, or a "
+        "task category: chat, translation, summarization, qa, math, rag, code_completion, code_editing; "
+        "see --list-prompts), or your own prompts file: one JSON string per line, or plain text lines",
     )
     _add(
         g, "--limit", type=int, help=f"decode only the first N prompts (--task sweep: {sweep.DEFAULT_LIMIT})"

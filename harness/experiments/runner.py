@@ -123,6 +123,7 @@ def make_row(
     prompt_sha: str = "",
 ) -> Row:
     run = pair.run_setup(settings)
+    by_position = _by_position(m, settings)
     return Row(
         **run.columns(),
         example=example,
@@ -147,8 +148,8 @@ def make_row(
         acceptance_rate=m.acceptance_rate,
         tokens_per_target_forward=m.tokens_per_target_forward,
         accepted_from_context=m.from_context,
-        accepted_by_position=_by_position(m, settings),
-        acceptance_length=analysis.acceptance_length(m.new_tokens, m.target_forwards)
+        accepted_by_position=by_position,
+        acceptance_length=analysis.acceptance_length(by_position, m.new_tokens, m.target_forwards)
         if settings.mode != "plain"
         else None,
         output_ids=m.output_ids,

@@ -265,7 +265,7 @@ class Synthetic:
     k: int
     tokens: int
     rounds: int
-    decode_ms: float  # wall ms after each prompt's first token, summed
+    decode_ms: float  # wall ms after each prompt's forward (which verified the first round), summed
     expected_tokens_per_round: float  # (1 - p^(K+1)) / (1 - p): a chain's, accepted at rate p
     predicted_round_ms: float  # K draft forwards and the K+1-row verification, from the table
 
@@ -297,7 +297,9 @@ def synthetic_rounds(
         decode_ms = 0.0
         for _, ids in prompts:
             m = generate(pair, ids, settings)
-            tokens += m.new_tokens - 1  # the prompt's forward gives the first
+            # The prompt's forward verifies the first round (its cost is the prefill's): left out.
+            first = sum((m.judged_steps or [[]])[0]) + 1
+            tokens += m.new_tokens - first
             rounds += m.target_forwards - 1
             decode_ms += m.total_s * 1000 - m.prefill_ms
         expected = (1 - p ** (k + 1)) / (1 - p) if p < 1 else float(k + 1)

@@ -108,21 +108,22 @@ def _round(x: float | None) -> float | None:
 
 
 def summarize(prompts: Sequence[PromptAcceptance]) -> Summary:
-    """Acceptance over ``prompts``: tokens per verification summed over them (each prompt's first
-    token, from its prompt's forward, left out), and per-position rates where every prompt counted
-    positions."""
-    emitted = sum(p.new_tokens - 1 for p in prompts if p.new_tokens > 0)
-    rounds = sum(p.target_forwards - 1 for p in prompts if p.target_forwards > 0)
-    length = analysis.acceptance_length(emitted + 1, rounds + 1) if rounds > 0 else None
+    """Acceptance over ``prompts``: tokens per verification (``analysis.acceptance_length``) over
+    their summed counts, and per-position rates where every prompt counted positions (else tokens
+    per target forward, and no rates)."""
+    new_tokens = sum(p.new_tokens for p in prompts)
+    forwards = sum(p.target_forwards for p in prompts)
     if not prompts or any(p.by_position is None for p in prompts):
-        return Summary(len(prompts), length)
+        return Summary(len(prompts), analysis.acceptance_length(None, new_tokens, forwards))
     width = max(len(p.by_position or ()) for p in prompts)
     drafted, accepted = [0] * width, [0] * width
     for p in prompts:
         for i, (d, a) in enumerate(p.by_position or ()):
             drafted[i] += d
             accepted[i] += a
-    rates = tuple(a / d if d else 0.0 for d, a in zip(drafted, accepted, strict=True))
+    counts = list(zip(drafted, accepted, strict=True))
+    length = analysis.acceptance_length(counts, new_tokens, forwards)
+    rates = tuple(a / d if d else 0.0 for d, a in counts)
     return Summary(len(prompts), length, rates, tuple(drafted))
 
 

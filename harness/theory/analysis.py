@@ -151,12 +151,17 @@ def positions_of_counters(drafts: int, draft_tokens: int, accepted: Sequence[int
     return [c for c in counts if c[0] > 0 or c[1] > 0]
 
 
-def acceptance_length(new_tokens: int, target_forwards: int) -> float | None:
-    """Tokens emitted per verification (vLLM's mean acceptance length: 1 + accepted / drafts), from
-    a run's output length and target forwards, the prompt's forward and its first token left out;
-    None when the run verified nothing."""
-    rounds = target_forwards - 1
-    return (new_tokens - 1) / rounds if rounds > 0 and new_tokens > 0 else None
+def acceptance_length(
+    by_position: Sequence[Sequence[int]] | None, new_tokens: int, target_forwards: int
+) -> float | None:
+    """Tokens emitted per verification, vLLM's mean acceptance length: 1 + accepted / drafts, a
+    draft being a round that proposed at least one token (``by_position``'s first drafted count).
+    Without per-position counts, tokens per target forward (which also counts a prompt's forward
+    that verified nothing). None when nothing was verified."""
+    if by_position:
+        drafts = int(by_position[0][0])
+        return 1 + sum(int(a) for _, a in by_position) / drafts if drafts else None
+    return new_tokens / target_forwards if target_forwards > 0 and new_tokens > 0 else None
 
 
 def alpha_mle(accepted: int, rejected: int) -> float | None:
