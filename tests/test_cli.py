@@ -232,6 +232,10 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--draft_tree", "0+1", "--do_sample", "--assisted_generation"], "--draft_tree decodes greedily"),
         (["--draft_vocab", "-1"], "--draft_vocab must be 0 (the whole vocabulary) or a positive count"),
         (["--synthetic_acceptance", "0.5"], "this run decodes plainly, without a draft"),
+        (["--context-tokens", "10"], "--context-tokens must be at least 64"),
+        (["--context-tokens", "512", "--prompts", "rag"], "--context-tokens builds the decode task's"),
+        (["--context-tokens", "512", "--task", "benchmark"], "--context-tokens builds the decode task's"),
+        (["--prompts", "chat,poems"], "unknown prompt set 'poems'"),
         (["--synthetic_acceptance", "1.5", "--assisted_generation"], "a probability in [0, 1]"),
         (
             ["--synthetic_acceptance", "0.5", "--assisted_generation", "--do_sample"],
@@ -537,3 +541,24 @@ def test_a_printed_command_reruns_what_made_the_rows(tmp_path, capsys, extra) ->
         assert code == 0, err
         assert f"resumed {len(keys)} of {len(keys)} runs" in err, (command, err)
     assert {r.key() for r in results.read_rows(rows)} == keys  # nothing decoded again
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_category_and_a_long_context_decode_on_the_offline_pair(pairs, tmp_path, capsys):
+    """``--prompts summarization`` and ``--context-tokens 1024`` on the default pair: plain and
+    assisted rows of each prompt, the long one exactly 1024 tokens, every output the plain one."""
+    pairs.require_weights(models.DEFAULT_PAIR)
+    rows_path = tmp_path / "rows.jsonl"
+    common = ["--compare", "--max_new_tokens", "16", "--no_progress", "--json", str(rows_path)]
+    code, _, err = run_cli(capsys, "--prompts", "summarization", "--limit", "2", *common)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "--context-tokens", "1024", "--limit", "1", *common)
+    assert code == 0, err
+    assert "--context-tokens 1024" in out
+    rows = read_json_rows(rows_path)
+    labels = sorted({r["prompt_label"] for r in rows})
+    assert labels == ["ctx1024-difflib-summarize", "summarization-library", "summarization-reef"]
+    assert all(r["prompt_tokens"] == 1024 for r in rows if r["prompt_label"].startswith("ctx"))
+    by = {(r["prompt_label"], r["mode"]): r["output_ids"] for r in rows}
+    assert all(by[label, "plain"] == by[label, "assisted"] for label in labels)

@@ -292,3 +292,16 @@ def test_list_prompts_names_every_set_with_its_count(capsys) -> None:
     for name, count, _ in tasks.list_prompt_sets():
         assert re.search(rf"^\| {name} +\| +{count} \|", out, flags=re.MULTILINE), name
     assert sum(1 for name, count, _ in tasks.list_prompt_sets() if count >= 12) >= 9
+
+
+def test_long_context_prompts_have_exactly_the_length_asked(byte_tok: PreTrainedTokenizerFast) -> None:
+    prompts = tasks.long_context_prompts(byte_tok, 1500, 4, 32)
+    assert [len(p.input_ids) for p in prompts] == [1500] * 4 and all(p.max_new_tokens == 32 for p in prompts)
+    # A different module each, the tasks in turn, each ending on its task.
+    modules = ["difflib", "argparse", "statistics", "textwrap"]
+    kinds = ["summarize", "question", "edit", "summarize"]
+    assert [p.label for p in prompts] == [f"ctx1500-{m}-{k}" for m, k in zip(modules, kinds, strict=True)]
+    assert prompts[0].text.rstrip().endswith("Summary:") and len({p.text for p in prompts}) == 4
+    assert tasks.long_context_prompts(byte_tok, 1500, 4, 32) == prompts  # deterministic
+    with pytest.raises(HarnessError, match="leaves no room for a document"):
+        tasks.long_context_prompts(byte_tok, 20, 1, 32)

@@ -139,6 +139,68 @@ def _leading_tokens(tokenizer: Any, text: str, needed: int) -> list[int]:
         limit *= 4
 
 
+# Long contexts are assembled from this Python's own standard library sources (every machine has
+# them; rows record the Python version and each prompt's digest): modules that are single files on
+# every supported Python, taken from the prompt's own module on, followed by one of three tasks a
+# user asks of a long document.
+LONG_CONTEXT_SOURCES = (
+    "difflib", "argparse", "statistics", "textwrap", "shlex", "heapq",
+    "fractions", "calendar", "configparser", "tarfile", "gettext", "pprint",
+)  # fmt: skip
+LONG_CONTEXT_TASKS = (
+    ("summarize", "Summarize what the code above does in three sentences.\nSummary:"),
+    ("question", "Question: Which classes and functions does the code above define first, and what does the "
+     "first of them do?\nAnswer:"),
+    ("edit", "Rewrite the first function defined above with type hints and return the whole function.\n"
+     "Answer:\n"),
+)  # fmt: skip
+LONG_CONTEXT_NEW_TOKENS = 64
+
+
+def _stdlib_source(name: str) -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    origin = spec.origin if spec is not None else None
+    if not origin or not origin.endswith(".py"):
+        raise HarnessError(f"the standard library's {name}.py is not here to build a long context from")
+    return Path(origin).read_text(encoding="utf-8")
+
+
+def long_context_prompts(tokenizer: Any, context_tokens: int, count: int, new_tokens: int) -> list[Prompt]:
+    """``count`` prompts of exactly ``context_tokens`` tokens (``--context-tokens``): the standard
+    library's sources from a different module each, then a task on them (``LONG_CONTEXT_TASKS``,
+    in turn), as token ids, so the length holds whatever the tokenizer makes of the cut."""
+    _positive_int(context_tokens, "context length")
+    out = []
+    for i in range(count):
+        first = i % len(LONG_CONTEXT_SOURCES)
+        order = LONG_CONTEXT_SOURCES[first:] + LONG_CONTEXT_SOURCES[:first]
+        task, instruction = LONG_CONTEXT_TASKS[i % len(LONG_CONTEXT_TASKS)]
+        tail = list(tokenizer("\n\n" + instruction, add_special_tokens=False)["input_ids"])
+        needed = context_tokens - len(tail)
+        if needed < 16:
+            raise HarnessError(
+                f"--context-tokens {context_tokens} leaves no room for a document before the task's "
+                f"{len(tail)} tokens: give at least {len(tail) + 16}"
+            )
+        corpus = ""
+        for name in order:  # as many modules as the length needs
+            corpus += _stdlib_source(name) + "\n\n"
+            if len(corpus) > 8 * needed:
+                break
+        head = _leading_tokens(tokenizer, corpus, needed)
+        if len(head) < needed:
+            raise HarnessError(
+                f"--context-tokens {context_tokens}: the standard library sources give only "
+                f"{len(head)} tokens"
+            )
+        ids = [*head[:needed], *tail]
+        text = tokenizer.decode(ids)
+        out.append(Prompt(f"ctx{context_tokens}-{order[0]}-{task}", text, new_tokens, tuple(ids)))
+    return out
+
+
 def benchmark_prompts(
     tokenizer: Any,
     lengths: tuple[int, ...] = (256, 512, 1024, 2048),

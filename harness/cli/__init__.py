@@ -43,6 +43,9 @@ def _prompts(
 ) -> list[tasks.Prompt]:
     if from_file is not None:
         prompts = from_file
+    elif args.context_tokens is not None:
+        budget = args.max_new_tokens or tasks.LONG_CONTEXT_NEW_TOKENS
+        prompts = tasks.long_context_prompts(pair.tokenizer, args.context_tokens, args.limit or 3, budget)
     elif args.task == "decode":
         # A registered pair's kind chooses; a pair of the user's own files gets both kinds, never a
         # guess from a folder name.
@@ -84,6 +87,14 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise HarnessError(f"--{flag} must be at least 1 (got {value})")
     if args.min_new_tokens < 0:
         raise HarnessError(f"--min_new_tokens must be 0 or more (got {args.min_new_tokens})")
+    if args.context_tokens is not None:
+        if args.context_tokens < 64:
+            raise HarnessError(f"--context-tokens must be at least 64 (got {args.context_tokens})")
+        if args.task != "decode" or args.prompts is not None:
+            raise HarnessError(
+                "--context-tokens builds the decode task's prompts: use it with --task decode and without "
+                "--prompts"
+            )
     if args.weights_dir is not None and not Path(args.weights_dir).expanduser().is_dir():
         raise HarnessError(
             f"--weights_dir {args.weights_dir} is not a folder; pass the folder that holds the model "
@@ -438,6 +449,8 @@ def reproduce(args: argparse.Namespace, row: results.Row, defaults: dict) -> str
         value = getattr(args, flag)
         if value is not None:
             words += [f"--{flag}", str(value)]
+    if args.context_tokens is not None:
+        words += ["--context-tokens", str(args.context_tokens)]
     if args.task == "benchmark":
         words += ["--prompt_lengths", ",".join(map(str, args.prompt_lengths))]
         words += ["--new_tokens", ",".join(map(str, args.new_tokens))]

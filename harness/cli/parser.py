@@ -404,6 +404,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(
         g,
+        "--context-tokens",
+        dest="context_tokens",
+        type=int,
+        metavar="N",
+        help="the decode task on long contexts: prompts of exactly N tokens, each the standard library's "
+        "sources (a different module each) followed by a task on them (summarize, answer, edit), "
+        "--limit of them (default 3)",
+    )
+    _add(
+        g,
         "--prompt_lengths",
         type=_int_list,
         default=BENCHMARK_PROMPT_LENGTHS,
