@@ -236,6 +236,13 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--context-tokens", "512", "--prompts", "rag"], "--context-tokens builds the decode task's"),
         (["--context-tokens", "512", "--task", "benchmark"], "--context-tokens builds the decode task's"),
         (["--prompts", "chat,poems"], "unknown prompt set 'poems'"),
+        (["--concurrency", "0", "--engine", "llama.cpp"], "--concurrency must be at least 1"),
+        (["--concurrency", "2"], "--engine transformers decodes one request at a time"),
+        (
+            ["--concurrency", "9", "--engine", "llama.cpp"],
+            "--engine llama.cpp serves at most 8 requests at once",
+        ),
+        (["--concurrency", "2", "--task", "benchmark", "--engine", "llama.cpp"], "use it with --task decode"),
         (["--synthetic_acceptance", "1.5", "--assisted_generation"], "a probability in [0, 1]"),
         (
             ["--synthetic_acceptance", "0.5", "--assisted_generation", "--do_sample"],

@@ -673,3 +673,33 @@ def test_the_server_decodes_a_tiny_gguf_as_transformers_does(tmp_path):
         engine.close()
     with pytest.raises(HarnessError, match="written for Llama models"):
         tiny.gguf_file(tiny.build_target("tiny-qwen2"), tmp_path / "qwen.gguf")
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_concurrent_streams_on_the_server_plain_and_speculative(tmp_path, server_binary):
+    """``--engine llama.cpp --concurrency 1,2 --compare``: each level in each mode, every request a
+    row marked with its level, the two-slot server's outputs the one-slot server's, and the plot."""
+    rows_path = tmp_path / "concurrency.jsonl"
+    argv = ["--model_name", models.DEFAULT_PAIR, "--engine", "llama.cpp", "--concurrency", "1,2", "--compare"]
+    argv += ["--limit", "2", "--max_new_tokens", "16", "--json", str(rows_path), "--no_progress"]
+    done = _cli_on_llama_cpp(argv, server_binary)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = read_rows(rows_path)
+    levels = {(r.extra["concurrency"], r.mode) for r in rows}
+    assert levels == {(1, "plain"), (1, "assisted"), (2, "plain"), (2, "assisted")}
+    assert all(r.new_tokens == 16 for r in rows) and len(rows) == 8
+    # At two streams the two requests were in flight at once: the second sent before the first ended.
+    for mode in ("plain", "assisted"):
+        first, second = sorted((r for r in rows if r.extra["concurrency"] == 2 and r.mode == mode),
+                               key=lambda r: r.extra["sent_s"])  # fmt: skip
+        assert second.extra["sent_s"] < first.extra["sent_s"] + first.total_s, (
+            mode,
+            first.extra,
+            second.extra,
+        )
+    assert all(r.drafted > 0 for r in rows if r.mode == "assisted")
+    assert (
+        "speculation's gain (all)" in done.stdout
+        and rows_path.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    )

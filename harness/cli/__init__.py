@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness import report
-from harness.base import backends, devices, llamacpp, platforms, tasks
+from harness.base import backends, devices, files, llamacpp, platforms, tasks
 from harness.base.errors import HarnessError, caused_by_interrupt
 from harness.cli.parser import (
     BENCHMARK_NEW_TOKENS,
@@ -87,6 +87,12 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise HarnessError(f"--{flag} must be at least 1 (got {value})")
     if args.min_new_tokens < 0:
         raise HarnessError(f"--min_new_tokens must be 0 or more (got {args.min_new_tokens})")
+    if args.concurrency is not None:
+        if args.task != "decode":
+            raise HarnessError("--concurrency runs the decode task's prompts: use it with --task decode")
+        from harness.experiments import concurrency
+
+        concurrency.check_concurrency(engines.engine_class(args.engine), args.concurrency)
     if args.context_tokens is not None:
         if args.context_tokens < 64:
             raise HarnessError(f"--context-tokens must be at least 64 (got {args.context_tokens})")
@@ -402,6 +408,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = _prompts(args, pair, from_file)
     platform = args.platform or platforms.detect().name
     defaults = setup.defaults(pair.spec)
+    if args.concurrency is not None:
+        return run_concurrency(args, pair, prompts, run.decoding, modes, platform)
     try:
         rows = runner.run_prompts(
             pair,
@@ -435,6 +443,35 @@ def run(args: argparse.Namespace) -> int:
         print(report.compare_table(rows, defaults, wide=args.wide, shown=command))
     # With --compare the table above has said the speedup (and its cautions): the rates only here.
     print(report.summary_line(rows, defaults, speedup=not args.compare))
+    return 0
+
+
+def run_concurrency(
+    args: argparse.Namespace,
+    pair: models.LoadedPair,
+    prompts: list[tasks.Prompt],
+    decoding: setup.GenerationSettings,
+    modes: Sequence[str],
+    platform: str,
+) -> int:
+    """``--concurrency``: each level in each mode, its table, and its plot."""
+    from harness.experiments import concurrency
+
+    levels = concurrency.measure_levels(
+        pair, prompts, decoding, args.concurrency, modes, json_path=args.json, platform=platform,
+        max_new_tokens=args.max_new_tokens, progress=not args.no_progress,
+    )  # fmt: skip
+    engine = pair.engine.name if pair.engine is not None else engines.BUILT_IN
+    title = f"{pair.spec.name} on {engine}, {platform}: tokens/s against concurrent streams"
+    png = (
+        Path(args.json).with_suffix(".png")
+        if args.json
+        else results.runs_dir() / platform / f"concurrency-{pair.spec.name}-{files.file_name(engine)}.png"
+    )
+    files.atomic_write(png, concurrency.plot(levels, title))
+    print(f"\n## {title}\n")
+    print(concurrency.table(levels))
+    print(f"\nplot: {png}")
     return 0
 
 

@@ -404,6 +404,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(
         g,
+        "--concurrency",
+        type=_int_list,
+        metavar="N[,N]",
+        help="a serving engine (--engine llama.cpp: a server with N slots; --engine served) under N "
+        "concurrent streams, each level in each mode: aggregate and per-request tokens/s, written as rows "
+        "and drawn (PNG beside --json, else under runs/)",
+    )
+    _add(
+        g,
         "--context-tokens",
         dest="context_tokens",
         type=int,

@@ -88,6 +88,9 @@ class Engine(abc.ABC):
     # results page shows the keys ``version_names`` lists.
     versions: Mapping[str, str] = MappingProxyType({})
     version_names: ClassVar[tuple[str, ...]] = ()
+    # How many requests it serves at once (``--concurrency``): 1, one prompt at a time; a serving
+    # engine takes up to its slots (``serve_concurrently``), each a stream of its own.
+    max_concurrency: ClassVar[int] = 1
 
     @classmethod
     def test_id(cls) -> str:
@@ -234,6 +237,10 @@ class Engine(abc.ABC):
         """The plain token's lead over ``other``'s at their first difference, in the engine's own
         logits (None: the caller reads the torch target's)."""
         return None
+
+    def serve_concurrently(self, streams: int) -> None:  # noqa: B027 - one stream needs nothing set up
+        """Make ``decode`` safe to call from ``streams`` threads at once, each request served in
+        parallel with the others (a server's slots); ``max_concurrency`` bounds it."""
 
     def close(self) -> None:  # noqa: B027 - most engines hold nothing to stop
         """Stop what it holds (servers, pipelines): called when its pair is dropped."""

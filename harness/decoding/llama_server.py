@@ -45,6 +45,9 @@ MAX_K = 64
 # up in the prompt and output so far, and the tokens that followed them are proposed.
 NGRAM_SIZE = 2
 CONTEXT = 8192  # tokens per server slot: the longest prompt the suites decode plus its budget
+# Parallel slots a server runs at most (``--concurrency``): each holds a CONTEXT-token KV cache of
+# both models (about 0.3 GB for the offline pair), and two cores serve them all.
+MAX_SLOTS = 8
 START_TIMEOUT_S = 180.0
 # llama-server opens its port before it loads the model (and answers 503 while loading): a server
 # that has not answered at all by then never will.
@@ -81,6 +84,7 @@ class ServerArgs:
     k: int = 0
     ngram: int = 0
     threads: int = 1
+    slots: int = 1  # requests served at once (llama-server's --parallel), each with CONTEXT tokens
 
     @property
     def mode(self) -> str:
@@ -88,7 +92,9 @@ class ServerArgs:
 
     def argv(self, port: int) -> list[str]:
         argv = [str(self.binary), "-m", str(self.model), "--host", HOST, "--port", str(port)]
-        argv += ["-t", str(self.threads), "-tb", str(self.threads), "-c", str(CONTEXT), "-np", "1"]
+        argv += ["-t", str(self.threads), "-tb", str(self.threads)]
+        # The context is shared among the slots: CONTEXT tokens each.
+        argv += ["-c", str(CONTEXT * self.slots), "-np", str(self.slots)]
         # No web UI, no prompt cache in host memory: each request is decoded from its first token.
         argv += ["--no-webui", "--cache-ram", "0"]
         # Its Prometheus counters: drafted and accepted per position (``metrics``), which a
@@ -387,23 +393,25 @@ class Servers:
     target: Path
     draft: Path | None
     threads: int
-    running: dict[tuple[str, int], Server] = field(default_factory=dict)
+    running: dict[tuple[str, int, int], Server] = field(default_factory=dict)
+    slots: int = 1  # what the servers started from now on serve at once
+    starting: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def args_for(self, mode: str, k: int) -> ServerArgs:
-        base = ServerArgs(self.binary, self.target, threads=self.threads)
+        base = ServerArgs(self.binary, self.target, threads=self.threads, slots=self.slots)
         if mode == "plain":
             return base
         if mode == "assisted":
             if self.draft is None:
                 raise HarnessError("this pair was loaded without a draft; load it with its draft to assist")
-            return ServerArgs(self.binary, self.target, self.draft, k, threads=self.threads)
-        return ServerArgs(self.binary, self.target, None, k, NGRAM_SIZE, self.threads)
+            return ServerArgs(self.binary, self.target, self.draft, k, threads=self.threads, slots=self.slots)
+        return ServerArgs(self.binary, self.target, None, k, NGRAM_SIZE, self.threads, self.slots)
 
     def server(self, mode: str, k: int) -> Server:
         """The running server of ``mode`` at ``k``, started on first use. One that died since its
         last request is an error, said with its last log lines, never replaced in silence (a crash
         would hide among the rows); it is forgotten, so the next request starts a fresh one."""
-        key = (mode, 0 if mode == "plain" else k)
+        key = (mode, 0 if mode == "plain" else k, self.slots)
         dead = self.running.get(key)
         if dead is not None and not dead.alive():
             tail, code = dead.log_tail(), dead.process.returncode if dead.process else None
@@ -413,9 +421,10 @@ class Servers:
                 f"llama-server ({mode}) exited (code {code}) since its last request: {tail}; rows "
                 "written so far are kept, and a rerun resumes after them"
             )
-        if key not in self.running:
-            self.running[key] = Server(self.args_for(mode, k)).start()
-        return self.running[key]
+        with self.starting:  # requests from several streams start one server, not one each
+            if key not in self.running:
+                self.running[key] = Server(self.args_for(mode, k)).start()
+            return self.running[key]
 
     def close(self) -> None:
         for server in self.running.values():
@@ -440,11 +449,18 @@ class LlamaCppEngine(Engine):
     options: ClassVar[tuple[str, ...]] = ("llama_server",)
     version_names: ClassVar[tuple[str, ...]] = ("llama.cpp",)
     runs: ClassVar[str] = "GGUF files as they are (a pair's, or two bare .gguf files)"
+    max_concurrency: ClassVar[int] = MAX_SLOTS
 
     def __init__(self, servers: Servers) -> None:
         self.servers = servers
         # Which llama.cpp decoded: every row this engine writes carries it beside the libraries'.
         self.versions = {"llama.cpp": build_of(servers.binary)}
+
+    def serve_concurrently(self, streams: int) -> None:
+        """Servers started from now on run ``streams`` slots (llama-server's ``--parallel``)."""
+        if not 1 <= streams <= MAX_SLOTS:
+            raise HarnessError(f"llama.cpp's server runs 1 to {MAX_SLOTS} slots here (asked for {streams})")
+        self.servers.slots = streams
 
     @classmethod
     def unfit(cls, spec: Any) -> str | None:
@@ -542,7 +558,8 @@ class LlamaCppEngine(Engine):
             )
         server = self.servers.server(settings.mode, settings.proposal_k)
         # The counters are read outside the timed request: per position, as the server books them.
-        before = server.counters() if settings.mode != "plain" else None
+        # With several slots, other streams' requests move them too: not read.
+        before = server.counters() if settings.mode != "plain" and server.args.slots == 1 else None
         start = time.perf_counter()
         answer = server.complete(request_body(ids, settings))
         m = measurement(ids, answer, time.perf_counter() - start, settings.mode)

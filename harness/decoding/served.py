@@ -224,6 +224,8 @@ class ServedEngine(Engine):
     takes_endpoints: ClassVar[bool] = True
     # The suites start no deployment: a run gives its endpoints (--endpoint, --speculative-endpoint).
     in_suites: ClassVar[bool] = False
+    # Streams the suite opens at most; the deployment queues what its own slots cannot take.
+    max_concurrency: ClassVar[int] = 64
 
     @classmethod
     def resolve(cls, spec: Any, **given: Any) -> Any:
@@ -253,6 +255,12 @@ class ServedEngine(Engine):
         # The speculative deployment's own counters, per position where it books them; a deployment
         # without them is said once (``counters_note``), and its rows keep the response's totals.
         self.counters = metrics.Reader(f"{speculative.url}/metrics", _headers()) if speculative else None
+        self.streams = 1
+
+    def serve_concurrently(self, streams: int) -> None:
+        """Requests go out on ``streams`` connections at once; the deployment's counters, moved by
+        all of them, are no longer read per request."""
+        self.streams = streams
 
     def counters_note(self) -> str | None:
         """Why the speculative deployment's per-position acceptance is not booked (None: it is)."""
@@ -318,7 +326,7 @@ class ServedEngine(Engine):
         endpoint = self.plain if settings.mode == "plain" else self.speculative
         if endpoint is None:
             raise HarnessError("this deployment was loaded without its speculative endpoint")
-        reader = self.counters if settings.mode != "plain" else None
+        reader = self.counters if settings.mode != "plain" and self.streams == 1 else None
         before = reader.read() if reader is not None else None
         start = time.perf_counter()
         answer = endpoint.complete(llama_server.request_body(ids, settings), self.tokenizer)

@@ -1,0 +1,234 @@
+"""Concurrent requests on a serving engine: where speculation stops paying as load grows.
+
+A server batches the steps of the requests it serves at once, so its aggregate throughput grows
+with concurrency while each request slows; speculative decoding's verifications widen every batch
+by K rows, and past some load that costs more than it saves (vLLM and ArcticInference users report
+n-gram and suffix decoding turning into a loss at high concurrency). ``run_level`` sends the prompts
+as N concurrent streams (each stream one request at a time, the next prompt when its last is done)
+to an engine serving N at once (``Engine.serve_concurrently``): each request a row, written as it
+finishes, and the level's aggregate tokens per second over its wall time. Bounded: each prompt is
+sent once, and no stream starts a request past ``deadline_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.base.errors import HarnessError
+from harness.base.tasks import Prompt
+from harness.experiments import runner
+from harness.pairs.models import LoadedPair
+from harness.settings import setup
+from harness.settings.setup import GenerationSettings
+from harness.theory.timing import Measurement
+
+# No stream starts a request after this long at one level (each request has its own timeout too).
+DEADLINE_S = 1800.0
+
+
+@dataclass(frozen=True)
+class Level:
+    """One concurrency level in one mode: its requests' tokens and times, and its wall time."""
+
+    concurrency: int
+    mode: str
+    requests: int
+    new_tokens: int
+    wall_s: float
+    time_per_token_ms: tuple[float, ...]  # each request's own (NaN where too short to time)
+
+    @property
+    def aggregate_tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def request_tokens_per_s(self) -> float:
+        """A request's own rate: 1000 over the mean of the requests' time per token."""
+        timed = [t for t in self.time_per_token_ms if not math.isnan(t)]
+        return 1000.0 / statistics.fmean(timed) if timed else math.nan
+
+
+def check_concurrency(engine: object, levels: Sequence[int]) -> None:
+    """Each level at least 1 and within what the engine serves at once (``max_concurrency``)."""
+    most = int(getattr(engine, "max_concurrency", 1))
+    name = getattr(engine, "name", "this engine")
+    for n in levels:
+        if n < 1:
+            raise HarnessError(f"--concurrency must be at least 1 (got {n})")
+        if most == 1 and n > 1:
+            raise HarnessError(
+                f"--concurrency {n}: --engine {name} decodes one request at a time; concurrent streams go "
+                "to a serving engine (--engine llama.cpp, or --engine served with a deployment's endpoints)"
+            )
+        if n > most:
+            raise HarnessError(f"--concurrency {n}: --engine {name} serves at most {most} requests at once")
+
+
+def run_level(
+    pair: LoadedPair,
+    prompts: Sequence[list[int]],
+    settings: GenerationSettings,
+    concurrency: int,
+    record: Callable[[int, Measurement, float], None],
+    *,
+    deadline_s: float = DEADLINE_S,
+) -> Level:
+    """Every prompt sent once over ``concurrency`` streams to ``pair``'s engine serving that many at
+    once; ``record(index, measurement, sent_s)`` is called as each request finishes (under a lock,
+    so rows are written whole; ``sent_s``: when it was sent, from the level's start). The first
+    prompt is decoded once alone first (not recorded): it starts the server and touches the weights,
+    so the level times requests only."""
+    from harness.decoding.generation import generate
+
+    if pair.engine is None:
+        raise HarnessError(
+            "concurrent requests need an engine that serves them (--engine llama.cpp or served)"
+        )
+    check_concurrency(pair.engine, [concurrency])
+    pair.engine.serve_concurrently(concurrency)
+    generate(pair, list(prompts[0]), settings)
+    lock = threading.Lock()
+    todo = list(enumerate(prompts))
+    done: list[Measurement] = []
+    start = time.perf_counter()
+
+    def stream() -> None:
+        while True:
+            with lock:
+                if not todo or time.perf_counter() - start > deadline_s:
+                    return
+                index, ids = todo.pop(0)
+            sent = time.perf_counter() - start
+            m = generate(pair, list(ids), settings)
+            with lock:
+                done.append(m)
+                record(index, m, sent)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for future in [pool.submit(stream) for _ in range(concurrency)]:
+            future.result()  # a failed request fails the level, with its own message
+    wall = time.perf_counter() - start
+    return Level(
+        concurrency,
+        settings.mode,
+        len(done),
+        sum(m.new_tokens for m in done),
+        wall,
+        tuple(m.time_per_token_ms for m in done),
+    )
+
+
+def table(levels: Sequence[Level]) -> str:
+    """Per level: each mode's aggregate and per-request tokens/s, and speculation's gain in both."""
+    from tabulate import tabulate
+
+    by = {(lv.concurrency, lv.mode): lv for lv in levels}
+    body = []
+    for n in sorted({lv.concurrency for lv in levels}):
+        plain, assisted = by.get((n, "plain")), by.get((n, "assisted"))
+        row = [n]
+        for lv in (plain, assisted):
+            row += (
+                [f"{lv.aggregate_tokens_per_s:.2f}", f"{lv.request_tokens_per_s:.2f}"] if lv else ["-", "-"]
+            )
+        gain = (
+            f"{assisted.aggregate_tokens_per_s / plain.aggregate_tokens_per_s:.2f}x"
+            if plain and assisted
+            else "-"
+        )
+        body.append([*row, gain])
+    headers = [
+        "streams",
+        "plain tok/s (all)",
+        "plain tok/s (each)",
+        "assisted tok/s (all)",
+        "assisted tok/s (each)",
+        "speculation's gain (all)",
+    ]
+    return tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def plot(levels: Sequence[Level], title: str) -> bytes:
+    """Aggregate tokens/s against concurrency, plain and assisted (PNG)."""
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for mode, colour in (("plain", "#757575"), ("assisted", "#2e7d32")):
+        mine = sorted((lv for lv in levels if lv.mode == mode), key=lambda lv: lv.concurrency)
+        if mine:
+            xs = [lv.concurrency for lv in mine]
+            ax.plot(
+                xs, [lv.aggregate_tokens_per_s for lv in mine], marker="o", color=colour, label=f"{mode}, all"
+            )
+            ax.plot(
+                xs, [lv.request_tokens_per_s for lv in mine], marker="x", linestyle=":", color=colour,
+                label=f"{mode}, each request",
+            )  # fmt: skip
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("tokens/s")
+    ax.set_xticks(sorted({lv.concurrency for lv in levels}))
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def measure_levels(
+    pair: LoadedPair,
+    prompts: Sequence[Prompt],
+    settings: GenerationSettings,
+    levels: Sequence[int],
+    modes: Sequence[str],
+    *,
+    json_path: str | Path | None,
+    platform: str,
+    max_new_tokens: int | None = None,
+    progress: bool = True,
+) -> list[Level]:
+    """Each level in each mode (``run_level``), every prompt decoded to its whole budget so each
+    level's load is what it says; each request a row (``runner.record``, its level in
+    ``extra["concurrency"]``), written as it finishes."""
+    from tqdm import tqdm
+
+    check_concurrency(pair.engine, levels)
+    budget = max_new_tokens or prompts[0].max_new_tokens
+    ids_of = runner.check_context(pair, prompts, budget)
+    digests = [setup.prompt_digest(ids) for ids in ids_of]
+    run_id = runner.run_id_for(pair, "concurrency", settings, platform, modes)
+    out = []
+    bar = tqdm(
+        total=len(levels) * len(modes) * len(prompts), desc="requests", unit="request", disable=not progress
+    )
+    for n in levels:
+        for mode in modes:
+            s = dataclasses.replace(settings, mode=mode, max_new_tokens=budget, ignore_eos=True).validate()
+
+            def record(
+                index: int, m: Measurement, sent: float, s: GenerationSettings = s, n: int = n
+            ) -> None:
+                runner.record(
+                    json_path, pair, m, s, example=index + 1, task="concurrency", label=prompts[index].label,
+                    platform=platform, run_id=run_id, prompt_sha=digests[index],
+                    extra={"concurrency": n, "sent_s": round(sent, 4)},
+                )  # fmt: skip
+                bar.update(1)
+
+            out.append(run_level(pair, ids_of, s, n, record))
+    bar.close()
+    return out
