@@ -18,7 +18,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from harness.base import backends, files
+from harness.base import backends, categories, files, tasks
 from harness.decoding import engines
 from harness.experiments import bench, forwards, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
@@ -259,7 +259,7 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: Swee
     tokens = sorted({r.new_tokens for r in rows})
     command = (
         f"python assisted_generation.py --model_name {first.model} --task sweep --limit "
-        f"{max(r.prompts for r in results_)} --max_new_tokens {max(tokens)} --sweep "
+        f"{max(r.prompts for r in results_)} --max_new_tokens {max(tokens)}{_sets_flag(rows)} --sweep "
         f'"{";".join(_sweep_spec(c) for c in configs_)}"'
     )
     body = [
@@ -298,6 +298,7 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: Swee
     lines = [f"#### Sweep: {first.model}, {counts}", ""]
     lines += _header(platform, command, _versions(rows), source)
     lines += ["", table, "", "Plain decoding in the same run: " + "; ".join(plain_lines) + ".", ""]
+    lines += category_section(platform, summary)
     if ref is not None:
         exact = [r.assisted_tokens_per_s for r in results_ if r.identical]
         rate = ref["tokens_per_s"]
@@ -310,6 +311,61 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: Swee
             "",
         ]
     return lines
+
+
+def _prompt_set(label: str) -> str | None:
+    """The prompt set a row's prompt came from, by its label's prefix (``tasks.decode_prompts``)."""
+    prefix = label.split("-", 1)[0]
+    return prefix if prefix in tasks.PROMPT_SETS and "-" in label else None
+
+
+def _sets_flag(rows: Sequence[Row]) -> str:
+    """``--prompts`` as the rows' prompts were chosen, or "" for HumanEval's (the sweep's default)."""
+    sets = [_prompt_set(r.prompt_label) for r in rows]
+    if not sets or None in sets:
+        return ""
+    return f" --prompts {','.join(dict.fromkeys(s for s in sets if s))}"
+
+
+def category_section(platform: str, summary: SweepSummary) -> list[str]:
+    """Per task category, each configuration of one sweep against its plain runs: speedup (mean
+    plain time per token over mean assisted) and tokens per verification. Empty unless the sweep
+    ran the category prompt sets."""
+    names = [c.name for c in categories.CATEGORIES]
+    rows = [r for group in summary.chosen.values() for r in group]
+    if not rows or any(_prompt_set(r.prompt_label) not in names for r in rows):
+        return []
+    plain_arms = {arm for arm, group in summary.chosen.items() if group[0].mode == "plain"}
+    plain_of_run = {r.run_id: arm for arm in plain_arms for r in summary.chosen[arm]}
+    found = [c for c in names if any(_prompt_set(r.prompt_label) == c for r in rows)]
+    columns: list[tuple[str, dict[str, str]]] = []
+    for arm in sorted(set(summary.chosen) - plain_arms):
+        assisted = summary.chosen[arm]
+        plain_arm = plain_of_run.get(assisted[0].run_id)
+        if plain_arm is None:
+            continue
+        plain = {r.example: r for r in summary.chosen[plain_arm] if r.run_id == assisted[0].run_id}
+        cells = {}
+        for category in found:
+            both = [(plain[r.example], r) for r in assisted
+                    if r.example in plain and _prompt_set(r.prompt_label) == category]  # fmt: skip
+            if not both:
+                continue
+            speedup = statistics.fmean(p.time_per_token_ms for p, _ in both) / statistics.fmean(
+                a.time_per_token_ms for _, a in both
+            )
+            per_verify = [a.acceptance_length or a.tokens_per_target_forward for _, a in both]
+            cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}"
+        columns.append((_engine(assisted[0]), cells))
+    body = [[c, *(cells.get(c, "-") for _, cells in columns)] for c in found]
+    table = tabulate(body, headers=["category", *(engine for engine, _ in columns)], tablefmt="github")
+    return [
+        f"Per task category (speedup over the same engine's plain decoding / tokens per verification), "
+        f"on {platform}:",
+        "",
+        table,
+        "",
+    ]
 
 
 # --------------------------------------------------------------------------- divergence and HumanEval
