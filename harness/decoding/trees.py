@@ -34,7 +34,7 @@ from harness.base.errors import HarnessError
 from harness.decoding.context import ContextProposer
 from harness.kernels import fused
 from harness.pairs.models import LoadedPair
-from harness.settings.setup import GenerationSettings
+from harness.settings.setup import GenerationSettings, prompt_digest
 from harness.theory.timing import Measurement, record_forwards
 from harness.theory.trees import Path, Tree
 
@@ -207,9 +207,11 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     )
     stops = set(eos if isinstance(eos, list | tuple) else [eos]) - {None}
     # A synthetic verdict (``synthetic_acceptance``): the draft's first choice at each depth accepted
-    # with probability p by a draw seeded per decode, so a rerun repeats its rounds.
+    # with probability p by a draw seeded by the seed and the prompt, so a rerun repeats its rounds
+    # and different prompts draw apart (one sequence for all would correlate a run's prompts).
     synthetic = settings.synthetic_acceptance
-    draw = random.Random(settings.seed).random if synthetic is not None else None
+    seeded = random.Random(f"{settings.seed}-{prompt_digest(prompt)}") if synthetic is not None else None
+    draw = seeded.random if seeded is not None else None
     budget = settings.max_new_tokens
     draft = _Draft(pair.draft, DRAFT_WINDOW if context is not None else None)
     target_cache = DynamicCache()
