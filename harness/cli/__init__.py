@@ -456,6 +456,7 @@ def run_concurrency(
 ) -> int:
     """``--concurrency``: each level in each mode, its table, and its plot."""
     from harness.experiments import concurrency
+    from harness.report import concurrency as concurrency_report
 
     levels = concurrency.measure_levels(
         pair, prompts, decoding, args.concurrency, modes, json_path=args.json, platform=platform,
@@ -468,9 +469,9 @@ def run_concurrency(
         if args.json
         else results.runs_dir() / platform / f"concurrency-{pair.spec.name}-{files.file_name(engine)}.png"
     )
-    files.atomic_write(png, concurrency.plot(levels, title))
+    files.atomic_write(png, concurrency_report.plot(levels, title))
     print(f"\n## {title}\n")
-    print(concurrency.table(levels))
+    print(concurrency_report.table(levels))
     print(f"\nplot: {png}")
     return 0
 

@@ -453,8 +453,13 @@ def _speedup_png(title: str, sections: list[tuple[str, list[Row]]]) -> bytes:
         ax.set_axisbelow(True)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
+    return png_bytes(fig)
+
+
+def png_bytes(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes, with no Software metadata (PNG has no date by default), so
+    an unchanged figure is byte-identical."""
     buf = io.BytesIO()
-    # No Software metadata (PNG has no date by default), so an unchanged figure is byte-identical.
     fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     return buf.getvalue()
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.base.errors import HarnessError
 from harness.experiments.humaneval import summarise
+from harness.report import png_bytes
 
 
 def format_table(summary: Mapping[str, Any], *, per_problem: bool = True, tablefmt: str = "simple") -> str:
@@ -84,7 +85,6 @@ def plot_speedup(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str]
     """Assisted-over-plain speedup per problem (needs total_s or tokens_per_s fields): bars in task
     order, a tick every few tasks so the labels stay readable at 164 problems, and beside them the
     distribution of the speedups."""
-    import io
 
     from matplotlib.figure import Figure
 
@@ -113,9 +113,7 @@ def plot_speedup(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str]
     hist.axhline(1.0, color="black", linewidth=0.8)
     hist.set_xlabel("problems")
     hist.set_title("distribution")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(buf.getvalue())
+    out.write_bytes(png_bytes(fig))
     return out

@@ -21,7 +21,7 @@ from tabulate import tabulate
 from harness.base import backends, categories, files, tasks
 from harness.decoding import engines
 from harness.experiments import bench, forwards, sweep
-from harness.report import chosen_run, compare_rows, disturbed, overall_speedup
+from harness.report import chosen_run, compare_rows, disturbed, overall_speedup, png_bytes
 from harness.report.sweep import cell
 from harness.settings import acceptance, baselines, configs, results, setup
 from harness.settings.results import Row
@@ -631,8 +631,6 @@ def acceptance_section(references: Sequence[acceptance.Reference], source: str) 
 
 def acceptance_png(references: Sequence[acceptance.Reference]) -> bytes:
     """Per-position acceptance of each reference, one line per configuration, floors dotted."""
-    import io
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -656,9 +654,7 @@ def acceptance_png(references: Sequence[acceptance.Reference]) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 # --------------------------------------------------------------------------- the summary
@@ -782,8 +778,6 @@ def summary_section(
 def speeds_png(platform: str, sweeps: Sequence[tuple[str, SweepSummary]]) -> bytes:
     """Absolute tokens/s of every configuration and plain decoder of a machine's sweeps, side by
     side, with llama.cpp's plain decoding measured around a sweep as a reference line."""
-    import io
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -826,9 +820,7 @@ def speeds_png(platform: str, sweeps: Sequence[tuple[str, SweepSummary]]) -> byt
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 # --------------------------------------------------------------------------- the page

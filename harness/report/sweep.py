@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import textwrap
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from tabulate import tabulate
 
 from harness.base import files
 from harness.experiments.sweep import SweepResult
+from harness.report import png_bytes
 
 TABLE_HEADERS = (
     "Config",
@@ -195,9 +195,7 @@ def plot_sweep(result: SweepResult, path: str | Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     ax.legend(fontsize=8, loc="lower right")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    files.atomic_write(path, buf.getvalue())
+    files.atomic_write(path, png_bytes(fig))
     return path
 
 
