@@ -251,3 +251,19 @@ def test_the_page_shows_acceptance_per_engine_and_position_with_its_chart(tmp_pa
     out = tmp_path / "out"
     page.write_results_page(RESULTS, out=out)
     assert (out / page.ACCEPTANCE_PNG).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_page_shows_a_serving_engine_under_concurrent_streams(tmp_path):
+    """The committed concurrency rows: per level, plain and speculative tokens/s (all streams and
+    each request) and speculation's gain, the command that measures them, and their plot."""
+    text = page.results_page(RESULTS)
+    heading = "#### Concurrent streams: qwen2.5-coder-1.5b on llama.cpp"
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert "--engine llama.cpp --concurrency 1,2,4 --compare" in section
+    levels = [line for line in section.splitlines() if re.match(r"\| [0-9]+ ", line)]
+    assert [line.split("|")[1].strip() for line in levels] == ["1", "2", "4"]
+    assert all(line.rstrip(" |").endswith("x") for line in levels)
+    out = tmp_path / "out"
+    page.write_results_page(RESULTS, out=out)
+    png = out / "amd-epyc-2c-avx512" / "concurrency-qwen2.5-coder-1.5b-llama.cpp-amd-epyc-2c-avx512.png"
+    assert png.read_bytes().startswith(b"\x89PNG")

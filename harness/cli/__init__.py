@@ -463,7 +463,7 @@ def run_concurrency(
         max_new_tokens=args.max_new_tokens, progress=not args.no_progress,
     )  # fmt: skip
     engine = pair.engine.name if pair.engine is not None else engines.BUILT_IN
-    title = f"{pair.spec.name} on {engine}, {platform}: tokens/s against concurrent streams"
+    title = concurrency_report.title(pair.spec.name, engine, platform)
     png = (
         Path(args.json).with_suffix(".png")
         if args.json

@@ -27,6 +27,7 @@ from harness.base.tasks import Prompt
 from harness.experiments import runner
 from harness.pairs.models import LoadedPair
 from harness.settings import setup
+from harness.settings.results import Row
 from harness.settings.setup import GenerationSettings
 from harness.theory.timing import Measurement
 
@@ -168,4 +169,20 @@ def measure_levels(
 
             out.append(run_level(pair, ids_of, s, n, record))
     bar.close()
+    return out
+
+
+def levels_of_rows(rows: Sequence[Row]) -> list[Level]:
+    """The levels a run's rows (``measure_levels``) hold: each level's wall time from when its
+    requests were sent and how long each took."""
+    groups: dict[tuple[int, str], list[Row]] = {}
+    for row in rows:
+        level = (row.extra or {}).get("concurrency")
+        if level is not None:
+            groups.setdefault((int(level), row.mode), []).append(row)
+    out = []
+    for (n, mode), group in sorted(groups.items()):
+        wall = max(float(r.extra.get("sent_s", 0.0)) + r.total_s for r in group)
+        tokens = sum(r.new_tokens for r in group)
+        out.append(Level(n, mode, len(group), tokens, wall, tuple(r.time_per_token_ms for r in group)))
     return out

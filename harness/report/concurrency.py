@@ -8,6 +8,10 @@ from harness.experiments.concurrency import Level
 from harness.report import png_bytes
 
 
+def title(model: str, engine: str, platform: str) -> str:
+    return f"{model} on {engine}, {platform}: tokens/s against concurrent streams"
+
+
 def table(levels: Sequence[Level]) -> str:
     """Per level: each mode's aggregate and per-request tokens/s, and speculation's gain in both."""
     from tabulate import tabulate

@@ -20,8 +20,9 @@ from tabulate import tabulate
 
 from harness.base import backends, categories, files, tasks
 from harness.decoding import engines
-from harness.experiments import bench, forwards, sweep
+from harness.experiments import bench, concurrency, forwards, sweep
 from harness.report import chosen_run, compare_rows, disturbed, overall_speedup, png_bytes
+from harness.report import concurrency as concurrency_report
 from harness.report.sweep import cell
 from harness.settings import acceptance, baselines, configs, results, setup
 from harness.settings.results import Row
@@ -366,6 +367,32 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
         table,
         "",
     ]
+
+
+def concurrency_png_name(source: Path) -> str:
+    return f"concurrency-{source.stem}.png"
+
+
+def concurrency_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
+    """A serving engine under concurrent streams (``--concurrency``): each level's aggregate and
+    per-request tokens/s, plain and speculative, and its plot."""
+    levels = concurrency.levels_of_rows(rows)
+    if not levels:
+        return []
+    first = rows[0]
+    engine = _engine(first)
+    streams = ",".join(str(n) for n in sorted({lv.concurrency for lv in levels}))
+    prompts = max(lv.requests for lv in levels)
+    command = (
+        f"python assisted_generation.py --model_name {first.model} --engine {engine} --concurrency {streams} "
+        f"--compare --limit {prompts} --max_new_tokens {max(r.new_tokens for r in rows)}{_sets_flag(rows)}"
+    )
+    lines = [f"#### Concurrent streams: {first.model} on {engine}", ""]
+    lines += _header(platform, command, _versions(rows), source)
+    lines += ["", concurrency_report.table(levels), ""]
+    lines += [f"![Tokens/s against concurrent streams](./{files.file_name(platform)}/"
+              f"{concurrency_png_name(Path(source))})", ""]  # fmt: skip
+    return lines
 
 
 # --------------------------------------------------------------------------- divergence and HumanEval
@@ -872,6 +899,12 @@ def _page(
         if summary is not None:
             sweeps[platform].append((_rel(path, root), summary))
             sections[platform] += sweep_section(platform, rows, _rel(path, root), summary)
+    for path in sorted(results_dir.glob("rows/concurrency/*.jsonl")):
+        rows = results.read_rows(path)
+        if rows:
+            platform = rows[0].platform or "unknown"
+            newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
+            sections[platform] += concurrency_section(platform, rows, _rel(path, root))
     humaneval_files: dict[str, list[tuple[str, list[dict[str, Any]]]]] = defaultdict(list)
     for path in sorted(results_dir.glob("*/humaneval/*.jsonl")):
         humaneval_files[path.parent.parent.name].append((_rel(path, root), results.read_records(path)))
@@ -923,6 +956,14 @@ def write_results_page(results_dir: Path, baselines_dir: Path | None = None, out
     text, sweeps = _page(Path(results_dir), baselines_dir)
     for platform, found in sweeps.items():
         files.atomic_write(out / files.file_name(platform) / SPEEDS_PNG, speeds_png(platform, found))
+    for source in sorted(Path(results_dir).glob("rows/concurrency/*.jsonl")):
+        rows = results.read_rows(source)
+        levels = concurrency.levels_of_rows(rows)
+        if levels:
+            platform = rows[0].platform or "unknown"
+            title = concurrency_report.title(rows[0].model, _engine(rows[0]), platform)
+            png = out / files.file_name(platform) / concurrency_png_name(source)
+            files.atomic_write(png, concurrency_report.plot(levels, title))
     root = Path(results_dir).parent
     references = acceptance.load_all(root / "baselines" if baselines_dir is None else Path(baselines_dir))
     if references:
