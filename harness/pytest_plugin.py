@@ -27,9 +27,10 @@ import pytest
 import torch
 
 from harness import suite
-from harness.base import backends, devices, platforms
+from harness.base import backends, devices, platforms, tasks
 from harness.base.errors import HarnessError
 from harness.decoding import engines
+from harness.experiments import acceptance as acceptance_tier
 from harness.experiments import equivalence
 from harness.pairs import models
 from harness.settings import baselines, precision, results
@@ -71,6 +72,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=1,
         help="prompts per real-weights case (CI keeps this short; raise it for a full run)",
+    )
+    group.addoption(
+        "--prompts",
+        default=None,
+        metavar="SET[,SET]",
+        help="the prompt sets the real tiers decode, taken in turn (general, code, mixed or a task category; "
+        "see python assisted_generation.py --list-prompts); default: the mixed prompts, then HumanEval's",
     )
     group.addoption(
         "--acceptance-prompts",
@@ -258,6 +266,15 @@ def session_of(config: pytest.Config) -> suite.SuiteSession:
 def _check_options(config: pytest.Config) -> None:
     """Option values that would make a run test less than it says, refused before collection."""
     problems = []
+    sets = config.getoption("--prompts")
+    if sets:
+        names = [n.strip() for n in sets.split(",") if n.strip()]
+        unknown = [n for n in names if n not in tasks.PROMPT_SETS]
+        if unknown or not names:
+            problems.append(
+                f"--prompts {sets!r}: unknown prompt set {', '.join(unknown) or sets!r}; use "
+                f"{', '.join(tasks.PROMPT_SETS)}, several joined by commas"
+            )
     for option in ("--real-prompts", "--humaneval-limit", "--acceptance-prompts"):
         value = config.getoption(option)
         if value < 1:
@@ -663,6 +680,17 @@ def platform_name(pytestconfig: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def real_prompts(pytestconfig: pytest.Config) -> int:
     return pytestconfig.getoption("--real-prompts")
+
+
+@pytest.fixture(scope="session")
+def tier_prompts(pytestconfig: pytest.Config) -> list[tasks.Prompt]:
+    """What a real tier decodes: the first ``--real-prompts`` of ``--prompts`` (prompt sets, taken in
+    turn), by default the mixed prompts then HumanEval's (``--real-prompts 186`` covers them all)."""
+    n = pytestconfig.getoption("--real-prompts")
+    sets = pytestconfig.getoption("--prompts")
+    if sets:
+        return tasks.prompts_of(sets, acceptance_tier.TIER_NEW_TOKENS)[:n]
+    return acceptance_tier.tier_prompts(n)
 
 
 # ------------------------------------------------------------ timed benchmarks (harness.experiments.bench)

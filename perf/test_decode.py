@@ -25,7 +25,7 @@ from harness.base.backends import OrtSettings
 from harness.base.errors import UnsupportedError
 from harness.decoding import engines, strategies
 from harness.decoding.generation import generate, generation_config
-from harness.experiments import bench, equivalence, humaneval
+from harness.experiments import bench, equivalence
 from harness.pairs.models import LoadedPair, get_pair, load_ort_target
 from harness.settings import setup
 from harness.settings.setup import Draft, GenerationSettings, Target
@@ -88,11 +88,11 @@ def test_greedy_equivalence(pairs, equality, pair_name, target_backend, strategy
     ],
 )
 def test_greedy_equivalence_real(
-    pairs, equality, pair_name, target_backend, real_prompts, strategy, k, schedule, eos
+    pairs, equality, pair_name, target_backend, tier_prompts, strategy, k, schedule, eos
 ):
     pair = pairs.get(pair_name, target_backend=target_backend)
     s = strategies.get(strategy).settings(k, schedule, REAL_NEW_TOKENS)
-    cases = [equality.case(pair, p.text, strategy, s, eos_inside=eos) for p in PROMPTS[:real_prompts]]
+    cases = [equality.case(pair, p.text, strategy, s, eos_inside=eos) for p in tier_prompts]
     assert equivalence.acceptance_problems(cases, strategy, eos=eos) == []
 
 
@@ -408,10 +408,10 @@ def test_precision_tier_onnxruntime(pairs, equality, divergence_table, pair_name
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.backends("onnxruntime")
 def test_precision_tier_real_onnxruntime(
-    pairs, equality, divergence_table, pair_name, target_backend, real_prompts
+    pairs, equality, divergence_table, pair_name, target_backend, tier_prompts
 ):
     pair = pairs.get(pair_name, target_backend=target_backend)
-    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+    _tier_check(pair, tier_prompts, REAL_NEW_TOKENS, divergence_table, equality)
 
 
 # The tiny pair the engine axis runs its tiny tiers on: the offline pair's family.
@@ -419,7 +419,7 @@ ENGINE_TINY = ("tiny-qwen2",)
 
 
 @pytest.mark.pairs(tiny=ENGINE_TINY)
-def test_engine_tier(pairs, equality, divergence_table, pair_name, engine, real_prompts):
+def test_engine_tier(pairs, equality, divergence_table, pair_name, engine, tier_prompts):
     """An engine's own speculative decoding (its own draft) as a tier: every output the plain one, or
     its first flip a near tie by the engine's own plain judgement (``--real-prompts 186`` covers
     every prompt on a real pair)."""
@@ -427,52 +427,43 @@ def test_engine_tier(pairs, equality, divergence_table, pair_name, engine, real_
     if pair.spec.target.is_tiny:
         _tier_check(pair, PROMPTS[:4], TINY_NEW_TOKENS, divergence_table, equality, 64)
     else:
-        _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+        _tier_check(pair, tier_prompts, REAL_NEW_TOKENS, divergence_table, equality)
 
 
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.engines(mode="prompt_lookup")
-def test_engine_prompt_lookup_real(pairs, equality, pair_name, engine, real_prompts):
+def test_engine_prompt_lookup_real(pairs, equality, pair_name, engine, tier_prompts):
     """An engine's n-gram speculation (the suite's prompt lookup) leaves its output unchanged, or
     flips only near ties, on a prompt that repeats itself (so the lookup proposes, and is checked)."""
     pair = pairs.get(pair_name, engine=engine, with_draft=False)
     s = strategies.get("prompt_lookup").settings(5, "constant", REAL_NEW_TOKENS)
-    cases = [equality.case(pair, p.text, "prompt_lookup", s) for p in PROMPTS[:real_prompts]]
+    cases = [equality.case(pair, p.text, "prompt_lookup", s) for p in tier_prompts]
     assert equivalence.acceptance_problems(cases, "prompt_lookup") == []
-
-
-def real_tier_prompts(n: int) -> list[tasks.Prompt]:
-    """The first ``n`` of: the decode and code prompts (alternating), then the HumanEval prompts
-    (raw completions), so ``--real-prompts 186`` covers every prompt the suites use."""
-    prompts = list(PROMPTS)
-    if n > len(prompts):
-        prompts += humaneval.prompts(n - len(prompts), REAL_NEW_TOKENS)
-    return prompts[:n]
 
 
 @pytest.mark.pairs(tiny=False)
 @pytest.mark.parametrize("target_precision,kernels", TIERS)
 def test_precision_tier_real(
-    pairs, equality, divergence_table, pair_name, real_prompts, target_precision, kernels
+    pairs, equality, divergence_table, pair_name, tier_prompts, target_precision, kernels
 ):
     pair = pairs.get(pair_name, target_precision=target_precision, target_kernels=kernels)
-    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+    _tier_check(pair, tier_prompts, REAL_NEW_TOKENS, divergence_table, equality)
 
 
 @pytest.mark.pairs(tiny=False)
-def test_precision_tier_real_tree(pairs, equality, divergence_table, pair_name, real_prompts):
+def test_precision_tier_real_tree(pairs, equality, divergence_table, pair_name, tier_prompts):
     """The registered pair with the tree case's token tree (``bench.REAL_TREE``) in the harness's
     own loop: every prompt token-exact (each verified row is the one-token step on its path)."""
     pairs.require_weights(pair_name)
     pair = pairs.get(pair_name)
     if not setup.invariant_pair(pair.target_setup, pair.draft_setup):
         pytest.skip(f"{pair_name} is not registered on the batch-invariant kernels, which a tree needs")
-    prompts = real_tier_prompts(real_prompts)
+    prompts = tier_prompts
     _tier_check(pair, prompts, REAL_NEW_TOKENS, divergence_table, equality, tree=bench.REAL_TREE)
 
 
 @pytest.mark.pairs(tiny=False)
-def test_precision_tier_real_gguf(pairs, equality, divergence_table, pair_name, real_prompts):
+def test_precision_tier_real_gguf(pairs, equality, divergence_table, pair_name, tier_prompts):
     """The target on its GGUF file's own blocks (``gguf``): batch-invariant kernels, so every
     prompt must be token-exact."""
     pairs.require_weights(pair_name)
@@ -482,4 +473,4 @@ def test_precision_tier_real_gguf(pairs, equality, divergence_table, pair_name, 
         if "has none" not in str(exc):
             raise
         pytest.skip(f"{pair_name} has no GGUF file here, which the gguf precision reads")
-    _tier_check(pair, real_tier_prompts(real_prompts), REAL_NEW_TOKENS, divergence_table, equality)
+    _tier_check(pair, tier_prompts, REAL_NEW_TOKENS, divergence_table, equality)

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
         (["--weights_dir", "/nonexistent"], "--weights_dir /nonexistent is not a folder"),
         (["--target-device", "tpu"], "--target-device: Unknown device 'tpu'"),
         (["--draft-device", "gpu"], "--draft-device: Unknown device 'gpu'"),
+        (["--prompts", "chat,poems"], "--prompts 'chat,poems': unknown prompt set 'poems'"),
+        (["--acceptance-prompts", "0"], "--acceptance-prompts must be at least 1"),
     ],
 )
 def test_bad_option_is_a_usage_error(option, expected):

@@ -148,3 +148,20 @@ def test_a_broken_plug_in_engine_is_said_once_and_the_others_run(tmp_path):
         cwd=root, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert named.returncode == 4 and "failed to import" in named.stderr and "Traceback" not in named.stderr
+
+
+def test_the_real_tiers_decode_the_prompt_sets_named(tmp_path):
+    """The ``tier_prompts`` fixture: the first ``--real-prompts`` of the sets ``--prompts`` names, in
+    turn; by default the mixed prompts, then HumanEval's."""
+    (tmp_path / "test_sets.py").write_text(
+        "def test_sets(tier_prompts):\n    print('LABELS', ' '.join(p.label for p in tier_prompts))\n"
+    )
+    chosen = _pytest(tmp_path, "-q", "-s", "--prompts", "summarization,rag", "--real-prompts", "3")
+    assert chosen.returncode == 0, chosen.stdout + chosen.stderr
+    assert "LABELS summarization-reef rag-return-policy summarization-library" in chosen.stdout
+    default = _pytest(tmp_path, "-q", "-s", "--real-prompts", "24")
+    labels = default.stdout.split("LABELS ", 1)[1].split()[:24]
+    assert labels[:2] == ["general-capital", "code-merge_intervals"] and labels[22:] == [
+        "HumanEval/0",
+        "HumanEval/1",
+    ]

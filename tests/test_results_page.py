@@ -267,3 +267,18 @@ def test_the_page_shows_a_serving_engine_under_concurrent_streams(tmp_path):
     page.write_results_page(RESULTS, out=out)
     png = out / "amd-epyc-2c-avx512" / "concurrency-qwen2.5-coder-1.5b-llama.cpp-amd-epyc-2c-avx512.png"
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_page_shows_speedup_and_acceptance_against_context_length(tmp_path):
+    """The committed long-context rows: per context length, each engine's speedup over its own plain
+    decoding and tokens per verification, the commands, and the plot."""
+    text = page.results_page(RESULTS)
+    section = text.split("#### Context length: qwen2.5-coder-1.5b", 1)[1].split("\n#### ", 1)[0]
+    assert "--context-tokens 1024,2048,4096 --compare" in section and "--engine llama.cpp" in section
+    lengths = [line.split("|")[1].strip() for line in section.splitlines() if re.match(r"\| [0-9]+ ", line)]
+    assert lengths == ["1024", "2048", "4096"]
+    header = next(line for line in section.splitlines() if line.startswith("| context tokens"))
+    assert "transformers" in header and "llama.cpp" in header
+    out = tmp_path / "out"
+    page.write_results_page(RESULTS, out=out)
+    assert (out / "amd-epyc-2c-avx512" / page.CONTEXT_PNG).read_bytes().startswith(b"\x89PNG")

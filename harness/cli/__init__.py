@@ -44,8 +44,13 @@ def _prompts(
     if from_file is not None:
         prompts = from_file
     elif args.context_tokens is not None:
+        # --limit prompts at each length (default 3), the lengths in turn.
         budget = args.max_new_tokens or tasks.LONG_CONTEXT_NEW_TOKENS
-        prompts = tasks.long_context_prompts(pair.tokenizer, args.context_tokens, args.limit or 3, budget)
+        return [
+            p
+            for n in args.context_tokens
+            for p in tasks.long_context_prompts(pair.tokenizer, n, args.limit or 3, budget)
+        ]
     elif args.task == "decode":
         # A registered pair's kind chooses; a pair of the user's own files gets both kinds, never a
         # guess from a folder name.
@@ -94,8 +99,8 @@ def _check_flags(args: argparse.Namespace) -> None:
 
         concurrency.check_concurrency(engines.engine_class(args.engine), args.concurrency)
     if args.context_tokens is not None:
-        if args.context_tokens < 64:
-            raise HarnessError(f"--context-tokens must be at least 64 (got {args.context_tokens})")
+        if min(args.context_tokens) < 64:
+            raise HarnessError(f"--context-tokens must be at least 64 (got {min(args.context_tokens)})")
         if args.task != "decode" or args.prompts is not None:
             raise HarnessError(
                 "--context-tokens builds the decode task's prompts: use it with --task decode and without "
@@ -488,7 +493,7 @@ def reproduce(args: argparse.Namespace, row: results.Row, defaults: dict) -> str
         if value is not None:
             words += [f"--{flag}", str(value)]
     if args.context_tokens is not None:
-        words += ["--context-tokens", str(args.context_tokens)]
+        words += ["--context-tokens", ",".join(str(n) for n in args.context_tokens)]
     if args.task == "benchmark":
         words += ["--prompt_lengths", ",".join(map(str, args.prompt_lengths))]
         words += ["--new_tokens", ",".join(map(str, args.new_tokens))]

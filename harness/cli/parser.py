@@ -415,11 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
         g,
         "--context-tokens",
         dest="context_tokens",
-        type=int,
-        metavar="N",
+        type=_int_list,
+        metavar="N[,N]",
         help="the decode task on long contexts: prompts of exactly N tokens, each the standard library's "
         "sources (a different module each) followed by a task on them (summarize, answer, edit), "
-        "--limit of them (default 3)",
+        "--limit of them at each length (default 3)",
     )
     _add(
         g,

@@ -443,7 +443,8 @@ class LlamaCppEngine(Engine):
     default_k: ClassVar[int | None] = 3  # llama.cpp's own default draft length
     # Its judge replays the prefix as one prompt: a batched prefill, not plain decoding's steps.
     exact_judge: ClassVar[bool] = False
-    # The server books a speculative round whole: no draft time apart, no per-round acceptance.
+    # The server books a speculative round whole: no draft time apart (its acceptance per position
+    # comes from its counters, ``metrics``).
     unbooked: ClassVar[frozenset[str]] = DRAFT_SPLIT_FIELDS
     humaneval_problems: ClassVar[int] = 20
     options: ClassVar[tuple[str, ...]] = ("llama_server",)

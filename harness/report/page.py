@@ -369,6 +369,89 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
     ]
 
 
+CONTEXT_PNG = "context-length.png"
+
+
+def _context_points(rows: Sequence[Row]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per engine, per context length: (speedup over its plain decoding of the same prompts, tokens
+    per verification), from each run's plain and assisted rows of one prompt."""
+    runs: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        runs[row.run_id].append(row)
+    points: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for group in runs.values():
+        plain = {r.example: r for r in group if r.mode == "plain"}
+        assisted = [r for r in group if r.mode == "assisted" and r.example in plain]
+        for n in sorted({r.prompt_tokens for r in assisted}):
+            both = [(plain[r.example], r) for r in assisted if r.prompt_tokens == n]
+            speedup = statistics.fmean(p.time_per_token_ms for p, _ in both) / statistics.fmean(
+                a.time_per_token_ms for _, a in both
+            )
+            per_verify = statistics.fmean(a.acceptance_length or a.tokens_per_target_forward for _, a in both)
+            points[_engine(both[0][1])][n] = (speedup, per_verify)
+    return points
+
+
+def context_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
+    """Speedup and acceptance against context length (``--context-tokens``), per engine."""
+    points = _context_points(rows)
+    if not points:
+        return []
+    lengths = sorted({n for by_length in points.values() for n in by_length})
+    body = [
+        [n, *(f"{by[n][0]:.2f}x / {by[n][1]:.2f}" if n in by else "-" for by in points.values())]
+        for n in lengths
+    ]
+    table = tabulate(body, headers=["context tokens", *points], tablefmt="github")
+    first = rows[0]
+    mine = [r for r in rows if r.mode == "plain" and r.run_id == first.run_id]
+    limit = max(sum(1 for r in mine if r.prompt_tokens == n) for n in lengths)
+    commands = "; ".join(
+        f"`python assisted_generation.py --model_name {first.model}"
+        + (f" --engine {engine}" if engine != "transformers" else "")
+        + f" --context-tokens {','.join(str(n) for n in lengths)} --compare --limit {limit}"
+        f" --max_new_tokens {max(r.new_tokens for r in rows)} --json {source}`"
+        for engine in points
+    )
+    return [
+        f"#### Context length: {first.model}, speedup over plain decoding / tokens per verification",
+        "",
+        f"- machine: `{platform}`",
+        f"- versions: {_versions(rows)}",
+        f"- commands: {commands}",
+        f"- rows: `{source}`",
+        "",
+        table,
+        "",
+        f"![Speedup and acceptance against context length](./{files.file_name(platform)}/{CONTEXT_PNG})",
+        "",
+    ]
+
+
+def context_png(platform: str, rows: Sequence[Row]) -> bytes:
+    """Speedup (left) and tokens per verification (right) against context length, one line per engine."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    speed, accept = fig.subplots(1, 2)
+    for engine, by_length in _context_points(rows).items():
+        lengths = sorted(by_length)
+        speed.plot(lengths, [by_length[n][0] for n in lengths], marker="o", label=engine)
+        accept.plot(lengths, [by_length[n][1] for n in lengths], marker="o", label=engine)
+    speed.axhline(1.0, color="black", linewidth=0.8)
+    for ax, label in ((speed, "speedup over plain decoding"), (accept, "tokens per verification")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context tokens")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Against context length, on {platform}", fontsize=10)
+    fig.tight_layout()
+    return png_bytes(fig)
+
+
 def concurrency_png_name(source: Path) -> str:
     return f"concurrency-{source.stem}.png"
 
@@ -899,6 +982,12 @@ def _page(
         if summary is not None:
             sweeps[platform].append((_rel(path, root), summary))
             sections[platform] += sweep_section(platform, rows, _rel(path, root), summary)
+    for path in sorted(results_dir.glob("rows/context/*.jsonl")):
+        rows = results.read_rows(path)
+        if rows:
+            platform = rows[0].platform or "unknown"
+            newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
+            sections[platform] += context_section(platform, rows, _rel(path, root))
     for path in sorted(results_dir.glob("rows/concurrency/*.jsonl")):
         rows = results.read_rows(path)
         if rows:
@@ -956,6 +1045,11 @@ def write_results_page(results_dir: Path, baselines_dir: Path | None = None, out
     text, sweeps = _page(Path(results_dir), baselines_dir)
     for platform, found in sweeps.items():
         files.atomic_write(out / files.file_name(platform) / SPEEDS_PNG, speeds_png(platform, found))
+    for source in sorted(Path(results_dir).glob("rows/context/*.jsonl")):
+        rows = results.read_rows(source)
+        if rows:
+            platform = rows[0].platform or "unknown"
+            files.atomic_write(out / files.file_name(platform) / CONTEXT_PNG, context_png(platform, rows))
     for source in sorted(Path(results_dir).glob("rows/concurrency/*.jsonl")):
         rows = results.read_rows(source)
         levels = concurrency.levels_of_rows(rows)
