@@ -441,8 +441,10 @@ def context_png(platform: str, rows: Sequence[Row]) -> bytes:
         speed.plot(lengths, [by_length[n][0] for n in lengths], marker="o", label=engine)
         accept.plot(lengths, [by_length[n][1] for n in lengths], marker="o", label=engine)
     speed.axhline(1.0, color="black", linewidth=0.8)
+    lengths = sorted({n for by_length in _context_points(rows).values() for n in by_length})
     for ax, label in ((speed, "speedup over plain decoding"), (accept, "tokens per verification")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.set_xlabel("context tokens")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
