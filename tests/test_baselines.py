@@ -426,7 +426,7 @@ def test_the_case_fields_are_run_setting_columns():
     # context do.
     identity = {f.column for f in setup.FIELDS if f.identity}
     assert set(baselines.CASE_COLUMNS) <= identity
-    assert identity - set(baselines.CASE_COLUMNS) == {"context_draft"}
+    assert identity - set(baselines.CASE_COLUMNS) == {"context_draft", "synthetic_acceptance"}
     from harness.pairs import models
 
     run = setup.resolve(

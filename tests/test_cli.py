@@ -236,7 +236,7 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--context-tokens", "512", "--prompts", "rag"], "--context-tokens builds the decode task's"),
         (["--context-tokens", "512", "--task", "benchmark"], "--context-tokens builds the decode task's"),
         (["--prompts", "chat,poems"], "unknown prompt set 'poems'"),
-        (["--concurrency", "0", "--engine", "llama.cpp"], "--concurrency must be at least 1"),
+        (["--concurrency", "0", "--engine", "llama.cpp"], "--concurrency: 0 in '0' must be positive"),
         (["--concurrency", "2"], "--engine transformers decodes one request at a time"),
         (
             ["--concurrency", "9", "--engine", "llama.cpp"],

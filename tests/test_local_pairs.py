@@ -143,7 +143,7 @@ def test_folders_with_generic_names_are_named_by_their_parents(tmp_path):
 
 def test_a_pair_of_your_own_files_decodes_both_prompt_kinds_unless_told(tmp_path, capsys):
     """No prompt set is guessed from a folder's name: your own pair decodes the mixed set, and
-    ``--prompts general|code|mixed|FILE`` chooses."""
+    ``--prompts SET[,SET]|FILE`` chooses."""
     from harness import cli
     from harness.weights import tiny
 
@@ -154,7 +154,7 @@ def test_a_pair_of_your_own_files_decodes_both_prompt_kinds_unless_told(tmp_path
             "--max_new_tokens", "4", "--no_progress"]  # fmt: skip
     assert cli.main(argv) == 0
     err = capsys.readouterr().err
-    assert "the mixed prompt set" in err and "--prompts general|code|mixed|FILE chooses" in err
+    assert "the mixed prompt set" in err and "--prompts SET[,SET]|FILE chooses (--list-prompts" in err
     assert cli.main([*argv, "--prompts", "code"]) == 0
     assert "prompt set" not in capsys.readouterr().err  # chosen: nothing to say
 

@@ -64,7 +64,7 @@ def _prompts(
                 if own
                 else "the pair's kind"
             )
-            + f"); --prompts {'|'.join(tasks.PROMPT_SETS)}|FILE chooses",
+            + "); --prompts SET[,SET]|FILE chooses (--list-prompts lists the sets)",
             file=sys.stderr,
         )
     elif args.task == "benchmark":
