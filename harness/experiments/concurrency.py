@@ -57,6 +57,14 @@ class Level:
         return 1000.0 / statistics.fmean(timed) if timed else math.nan
 
 
+def _serving_engines() -> str:
+    """The registered engines that serve several requests at once, as ``--engine`` spells them."""
+    from harness.decoding import engines
+
+    names = [n for n in engines.names() if engines.engine_class(n).max_concurrency > 1]
+    return " or ".join(f"--engine {n}" for n in names) or "an engine with slots of its own"
+
+
 def check_concurrency(engine: object, levels: Sequence[int]) -> None:
     """Each level at least 1 and within what the engine serves at once (``max_concurrency``)."""
     most = int(getattr(engine, "max_concurrency", 1))
@@ -67,7 +75,7 @@ def check_concurrency(engine: object, levels: Sequence[int]) -> None:
         if most == 1 and n > 1:
             raise HarnessError(
                 f"--concurrency {n}: --engine {name} decodes one request at a time; concurrent streams go "
-                "to a serving engine (--engine llama.cpp, or --engine served with a deployment's endpoints)"
+                f"to a serving engine ({_serving_engines()})"
             )
         if n > most:
             raise HarnessError(f"--concurrency {n}: --engine {name} serves at most {most} requests at once")
@@ -90,9 +98,7 @@ def run_level(
     from harness.decoding.generation import generate
 
     if pair.engine is None:
-        raise HarnessError(
-            "concurrent requests need an engine that serves them (--engine llama.cpp or served)"
-        )
+        raise HarnessError(f"concurrent requests need an engine that serves them ({_serving_engines()})")
     check_concurrency(pair.engine, [concurrency])
     pair.engine.serve_concurrently(concurrency)
     generate(pair, list(prompts[0]), settings)

@@ -984,18 +984,13 @@ def _page(
         if summary is not None:
             sweeps[platform].append((_rel(path, root), summary))
             sections[platform] += sweep_section(platform, rows, _rel(path, root), summary)
-    for path in sorted(results_dir.glob("rows/context/*.jsonl")):
-        rows = results.read_rows(path)
-        if rows:
-            platform = rows[0].platform or "unknown"
-            newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
-            sections[platform] += context_section(platform, rows, _rel(path, root))
-    for path in sorted(results_dir.glob("rows/concurrency/*.jsonl")):
-        rows = results.read_rows(path)
-        if rows:
-            platform = rows[0].platform or "unknown"
-            newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
-            sections[platform] += concurrency_section(platform, rows, _rel(path, root))
+    for folder, section in (("context", context_section), ("concurrency", concurrency_section)):
+        for path in sorted(results_dir.glob(f"rows/{folder}/*.jsonl")):
+            rows = results.read_rows(path)
+            if rows:
+                platform = rows[0].platform or "unknown"
+                newest[platform] = max([newest[platform], *(r.timestamp or "" for r in rows)])
+                sections[platform] += section(platform, rows, _rel(path, root))
     humaneval_files: dict[str, list[tuple[str, list[dict[str, Any]]]]] = defaultdict(list)
     for path in sorted(results_dir.glob("*/humaneval/*.jsonl")):
         humaneval_files[path.parent.parent.name].append((_rel(path, root), results.read_records(path)))
