@@ -112,3 +112,22 @@ def test_the_llama_cpp_reference_is_a_line_of_the_table():
     cost = forwards.reference_cost("target", ref)
     assert (cost.m, cost.ms, cost.bytes_read) == (1, 25.0, None)
     assert "| llama.cpp" in forwards.table([cost], 30.0)
+
+
+def test_several_cache_lengths_are_timed_in_turn(tmp_path, capsys):
+    """``--cache_tokens 8,40``: every (precision, kernels, M) at each length, a row each with its
+    length, and the table gains a column for it."""
+    from harness.settings import results
+
+    rows_file = tmp_path / "forwards.jsonl"
+    argv = ["--model_name", "tiny-qwen2", "--precisions", "fp32", "--kernels", "stock", "--m", "1,2"]
+    argv += ["--cache_tokens", "8,40", "--repetitions", "1", "--json", str(rows_file)]
+    assert forwards.main(argv) == 0
+    records = results.read_records(rows_file)
+    assert [(r["cache_tokens"], r["m"]) for r in records] == [(8, 1), (8, 2), (40, 1), (40, 2)]
+    printed = capsys.readouterr().out
+    assert "onto a 8, 40-token cache" in printed
+    header, _, *lines = forwards.table([forwards.ForwardCost.from_record(r) for r in records]).splitlines()
+    assert "cache" in header and [line.split("|")[4].strip() for line in lines] == ["8", "40"]
+    # One length: no column (the table reads as it did).
+    assert "cache" not in forwards.table([forwards.ForwardCost.from_record(records[0])]).splitlines()[0]

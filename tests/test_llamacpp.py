@@ -77,14 +77,17 @@ def test_measure_runs_the_binary_and_reads_its_json(tmp_path):
     script.write_text(
         "#!/bin/sh\n"
         'if [ "$1" = --version ]; then echo "version: 1 (stand-in)" >&2; exit 0; fi\n'
-        'case "$*" in *"-p 0 -n 16 -t 2 -r 2 -o json"*) ;; *) echo "bad args: $*" >&2; exit 3;; esac\n'
+        'case "$*" in *"-p 0 -n 16 -t 2 -r 2 -o json"*|*"-p 0 -n 16 -t 2 -d 512 -r 2 -o json"*) ;;\n'
+        '  *) echo "bad args: $*" >&2; exit 3;; esac\n'
         f"echo '{json.dumps(ROWS)}'\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    ref = llamacpp.measure(
-        llama_build.given("llama-bench", script), tmp_path / "m.gguf", threads=2, new_tokens=16, repetitions=2
-    )
+    binary = llama_build.given("llama-bench", script)
+    ref = llamacpp.measure(binary, tmp_path / "m.gguf", threads=2, new_tokens=16, repetitions=2)
     assert ref.tokens_per_s == 34.1
+    # Onto a cache that already holds 512 tokens: llama-bench's -d.
+    deep = llamacpp.measure(binary, tmp_path / "m.gguf", threads=2, new_tokens=16, repetitions=2, depth=512)
+    assert deep.tokens_per_s == 34.1
     with pytest.raises(HarnessError, match="exit 3"):
         llamacpp.measure(script, tmp_path / "m.gguf", threads=1, new_tokens=16, repetitions=2)
 

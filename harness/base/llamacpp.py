@@ -46,7 +46,7 @@ def absent_note() -> str:
 
 
 def reference(
-    binary: Path | None, gguf: Path | None, model: str, *, threads: int, new_tokens: int = 64
+    binary: Path | None, gguf: Path | None, model: str, *, threads: int, new_tokens: int = 64, depth: int = 0
 ) -> tuple[Reference | None, str]:
     """llama.cpp's plain decoding of ``gguf`` measured now and a line saying it, or None and a line
     saying why there is none (no binary given, no GGUF file, llama-bench failed): never an error."""
@@ -55,11 +55,12 @@ def reference(
     if gguf is None:
         return None, f"llama.cpp reference: not measured ({model} has no GGUF file here)"
     try:
-        ref = measure(binary, gguf, threads=threads, new_tokens=new_tokens)
+        ref = measure(binary, gguf, threads=threads, new_tokens=new_tokens, depth=depth)
     except HarnessError as exc:
         return None, f"llama.cpp reference: failed ({exc})"
     return ref, (
-        f"llama.cpp reference ({ref.build}, {gguf.name}, {ref.threads} threads, {ref.new_tokens} tokens): "
+        f"llama.cpp reference ({ref.build}, {gguf.name}, {ref.threads} threads, {ref.new_tokens} tokens"
+        f"{_onto(depth)}): "
         f"plain decoding {ref.tokens_per_s:.2f} tok/s (+-{ref.tokens_per_s_std:.2f}) "
         f"= {ref.ms_per_token:.1f} ms/token"
     )
@@ -73,18 +74,20 @@ def around(
     *,
     threads: int,
     new_tokens: int = 64,
+    depth: int = 0,
 ) -> tuple[T, Reference | None, str]:
     """``work()`` with llama.cpp's plain decoding measured just before and just after it.
 
     Why both: a run of minutes on a shared 2-core VM sees the host's speed move by up to 25%, and
     llama-bench cannot be interleaved with the harness's own rounds; the reference is the mean of
     the two, and the line gives both (and says so when they differ by more than 10%), so a ratio to
-    it is read with the drift it carries. Without a binary or a GGUF file: ``work()`` and the note."""
-    before, line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens)
+    it is read with the drift it carries. Without a binary or a GGUF file: ``work()`` and the note.
+    ``depth``: tokens already in the cache when the timed tokens start (llama-bench's ``-d``)."""
+    before, line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens, depth=depth)
     result = work()
     if before is None:
         return result, None, line
-    after, after_line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens)
+    after, after_line = reference(binary, gguf, model, threads=threads, new_tokens=new_tokens, depth=depth)
     if after is None:
         return result, before, f"{line} (before this run; after it: {after_line})"
     mean = dataclasses.replace(
@@ -95,8 +98,9 @@ def around(
         after=after.tokens_per_s,
     )
     line = (
-        f"llama.cpp reference ({mean.build}, {gguf.name}, {mean.threads} threads, {mean.new_tokens} tokens): "
-        f"plain decoding {before.tokens_per_s:.2f} tok/s before this run and {after.tokens_per_s:.2f} after, "
+        f"llama.cpp reference ({mean.build}, {gguf.name}, {mean.threads} threads, {mean.new_tokens} tokens"
+        f"{_onto(depth)}): plain decoding {before.tokens_per_s:.2f} tok/s before this run and "
+        f"{after.tokens_per_s:.2f} after, "
         f"mean {mean.tokens_per_s:.2f} = {mean.ms_per_token:.1f} ms/token"
     )
     drift = abs(after.tokens_per_s - before.tokens_per_s) / mean.tokens_per_s
@@ -105,11 +109,18 @@ def around(
     return result, mean, line
 
 
+def _onto(depth: int) -> str:
+    return f" onto a {depth}-token cache" if depth else ""
+
+
 def measure(
-    binary: Path, gguf: Path, *, threads: int, new_tokens: int = 64, repetitions: int = 3
+    binary: Path, gguf: Path, *, threads: int, new_tokens: int = 64, repetitions: int = 3, depth: int = 0
 ) -> Reference:
-    """Plain decoding of ``new_tokens`` tokens (no prompt), ``repetitions`` times, on ``threads``."""
+    """Plain decoding of ``new_tokens`` tokens (no prompt), ``repetitions`` times, on ``threads``;
+    with ``depth``, onto a cache already holding that many tokens (llama-bench's ``-d``)."""
     cmd = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(new_tokens), "-t", str(threads)]
+    if depth:
+        cmd += ["-d", str(depth)]
     cmd += ["-r", str(repetitions), "-o", "json"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)

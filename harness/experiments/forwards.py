@@ -11,6 +11,7 @@ draws the same table.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import statistics
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from harness.base import devices, llamacpp
 from harness.base.errors import HarnessError
@@ -44,6 +46,7 @@ class ForwardCost:
     ms: float  # median over the repetitions
     ms_min: float
     bytes_read: int | None = None  # weights one forward streams (None: not a torch model)
+    cache_tokens: int | None = None  # the KV cache's length before the forward
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ForwardCost:
@@ -136,8 +139,9 @@ def measure(
     repetitions: int = 5,
     on_row: Callable[[ForwardCost], None] | None = None,
 ) -> list[ForwardCost]:
-    """Load the pair's ``role`` model once per (precision, kernels) and time its forwards by M;
-    ``on_row`` sees each cost as soon as it is measured (so a long run keeps what it finished)."""
+    """Load the pair's ``role`` model once per (precision, kernels) and time its forwards by M onto
+    a ``cache_tokens``-token cache; ``on_row`` sees each cost as soon as it is measured (so a long
+    run keeps what it finished)."""
     if role not in ("target", "draft"):
         raise HarnessError(f"role must be target or draft, not {role!r}")
     rows = []
@@ -157,7 +161,7 @@ def measure(
             pair = engines.load(spec, setup.resolve(spec, **settings), weights_dir=weights_dir)
             model = getattr(pair, role)
             for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
-                rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m)))
+                rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m), cache_tokens))
                 if on_row is not None:
                     on_row(rows[-1])
             del pair, model
@@ -176,11 +180,13 @@ def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> st
     from tabulate import tabulate
 
     ms = sorted({r.m for r in rows})
-    lines: dict[tuple[str, str, str], dict[int, ForwardCost]] = {}
+    # A column for the cache's length where the rows span several (the reference's too).
+    caches = len({r.cache_tokens for r in rows if r.cache_tokens is not None}) > 1
+    lines: dict[tuple[str, str, str, int | None], dict[int, ForwardCost]] = {}
     for r in rows:
-        lines.setdefault((r.role, r.precision, r.kernels), {})[r.m] = r
+        lines.setdefault((r.role, r.precision, r.kernels, r.cache_tokens if caches else None), {})[r.m] = r
     body = []
-    for (role, prec, kern), by_m in lines.items():
+    for (role, prec, kern, cache), by_m in lines.items():
         one = by_m[1].ms if 1 in by_m else None
         cells = [
             _ms(by_m[m].ms) + (f" ({by_m[m].ms / one:.2f})" if one and m != 1 else "") if m in by_m else "-"
@@ -195,11 +201,11 @@ def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> st
                 _ms(bound_ms) if bound_ms else "-",
                 f"{one / bound_ms:.2f}" if one and bound_ms else "-",
             ]
-        body.append([role, prec, kern, *cells, *bound])
+        body.append([role, prec, kern, *([str(cache)] if caches else []), *cells, *bound])
     extra = ["GB read (M=1)", "bound ms", "M=1 / bound"] if bandwidth_gbs else []
     return tabulate(
         body,
-        headers=["model", "precision", "kernels", *[f"M={m}" for m in ms], *extra],
+        headers=["model", "precision", "kernels", *(["cache"] * caches), *[f"M={m}" for m in ms], *extra],
         tablefmt="github",
         disable_numparse=True,
     )
@@ -229,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         "--draft_vocab", type=int, default=None, help="draft only: score this many token ids (0: all)"
     )
     parser.add_argument(
-        "--cache_tokens", type=int, default=200, help="KV cache length before the timed forward"
+        "--cache_tokens",
+        type=tasks.parse_int_list,
+        default=(200,),
+        help="comma-separated KV cache lengths before the timed forward (each timed in turn, with "
+        "llama.cpp's plain decoding onto a cache of that length where --llama-bench is given)",
     )
     parser.add_argument("--repetitions", type=int, default=5, help="timed forwards per M (median reported)")
     parser.add_argument("--weights_dir", default=None, help="directory holding the weights (see README)")
@@ -255,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
         "pair": args.model_name,
         "platform": info.name,
         "threads": torch.get_num_threads(),
-        "cache_tokens": args.cache_tokens,
         "repetitions": args.repetitions,
         "bandwidth_gbs": round(bandwidth, 2),
         "versions": platforms.library_versions(),
@@ -273,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 results.append_row(args.json, {**context, **asdict(cost)})
 
-        def run() -> list[ForwardCost]:
+        def run(cache_tokens: int) -> list[ForwardCost]:
             return measure(
                 args.model_name,
                 args.role,
@@ -282,25 +291,40 @@ def main(argv: list[str] | None = None) -> int:
                 args.m,
                 draft_vocab=args.draft_vocab,
                 weights_dir=args.weights_dir,
-                cache_tokens=args.cache_tokens,
+                cache_tokens=cache_tokens,
                 repetitions=args.repetitions,
                 on_row=keep,
             )
 
-        rows, ref, line = llamacpp.around(bench_binary, gguf, model, run, threads=torch.get_num_threads())
+        rows: list[ForwardCost] = []
+        lines: list[str] = []
+        # One cache length after another, llama.cpp's decoding onto the same length around each.
+        for cache_tokens in tqdm(args.cache_tokens, desc="cache lengths", disable=len(args.cache_tokens) < 2):
+            done, ref, line = llamacpp.around(
+                bench_binary,
+                gguf,
+                model,
+                lambda n=cache_tokens: run(n),
+                threads=torch.get_num_threads(),
+                depth=cache_tokens,
+            )
+            rows += done
+            lines.append(line)
+            if ref is not None:
+                rows.append(dataclasses.replace(reference_cost(args.role, ref), cache_tokens=cache_tokens))
+                if args.json:
+                    results.append_row(args.json, {**context, **asdict(rows[-1]), "llama_cpp": line})
     except HarnessError as exc:
         parser.exit(2, f"error: {exc}\n")
+    lengths = ", ".join(str(n) for n in args.cache_tokens)
     print(
-        f"{args.model_name} {args.role}: one forward of M tokens onto a {args.cache_tokens}-token cache, "
+        f"{args.model_name} {args.role}: one forward of M tokens onto a {lengths}-token cache, "
         f"median of {args.repetitions} (ms; in brackets: relative to M=1); {info.name}, "
         f"{torch.get_num_threads()} threads, torch {torch.__version__}; read bandwidth {bandwidth:.1f} GB/s\n"
     )
-    print(table([*rows, *([reference_cost(args.role, ref)] if ref else [])], bandwidth))
-    print(line)
-    if args.json and ref is not None:
-        results.append_row(
-            args.json, {**context, **asdict(reference_cost(args.role, ref)), "llama_cpp": line}
-        )
+    print(table(rows, bandwidth))
+    for line in dict.fromkeys(lines):
+        print(line)
     return 0
 
 
@@ -312,9 +336,10 @@ def gguf_of(name: str, role: str) -> tuple[str, Path | None]:
 
 
 def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
-    """llama.cpp's time per token as a line of the table (M = 1; its cache grows from empty, and its
-    time includes sampling), so its plain decoding stands beside the harness's one-token forward; the
-    mean of its runs just before and just after the harness's (``llamacpp.around``)."""
+    """llama.cpp's time per token as a line of the table (M = 1, onto a cache of the length it was
+    measured at; its time includes sampling), so its plain decoding stands beside the harness's
+    one-token forward; the mean of its runs just before and just after the harness's
+    (``llamacpp.around``)."""
     return ForwardCost(role, "llama.cpp", ref.build, 1, ref.ms_per_token, ref.ms_per_token, None)
 
 

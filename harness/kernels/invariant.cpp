@@ -557,71 +557,317 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
 // ---------------------------------------------------------------- attention
 //
 // Causal attention for M query rows over an L-token cache (the last M cache entries are the rows'
-// own), every row computed whole by one thread in one fixed order: scores key by key (one 8-lane
-// dot product, lanes summed pairwise), max, exp and their sum key by key, the weighted values key
-// by key, one division. Nothing depends on M, so a verification row is a decode step's row; and one
-// call serves all M rows (SDPA per row cost ~150 us per row and layer in Python calls alone).
+// own). Each row is computed in one fixed order that depends on the keys it sees and on D only:
+// - a score is q.k with two 8-lane fma accumulators over alternating 8-wide chunks of D, combined
+//   lane by lane, the lanes summed pairwise (hsum8), the D % 8 tail added one by one, then scaled;
+// - the weights are exp(score - max) (``exp8``, lane by lane), summed with one 8-lane accumulator
+//   over the row's seen keys in order, the lanes summed pairwise, then the last n % 8 one by one;
+// - the output is the weighted values accumulated key by key (one fma per element and key, keys in
+//   cache order), then divided by the sum.
+// Nothing depends on M, on which rows share a call, a chunk or a thread, or on how D and the keys
+// are blocked, so a verification row is a decode step's row; and one call serves all M rows (SDPA
+// per row cost ~150 us per row and layer in Python calls alone).
+//
+// Why rows are computed together: the query heads that share a key/value head (GQA), and the M rows
+// of a verification, read the same keys and values. A thread takes up to GROUP rows at once, so
+// their independent fma chains hide the latency a lone row waits on, and the passes run key tile by
+// key tile (scores) and block of D by block (values) over all rows, so each key and value row
+// comes from memory once per call, not once per head and row: a 4-row verification's attention
+// then costs little more than a one-token step's, at any cache length.
 //
 // A token tree's verification (``visible``, [M, T] over the cache's last T entries, the rows' own
-// last) skips each key a row does not see: not a masked score of -inf, but no step at all, so the
-// row's sums run over exactly the keys, in exactly the order, of a one-token step onto a cache that
-// holds only its path (the tree's nodes are stored parents first). That is what keeps a tree's
-// output the target's own, bit for bit.
-inline float dot8(const float* a, const float* b, int64_t D) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d)));
-  float s = hsum8(acc);
-  for (; d < D; ++d) s += a[d] * b[d];
-  return s;
+// last) skips each key a row does not see: not a masked score of -inf, but no step at all. The
+// row's seen keys are gathered first, so its sums run over exactly the keys, in exactly the order,
+// of a one-token step onto a cache that holds only its path (the tree's nodes are stored parents
+// first). That is what keeps a tree's output the target's own, bit for bit.
+
+constexpr int GROUP = 6;             // rows a thread computes together (2 accumulators each: 12 ymm)
+constexpr int64_t KEY_TILE = 64;     // keys whose rows stay in L1 while each chunk of rows reads them
+constexpr int64_t SHARED_ROWS = 16;  // up to this many query rows (M), each key and value row is read once for all
+
+// exp for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial), in
+// plain multiplies and adds: the same bits on every AVX2 machine, whatever lane an element sits in.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+
+
+// The key a row's t-th seen key is: t itself (keys == nullptr), else keys[t - base].
+inline int64_t key_at(const int32_t* keys, int64_t base, int64_t t) { return keys == nullptr ? t : keys[t - base]; }
+
+// Scores of S rows (queries q[r], into p[r][t]) for their seen keys t0..t1-1, which they share.
+template <int S>
+void group_scores(const float* const* q, float* const* p, const float* kh, const int32_t* keys, int64_t base,
+                  int64_t t0, int64_t t1, int64_t D, float scale) {
+  const int64_t D8 = D / 8;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* kr = kh + key_at(keys, base, t) * D;
+    __m256 a0[S], a1[S];
+    for (int r = 0; r < S; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 2 <= D8; c += 2) {
+      const __m256 k0 = _mm256_loadu_ps(kr + c * 8), k1 = _mm256_loadu_ps(kr + c * 8 + 8);
+      for (int r = 0; r < S; ++r) {
+        a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c * 8), k0, a0[r]);
+        a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c * 8 + 8), k1, a1[r]);
+      }
+    }
+    if (c < D8) {
+      const __m256 k0 = _mm256_loadu_ps(kr + c * 8);
+      for (int r = 0; r < S; ++r) a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c * 8), k0, a0[r]);
+    }
+    for (int r = 0; r < S; ++r) {
+      float s = hsum8(_mm256_add_ps(a0[r], a1[r]));
+      for (int64_t d = D8 * 8; d < D; ++d) s = std::fma(q[r][d], kr[d], s);
+      p[r][t] = s * scale;
+    }
+  }
+}
+
+// One row's weights in place: exp(score - max), returning their sum.
+inline float softmax_weights(float* p, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) mx = std::max(mx, p[t]);
+  const __m256 m8 = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), m8));
+    _mm256_storeu_ps(p + t, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float sum = hsum8(acc);
+  if (t < n) {  // the tail through a padded vector: an element's bits do not depend on where it falls
+    float tail[8];
+    std::fill(tail, tail + 8, -std::numeric_limits<float>::infinity());
+    std::copy(p + t, p + n, tail);
+    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), m8)));
+    for (int64_t u = t; u < n; ++u) {
+      p[u] = tail[u - t];
+      sum += p[u];
+    }
+  }
+  return sum;
+}
+
+// S rows' values for one block of D (``width`` 16, 8 or 1 floats at d), over seen keys t0..t1-1:
+// o[r][d..] += p[r][t] * v[key][d..], one fma per element and key, t ascending. The blocks do not
+// move a sum: every element takes the same fma chain whatever block it is in.
+template <int S>
+void group_values(const float* const* p, float* const* o, const float* vh, const int32_t* keys, int64_t base,
+                  int64_t t0, int64_t t1, int64_t D, int64_t d, int width) {
+  if (width == 16) {
+    __m256 a0[S], a1[S];
+    for (int r = 0; r < S; ++r) {
+      a0[r] = _mm256_loadu_ps(o[r] + d);
+      a1[r] = _mm256_loadu_ps(o[r] + d + 8);
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* vr = vh + key_at(keys, base, t) * D + d;
+      const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+      for (int r = 0; r < S; ++r) {
+        const __m256 w = _mm256_broadcast_ss(p[r] + t);
+        a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
+        a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
+      }
+    }
+    for (int r = 0; r < S; ++r) {
+      _mm256_storeu_ps(o[r] + d, a0[r]);
+      _mm256_storeu_ps(o[r] + d + 8, a1[r]);
+    }
+  } else if (width == 8) {
+    __m256 a[S];
+    for (int r = 0; r < S; ++r) a[r] = _mm256_loadu_ps(o[r] + d);
+    for (int64_t t = t0; t < t1; ++t) {
+      const __m256 v = _mm256_loadu_ps(vh + key_at(keys, base, t) * D + d);
+      for (int r = 0; r < S; ++r) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[r] + t), v, a[r]);
+    }
+    for (int r = 0; r < S; ++r) _mm256_storeu_ps(o[r] + d, a[r]);
+  } else {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float v = vh[key_at(keys, base, t) * D + d];
+      for (int r = 0; r < S; ++r) o[r][d] = std::fma(p[r][t], v, o[r][d]);
+    }
+  }
+}
+
+// A chunk of up to GROUP rows, dispatched to the templates by its size.
+struct Chunk {
+  const float* q[GROUP];
+  float* p[GROUP];
+  float* o[GROUP];
+  int n = 0;
+  void scores(const float* kh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) const {
+    switch (n) {
+      case 1: return group_scores<1>(q, p, kh, keys, base, t0, t1, D, scale);
+      case 2: return group_scores<2>(q, p, kh, keys, base, t0, t1, D, scale);
+      case 3: return group_scores<3>(q, p, kh, keys, base, t0, t1, D, scale);
+      case 4: return group_scores<4>(q, p, kh, keys, base, t0, t1, D, scale);
+      case 5: return group_scores<5>(q, p, kh, keys, base, t0, t1, D, scale);
+      case 6: return group_scores<6>(q, p, kh, keys, base, t0, t1, D, scale);
+      default: return;
+    }
+  }
+  void values(const float* vh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d,
+              int width) const {
+    switch (n) {
+      case 1: return group_values<1>(p, o, vh, keys, base, t0, t1, D, d, width);
+      case 2: return group_values<2>(p, o, vh, keys, base, t0, t1, D, d, width);
+      case 3: return group_values<3>(p, o, vh, keys, base, t0, t1, D, d, width);
+      case 4: return group_values<4>(p, o, vh, keys, base, t0, t1, D, d, width);
+      case 5: return group_values<5>(p, o, vh, keys, base, t0, t1, D, d, width);
+      case 6: return group_values<6>(p, o, vh, keys, base, t0, t1, D, d, width);
+      default: return;
+    }
+  }
+};
+
+// D's blocks: 16 floats each, then 8, then one at a time.
+std::vector<std::pair<int64_t, int>> d_blocks(int64_t D) {
+  std::vector<std::pair<int64_t, int>> blocks;
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16) blocks.emplace_back(d, 16);
+  for (; d + 8 <= D; d += 8) blocks.emplace_back(d, 8);
+  for (; d < D; ++d) blocks.emplace_back(d, 1);
+  return blocks;
+}
+
+// Flush denormals to zero on this thread while alive: a long cache's far keys give weights and
+// products below float's normal range, each a microcode assist on x86. The same for every row and
+// every M, so the invariance holds; restored on exit.
+struct FlushDenormals {
+  unsigned int csr = _mm_getcsr();
+  FlushDenormals() { _mm_setcsr(csr | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(csr); }
+};
 
 // Row (h, i) of q at qp + h * q_h + i * q_m; its output at op + h * o_h + i * o_m; k and v [Hkv, L, D]
 // with contiguous rows, head g at kp + g * k_h (vp + g * v_h): a cache kept in a buffer with room to
 // grow is read where it lies. The layouts only move where a row is read and written, never the order
 // of its sums.
+//
+// Row i sees the keys before ``common`` (all rows do), then its own tail: the next i keys (causal),
+// or the ones its mask shows among the cache's last T (a tree). Up to SHARED_ROWS rows, the call
+// runs in three passes over all rows at once (scores by key tile, weights by row, values by block
+// of D), so each key and value row is read from memory once however many rows verify; past that
+// (a prompt), a thread takes a chunk of one row's heads at a time. Both run the same arithmetic.
 void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t k_h, const float* vp, int64_t v_h,
             float* op, int64_t o_h, int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L,
             float scale, const uint8_t* visible = nullptr, int64_t T = 0) {
-  const int64_t group = H / Hkv;
+  const int64_t heads = H / Hkv;
+  const int64_t common = visible == nullptr ? L - M + 1 : L - T;
+  // Each row's tail (the keys it sees at and after ``common``), as key indices; none: consecutive.
+  std::vector<std::vector<int32_t>> tails(static_cast<size_t>(visible == nullptr ? 0 : M));
+  std::vector<int64_t> seen(static_cast<size_t>(M));
+  for (int64_t i = 0; i < M; ++i) {
+    if (visible == nullptr) {
+      seen[i] = common + i;
+      continue;
+    }
+    for (int64_t j = common; j < L - M + i + 1; ++j)
+      if (visible[i * T + (j - common)]) tails[i].push_back(static_cast<int32_t>(j));
+    seen[i] = common + static_cast<int64_t>(tails[i].size());
+  }
+  auto tail_keys = [&](int64_t i) -> const int32_t* { return visible == nullptr ? nullptr : tails[i].data(); };
+  const auto blocks = d_blocks(D);
+  // A chunk of rows: heads h0..h1-1 of key/value head g, query row i, weights at p(h, i).
+  auto chunk_of = [&](int64_t h0, int64_t h1, int64_t i, auto&& p_of) {
+    Chunk c;
+    for (int64_t h = h0; h < h1; ++h, ++c.n) {
+      c.q[c.n] = qp + h * q_h + i * q_m;
+      c.o[c.n] = op + h * o_h + i * o_m;
+      c.p[c.n] = p_of(h, i);
+    }
+    return c;
+  };
+  if (M <= SHARED_ROWS) {
+    thread_local std::vector<float> weights;
+    weights.resize(static_cast<size_t>(H * M * L));
+    float* P = weights.data();
+    auto p_of = [&](int64_t h, int64_t i) { return P + (h * M + i) * L; };
+    std::vector<float> sums(static_cast<size_t>(H * M));
+    // Per key/value head g and row i, its heads in chunks of GROUP: chunks[g * M + i].
+    std::vector<std::vector<Chunk>> chunks(static_cast<size_t>(Hkv * M));
+    for (int64_t g = 0; g < Hkv; ++g)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t h0 = g * heads; h0 < (g + 1) * heads; h0 += GROUP)
+          chunks[g * M + i].push_back(chunk_of(h0, std::min(h0 + GROUP, (g + 1) * heads), i, p_of));
+    const int64_t tiles = (common + KEY_TILE - 1) / KEY_TILE;
+    const int64_t nblocks = static_cast<int64_t>(blocks.size());
+#pragma omp parallel
+    {
+      FlushDenormals flush;
+#pragma omp for schedule(static)
+      for (int64_t u = 0; u < Hkv * tiles; ++u) {  // scores over the keys all rows see, a tile at a time
+        const int64_t g = u / tiles, t0 = (u % tiles) * KEY_TILE, t1 = std::min(common, t0 + KEY_TILE);
+        for (int64_t i = 0; i < M; ++i)
+          for (const Chunk& c : chunks[g * M + i]) c.scores(kp + g * k_h, nullptr, 0, t0, t1, D, scale);
+      }
+#pragma omp for schedule(static)
+      for (int64_t u = 0; u < Hkv * M; ++u) {  // then each row's own tail
+        const int64_t g = u / M, i = u % M;
+        for (const Chunk& c : chunks[u]) c.scores(kp + g * k_h, tail_keys(i), common, common, seen[i], D, scale);
+      }
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < H * M; ++r) sums[r] = softmax_weights(P + r * L, seen[r % M]);
+#pragma omp for schedule(static)
+      for (int64_t u = 0; u < Hkv * nblocks; ++u) {  // values, a block of D at a time for all rows
+        const int64_t g = u / nblocks;
+        const auto [d, width] = blocks[u % nblocks];
+        const float* vh = vp + g * v_h;
+        for (int64_t i = 0; i < M; ++i)
+          for (const Chunk& c : chunks[g * M + i])
+            for (int r = 0; r < c.n; ++r) std::fill(c.o[r] + d, c.o[r] + d + width, 0.0f);
+        for (int64_t t0 = 0; t0 < common; t0 += KEY_TILE)
+          for (int64_t i = 0; i < M; ++i)
+            for (const Chunk& c : chunks[g * M + i])
+              c.values(vh, nullptr, 0, t0, std::min(common, t0 + KEY_TILE), D, d, width);
+        for (int64_t i = 0; i < M; ++i)
+          for (const Chunk& c : chunks[g * M + i]) {
+            c.values(vh, tail_keys(i), common, common, seen[i], D, d, width);
+            for (int r = 0; r < c.n; ++r) {
+              const float sum = sums[(c.p[r] - P) / L];
+              for (int64_t e = d; e < d + width; ++e) c.o[r][e] /= sum;
+            }
+          }
+      }
+    }
+    return;
+  }
+  const int64_t parts = (heads + GROUP - 1) / GROUP;
+  const int64_t size = (heads + parts - 1) / parts;
 #pragma omp parallel
   {
-    std::vector<float> p(static_cast<size_t>(L));
-    std::vector<float> acc(static_cast<size_t>(D));
+    FlushDenormals flush;
+    std::vector<float> p(static_cast<size_t>(GROUP * L));
 #pragma omp for schedule(static)
-    for (int64_t hm = 0; hm < H * M; ++hm) {
-      const int64_t h = hm / M, i = hm % M, n = L - M + i + 1;
-      const float* qr = qp + h * q_h + i * q_m;
-      const float* kh = kp + (h / group) * k_h;
-      const float* vh = vp + (h / group) * v_h;
-      // The keys this row sees, in cache order: all of them before the last T, then its own mask.
-      const uint8_t* sees = visible == nullptr ? nullptr : visible + i * T;
-      auto hidden = [&](int64_t j) { return sees != nullptr && j >= L - T && !sees[j - (L - T)]; };
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        if (hidden(j)) continue;
-        p[j] = dot8(qr, kh + j * D, D) * scale;
-        mx = std::max(mx, p[j]);
+    for (int64_t u = 0; u < Hkv * parts * M; ++u) {
+      const int64_t i = u % M, gp = u / M, g = gp / parts, h0 = g * heads + (gp % parts) * size;
+      const int64_t h1 = std::min(h0 + size, (g + 1) * heads);
+      const Chunk c = chunk_of(h0, h1, i, [&](int64_t h, int64_t) { return p.data() + (h - h0) * L; });
+      for (int64_t t0 = 0; t0 < common; t0 += KEY_TILE)
+        c.scores(kp + g * k_h, nullptr, 0, t0, std::min(common, t0 + KEY_TILE), D, scale);
+      c.scores(kp + g * k_h, tail_keys(i), common, common, seen[i], D, scale);
+      float sums[GROUP];
+      for (int r = 0; r < c.n; ++r) sums[r] = softmax_weights(c.p[r], seen[i]);
+      for (const auto& [d, width] : blocks) {
+        for (int r = 0; r < c.n; ++r) std::fill(c.o[r] + d, c.o[r] + d + width, 0.0f);
+        for (int64_t t0 = 0; t0 < common; t0 += KEY_TILE)
+          c.values(vp + g * v_h, nullptr, 0, t0, std::min(common, t0 + KEY_TILE), D, d, width);
+        c.values(vp + g * v_h, tail_keys(i), common, common, seen[i], D, d, width);
+        for (int r = 0; r < c.n; ++r)
+          for (int64_t e = d; e < d + width; ++e) c.o[r][e] /= sums[r];
       }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        if (hidden(j)) continue;
-        p[j] = std::exp(p[j] - mx);
-        sum += p[j];
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
-        if (hidden(j)) continue;
-        const float w = p[j];
-        const float* vr = vh + j * D;
-        int64_t d = 0;
-        for (; d + 8 <= D; d += 8)
-          _mm256_storeu_ps(acc.data() + d, _mm256_add_ps(_mm256_loadu_ps(acc.data() + d),
-                                                         _mm256_mul_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vr + d))));
-        for (; d < D; ++d) acc[d] += w * vr[d];
-      }
-      float* o = op + h * o_h + i * o_m;
-      for (int64_t d = 0; d < D; ++d) o[d] = acc[d] / sum;
     }
   }
 }
@@ -698,6 +944,16 @@ void check_rows(const torch::Tensor& x, const char* name) {
               " must be a contiguous float32 [M, N]");
 }
 
+// One 8-lane product accumulator over D, lanes summed pairwise, the D % 8 tail one by one.
+inline float dot8(const float* a, const float* b, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d)));
+  float s = hsum8(acc);
+  for (; d < D; ++d) s += a[d] * b[d];
+  return s;
+}
+
 // y = w * (x * 1/sqrt(mean(x^2) + eps)), the sum of squares in dot8's order.
 void norm_row(const float* x, const float* w, float* y, int64_t N, float eps) {
   const float r = 1.0f / std::sqrt(dot8(x, x, N) / static_cast<float>(N) + eps);
@@ -752,22 +1008,6 @@ void rope_(torch::Tensor t, torch::Tensor cos, torch::Tensor sin, int64_t heads)
       }
     }
   }
-}
-
-// exp for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial), in
-// plain multiplies and adds: the same bits on every AVX2 machine, whatever lane an element sits in.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762626647949f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
-  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
 // silu(g) * u = g / (1 + exp(-g)) * u, 8 elements at a time (the tail through a padded copy, so an

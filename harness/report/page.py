@@ -356,17 +356,44 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
                 a.time_per_token_ms for _, a in both
             )
             per_verify = [a.acceptance_length or a.tokens_per_target_forward for _, a in both]
-            cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}"
-        columns.append((_engine(assisted[0]), cells))
+            cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}" + _context_share(
+                [a for _, a in both]
+            )
+        columns.append((assisted[0], cells))
+    names = [_engine(row) for row, _ in columns]
+    if len(set(names)) < len(names):  # one engine in several configurations: say which is which
+        names = [_configuration(row) for row, _ in columns]
     body = [[c, *(cells.get(c, "-") for _, cells in columns)] for c in found]
-    table = tabulate(body, headers=["category", *(engine for engine, _ in columns)], tablefmt="github")
+    table = tabulate(body, headers=["category", *names], tablefmt="github")
+    shares = any("from context" in cell for _, cells in columns for cell in cells.values())
     return [
-        f"Per task category (speedup over the same engine's plain decoding / tokens per verification), "
+        f"Per task category (speedup over the same engine's plain decoding / tokens per verification"
+        f"{'; in brackets, the share of accepted tokens proposed from the context' if shares else ''}), "
         f"on {platform}:",
         "",
         table,
         "",
     ]
+
+
+def _configuration(row: Row) -> str:
+    """A column's name where one engine runs several configurations: what proposes the tokens."""
+    if row.mode == "prompt_lookup":
+        return f"{_engine(row)}: prompt lookup"
+    if row.context_draft:
+        return f"{_engine(row)}: context ({row.context_draft}) + draft"
+    if row.draft_tree:
+        return f"{_engine(row)}: tree {row.draft_tree}"
+    return f"{_engine(row)}: chain"
+
+
+def _context_share(rows: Sequence[Row]) -> str:
+    """ " (N% from context)" for rows that book where their accepted tokens came from, else ""."""
+    booked = [r for r in rows if r.accepted_from_context is not None]
+    accepted = sum(r.accepted for r in booked)
+    if not booked or not accepted:
+        return ""
+    return f" ({sum(r.accepted_from_context for r in booked) / accepted:.0%} from context)"
 
 
 CONTEXT_PNG = "context-length.png"
