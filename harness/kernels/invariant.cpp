@@ -634,6 +634,36 @@ void group_scores(const float* const* q, float* const* p, const float* kh, const
   }
 }
 
+// group_scores with 16-lane registers where the CPU has AVX-512: a register's low 8 lanes are the
+// even 8-wide chunk's accumulator and its high 8 the odd one's, so every lane takes the fma chain
+// it takes in group_scores, and the combine and pairwise sum are the same: the same bits.
+template <int S>
+AVX512 void group_scores512(const float* const* q, float* const* p, const float* kh, const int32_t* keys,
+                            int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) {
+  const int64_t D8 = D / 8, D16 = D / 16;
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* kr = kh + key_at(keys, base, t) * D;
+    __m512 a[S];
+    for (int r = 0; r < S; ++r) a[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D16; ++c) {
+      const __m512 k = _mm512_loadu_ps(kr + c * 16);
+      for (int r = 0; r < S; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + c * 16), k, a[r]);
+    }
+    if (D8 % 2) {  // a last 8-wide chunk: the even accumulator's, the low lanes
+      const __m512 k = _mm512_maskz_loadu_ps(0x00FF, kr + D16 * 16);
+      for (int r = 0; r < S; ++r)
+        a[r] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(0x00FF, q[r] + D16 * 16), k, a[r], 0x00FF);
+    }
+    for (int r = 0; r < S; ++r) {
+      const __m256 lo = _mm512_castps512_ps256(a[r]);
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1));
+      float s = hsum8(_mm256_add_ps(lo, hi));
+      for (int64_t d = D8 * 8; d < D; ++d) s = std::fma(q[r][d], kr[d], s);
+      p[r][t] = s * scale;
+    }
+  }
+}
+
 // One row's weights in place: exp(score - max), returning their sum.
 inline float softmax_weights(float* p, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
@@ -701,13 +731,38 @@ void group_values(const float* const* p, float* const* o, const float* vh, const
   }
 }
 
+// group_values' 16-float block in one 16-lane register (each element's fma chain unchanged).
+template <int S>
+AVX512 void group_values512(const float* const* p, float* const* o, const float* vh, const int32_t* keys,
+                            int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d) {
+  __m512 a[S];
+  for (int r = 0; r < S; ++r) a[r] = _mm512_loadu_ps(o[r] + d);
+  for (int64_t t = t0; t < t1; ++t) {
+    const __m512 v = _mm512_loadu_ps(vh + key_at(keys, base, t) * D + d);
+    for (int r = 0; r < S; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][t]), v, a[r]);
+  }
+  for (int r = 0; r < S; ++r) _mm512_storeu_ps(o[r] + d, a[r]);
+}
+
+const bool WIDE = has_avx512();
+
 // A chunk of up to GROUP rows, dispatched to the templates by its size.
 struct Chunk {
   const float* q[GROUP];
   float* p[GROUP];
   float* o[GROUP];
   int n = 0;
+  bool wide = WIDE;  // the AVX-512 variants (same bits); off to check that they are
   void scores(const float* kh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) const {
+    if (wide) switch (n) {
+        case 1: return group_scores512<1>(q, p, kh, keys, base, t0, t1, D, scale);
+        case 2: return group_scores512<2>(q, p, kh, keys, base, t0, t1, D, scale);
+        case 3: return group_scores512<3>(q, p, kh, keys, base, t0, t1, D, scale);
+        case 4: return group_scores512<4>(q, p, kh, keys, base, t0, t1, D, scale);
+        case 5: return group_scores512<5>(q, p, kh, keys, base, t0, t1, D, scale);
+        case 6: return group_scores512<6>(q, p, kh, keys, base, t0, t1, D, scale);
+        default: return;
+      }
     switch (n) {
       case 1: return group_scores<1>(q, p, kh, keys, base, t0, t1, D, scale);
       case 2: return group_scores<2>(q, p, kh, keys, base, t0, t1, D, scale);
@@ -720,6 +775,15 @@ struct Chunk {
   }
   void values(const float* vh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d,
               int width) const {
+    if (wide && width == 16) switch (n) {
+        case 1: return group_values512<1>(p, o, vh, keys, base, t0, t1, D, d);
+        case 2: return group_values512<2>(p, o, vh, keys, base, t0, t1, D, d);
+        case 3: return group_values512<3>(p, o, vh, keys, base, t0, t1, D, d);
+        case 4: return group_values512<4>(p, o, vh, keys, base, t0, t1, D, d);
+        case 5: return group_values512<5>(p, o, vh, keys, base, t0, t1, D, d);
+        case 6: return group_values512<6>(p, o, vh, keys, base, t0, t1, D, d);
+        default: return;
+      }
     switch (n) {
       case 1: return group_values<1>(p, o, vh, keys, base, t0, t1, D, d, width);
       case 2: return group_values<2>(p, o, vh, keys, base, t0, t1, D, d, width);
@@ -763,7 +827,7 @@ struct FlushDenormals {
 // (a prompt), a thread takes a chunk of one row's heads at a time. Both run the same arithmetic.
 void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t k_h, const float* vp, int64_t v_h,
             float* op, int64_t o_h, int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L,
-            float scale, const uint8_t* visible = nullptr, int64_t T = 0) {
+            float scale, const uint8_t* visible = nullptr, int64_t T = 0, bool force_avx2 = false) {
   const int64_t heads = H / Hkv;
   const int64_t common = visible == nullptr ? L - M + 1 : L - T;
   // Each row's tail (the keys it sees at and after ``common``), as key indices; none: consecutive.
@@ -783,6 +847,7 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
   // A chunk of rows: heads h0..h1-1 of key/value head g, query row i, weights at p(h, i).
   auto chunk_of = [&](int64_t h0, int64_t h1, int64_t i, auto&& p_of) {
     Chunk c;
+    c.wide = WIDE && !force_avx2;
     for (int64_t h = h0; h < h1; ++h, ++c.n) {
       c.q[c.n] = qp + h * q_h + i * q_m;
       c.o[c.n] = op + h * o_h + i * o_m;
@@ -888,7 +953,7 @@ void check_kv(const torch::Tensor& k, const torch::Tensor& v, int64_t H, int64_t
   TORCH_CHECK(k.size(1) >= M, "the cache must hold the rows' own keys (L >= M)");
 }
 
-torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling) {
+torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling, bool force_avx2) {
   // q [H, M, D]; k, v [Hkv, L, D], float32
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be float32 [H, M, D]");
   q = q.contiguous();
@@ -898,7 +963,8 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   check_kv(k, v, H, M, D);
   auto out = torch::empty({H, M, D}, q.options());
   attend(q.data_ptr<float>(), M * D, D, k.data_ptr<float>(), k.stride(0), v.data_ptr<float>(), v.stride(0),
-         out.data_ptr<float>(), M * D, D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling));
+         out.data_ptr<float>(), M * D, D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling), nullptr, 0,
+         force_avx2);
   return out;
 }
 
@@ -1055,7 +1121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_i8a8", &linear_i8a8, "batch-invariant int8 x int8 linear, activations quantized per row",
         py::arg("x"), py::arg("w"), py::arg("wscale"), py::arg("wsum"), py::arg("force_avx2") = false);
   m.def("attention_rows", &attention_rows, "batch-invariant causal attention, one fixed order per row",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"));
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("force_avx2") = false);
   m.def("attention_md", &attention_md, "attention_rows on q [M, H * D], output [M, H * D]", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("heads"), py::arg("scaling"), py::arg("visible") = py::none());
   m.def("rms_norm", &rms_norm, "row-wise RMS norm in one fixed order", py::arg("x"), py::arg("w"), py::arg("eps"));
