@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from harness.base import tasks
+from harness.base import categories, tasks
 from harness.base.backends import OrtSettings
 from harness.base.errors import UnsupportedError
 from harness.decoding import engines, strategies
@@ -363,12 +363,16 @@ def _tier_check(
     equality: equivalence.EqualityRuns,
     max_tokens=None,
     tree: str = "",
+    context: int = 0,
 ):
-    s = dataclasses.replace(strategies.get("draft").settings(5, "constant", new_tokens), draft_tree=tree)
+    s = dataclasses.replace(
+        strategies.get("draft").settings(5, "constant", new_tokens), draft_tree=tree, context_draft=context
+    )
     t = pair.target_setup
     runtime = " ".join(filter(None, ("onnxruntime" if t.engine == "transformers" else t.engine, t.provider)))
     runs_on = t.kernels if t.backend == "torch" else runtime
     label = f"{pair.target_setup.precision} / {runs_on}" + (f" / tree {tree}" if tree else "")
+    label += f" / context {context}" if context else ""
     done = table.recorded(label, pair.spec.name)  # --divergence-out of an interrupted run: resume
     cases = []
     for p in prompts:
@@ -460,6 +464,20 @@ def test_precision_tier_real_tree(pairs, equality, divergence_table, pair_name, 
         pytest.skip(f"{pair_name} is not registered on the batch-invariant kernels, which a tree needs")
     prompts = tier_prompts
     _tier_check(pair, prompts, REAL_NEW_TOKENS, divergence_table, equality, tree=bench.REAL_TREE)
+
+
+@pytest.mark.pairs(tiny=False)
+def test_precision_tier_real_context_categories(pairs, equality, divergence_table, pair_name):
+    """The registered pair with proposals from the context (``--context_draft 16``) beside its draft,
+    on the first prompt of every task category: every one token-exact, whatever share of its
+    tokens the context proposed."""
+    pairs.require_weights(pair_name)
+    pair = pairs.get(pair_name)
+    if not setup.invariant_pair(pair.target_setup, pair.draft_setup):
+        pytest.skip(f"{pair_name} is not on the batch-invariant kernels, which context drafting needs")
+    names = [c.name for c in categories.CATEGORIES]
+    first = tasks.prompts_of(",".join(names), REAL_NEW_TOKENS)[: len(names)]  # one of each, in turn
+    _tier_check(pair, first, REAL_NEW_TOKENS, divergence_table, equality, context=16)
 
 
 @pytest.mark.pairs(tiny=False)

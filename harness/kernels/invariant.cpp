@@ -557,142 +557,68 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
 // ---------------------------------------------------------------- attention
 //
 // Causal attention for M query rows over an L-token cache (the last M cache entries are the rows'
-// own). Each row is computed in one fixed order that depends on the keys it sees and on D only:
-// - a score is q.k with two 8-lane fma accumulators over alternating 8-wide chunks of D, combined
-//   lane by lane, the lanes summed pairwise (hsum8), the D % 8 tail added one by one, then scaled;
-// - the weights are exp(score - max) (``exp8``, lane by lane), summed with one 8-lane accumulator
-//   over the row's seen keys in order, the lanes summed pairwise, then the last n % 8 one by one;
-// - the output is the weighted values accumulated key by key (one fma per element and key, keys in
-//   cache order), then divided by the sum.
-// Nothing depends on M, on which rows share a call, a chunk or a thread, or on how D and the keys
-// are blocked, so a verification row is a decode step's row; and one call serves all M rows (SDPA
-// per row cost ~150 us per row and layer in Python calls alone).
+// own), every row computed in one fixed order: its scores key by key (one 8-lane product
+// accumulator over D, lanes summed pairwise), max, exp and their sum key by key, the weighted values
+// key by key, one division. Nothing depends on M, so a verification row is a decode step's row; and
+// one call serves all M rows (SDPA per row cost ~150 us per row and layer in Python calls alone).
 //
 // Why rows are computed together: the query heads that share a key/value head (GQA), and the M rows
-// of a verification, read the same keys and values. A thread takes up to GROUP rows at once, so
-// their independent fma chains hide the latency a lone row waits on, and the passes run key tile by
-// key tile (scores) and block of D by block (values) over all rows, so each key and value row
-// comes from memory once per call, not once per head and row: a 4-row verification's attention
-// then costs little more than a one-token step's, at any cache length.
+// of a verification, read the same keys and values. A thread takes up to GROUP rows at once, whose
+// independent chains hide the latency a lone row waits on, and the passes run key tile by key tile
+// (scores) and block of D by block (values) over all rows, so each key and value row comes from
+// memory once per call, not once per head and row. No row's arithmetic moves: each takes exactly
+// the chain it took computed alone (the same bits as a row at a time, checked by the tests).
 //
 // A token tree's verification (``visible``, [M, T] over the cache's last T entries, the rows' own
-// last) skips each key a row does not see: not a masked score of -inf, but no step at all. The
-// row's seen keys are gathered first, so its sums run over exactly the keys, in exactly the order,
-// of a one-token step onto a cache that holds only its path (the tree's nodes are stored parents
-// first). That is what keeps a tree's output the target's own, bit for bit.
+// last) skips each key a row does not see: not a masked score of -inf, but no step at all, so the
+// row's sums run over exactly the keys, in exactly the order, of a one-token step onto a cache that
+// holds only its path (the tree's nodes are stored parents first). That is what keeps a tree's
+// output the target's own, bit for bit.
 
-constexpr int GROUP = 6;             // rows a thread computes together (2 accumulators each: 12 ymm)
+constexpr int GROUP = 6;             // rows a thread computes together (values: 2 ymm accumulators each)
 constexpr int64_t KEY_TILE = 64;     // keys whose rows stay in L1 while each chunk of rows reads them
 constexpr int64_t SHARED_ROWS = 16;  // up to this many query rows (M), each key and value row is read once for all
-
-// exp for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial), in
-// plain multiplies and adds: the same bits on every AVX2 machine, whatever lane an element sits in.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762626647949f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
-  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 
 // The key a row's t-th seen key is: t itself (keys == nullptr), else keys[t - base].
 inline int64_t key_at(const int32_t* keys, int64_t base, int64_t t) { return keys == nullptr ? t : keys[t - base]; }
 
-// Scores of S rows (queries q[r], into p[r][t]) for their seen keys t0..t1-1, which they share.
+// Scores of S rows (queries q[r], into p[r][t]) for their seen keys t0..t1-1, which they share:
+// each row's one accumulator chain (multiply, then add) over D's 8-wide chunks, as dot8 sums.
 template <int S>
 void group_scores(const float* const* q, float* const* p, const float* kh, const int32_t* keys, int64_t base,
                   int64_t t0, int64_t t1, int64_t D, float scale) {
   const int64_t D8 = D / 8;
   for (int64_t t = t0; t < t1; ++t) {
     const float* kr = kh + key_at(keys, base, t) * D;
-    __m256 a0[S], a1[S];
-    for (int r = 0; r < S; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
-    int64_t c = 0;
-    for (; c + 2 <= D8; c += 2) {
-      const __m256 k0 = _mm256_loadu_ps(kr + c * 8), k1 = _mm256_loadu_ps(kr + c * 8 + 8);
-      for (int r = 0; r < S; ++r) {
-        a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c * 8), k0, a0[r]);
-        a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c * 8 + 8), k1, a1[r]);
-      }
-    }
-    if (c < D8) {
-      const __m256 k0 = _mm256_loadu_ps(kr + c * 8);
-      for (int r = 0; r < S; ++r) a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c * 8), k0, a0[r]);
+    __m256 a[S];
+    for (int r = 0; r < S; ++r) a[r] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < D8; ++c) {
+      const __m256 k = _mm256_loadu_ps(kr + c * 8);
+      for (int r = 0; r < S; ++r) a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(_mm256_loadu_ps(q[r] + c * 8), k));
     }
     for (int r = 0; r < S; ++r) {
-      float s = hsum8(_mm256_add_ps(a0[r], a1[r]));
-      for (int64_t d = D8 * 8; d < D; ++d) s = std::fma(q[r][d], kr[d], s);
+      float s = hsum8(a[r]);
+      for (int64_t d = D8 * 8; d < D; ++d) s += q[r][d] * kr[d];
       p[r][t] = s * scale;
     }
   }
 }
 
-// group_scores with 16-lane registers where the CPU has AVX-512: a register's low 8 lanes are the
-// even 8-wide chunk's accumulator and its high 8 the odd one's, so every lane takes the fma chain
-// it takes in group_scores, and the combine and pairwise sum are the same: the same bits.
-template <int S>
-AVX512 void group_scores512(const float* const* q, float* const* p, const float* kh, const int32_t* keys,
-                            int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) {
-  const int64_t D8 = D / 8, D16 = D / 16;
-  for (int64_t t = t0; t < t1; ++t) {
-    const float* kr = kh + key_at(keys, base, t) * D;
-    __m512 a[S];
-    for (int r = 0; r < S; ++r) a[r] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < D16; ++c) {
-      const __m512 k = _mm512_loadu_ps(kr + c * 16);
-      for (int r = 0; r < S; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + c * 16), k, a[r]);
-    }
-    if (D8 % 2) {  // a last 8-wide chunk: the even accumulator's, the low lanes
-      const __m512 k = _mm512_maskz_loadu_ps(0x00FF, kr + D16 * 16);
-      for (int r = 0; r < S; ++r)
-        a[r] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(0x00FF, q[r] + D16 * 16), k, a[r], 0x00FF);
-    }
-    for (int r = 0; r < S; ++r) {
-      const __m256 lo = _mm512_castps512_ps256(a[r]);
-      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[r]), 1));
-      float s = hsum8(_mm256_add_ps(lo, hi));
-      for (int64_t d = D8 * 8; d < D; ++d) s = std::fma(q[r][d], kr[d], s);
-      p[r][t] = s * scale;
-    }
-  }
-}
-
-// One row's weights in place: exp(score - max), returning their sum.
+// One row's weights in place: exp(score - max), key by key, returning their sum in key order.
 inline float softmax_weights(float* p, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int64_t t = 0; t < n; ++t) mx = std::max(mx, p[t]);
-  const __m256 m8 = _mm256_set1_ps(mx);
-  __m256 acc = _mm256_setzero_ps();
-  int64_t t = 0;
-  for (; t + 8 <= n; t += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), m8));
-    _mm256_storeu_ps(p + t, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  float sum = hsum8(acc);
-  if (t < n) {  // the tail through a padded vector: an element's bits do not depend on where it falls
-    float tail[8];
-    std::fill(tail, tail + 8, -std::numeric_limits<float>::infinity());
-    std::copy(p + t, p + n, tail);
-    _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), m8)));
-    for (int64_t u = t; u < n; ++u) {
-      p[u] = tail[u - t];
-      sum += p[u];
-    }
+  float sum = 0.0f;
+  for (int64_t t = 0; t < n; ++t) {
+    p[t] = std::exp(p[t] - mx);
+    sum += p[t];
   }
   return sum;
 }
 
 // S rows' values for one block of D (``width`` 16, 8 or 1 floats at d), over seen keys t0..t1-1:
-// o[r][d..] += p[r][t] * v[key][d..], one fma per element and key, t ascending. The blocks do not
-// move a sum: every element takes the same fma chain whatever block it is in.
+// o[r][d..] = o[r][d..] + p[r][t] * v[key][d..] (multiply, then add), t ascending. The blocks do
+// not move a sum: every element takes the same chain whatever block it is in.
 template <int S>
 void group_values(const float* const* p, float* const* o, const float* vh, const int32_t* keys, int64_t base,
                   int64_t t0, int64_t t1, int64_t D, int64_t d, int width) {
@@ -707,8 +633,8 @@ void group_values(const float* const* p, float* const* o, const float* vh, const
       const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
       for (int r = 0; r < S; ++r) {
         const __m256 w = _mm256_broadcast_ss(p[r] + t);
-        a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
-        a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
+        a0[r] = _mm256_add_ps(a0[r], _mm256_mul_ps(w, v0));
+        a1[r] = _mm256_add_ps(a1[r], _mm256_mul_ps(w, v1));
       }
     }
     for (int r = 0; r < S; ++r) {
@@ -720,18 +646,19 @@ void group_values(const float* const* p, float* const* o, const float* vh, const
     for (int r = 0; r < S; ++r) a[r] = _mm256_loadu_ps(o[r] + d);
     for (int64_t t = t0; t < t1; ++t) {
       const __m256 v = _mm256_loadu_ps(vh + key_at(keys, base, t) * D + d);
-      for (int r = 0; r < S; ++r) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[r] + t), v, a[r]);
+      for (int r = 0; r < S; ++r) a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(_mm256_broadcast_ss(p[r] + t), v));
     }
     for (int r = 0; r < S; ++r) _mm256_storeu_ps(o[r] + d, a[r]);
   } else {
     for (int64_t t = t0; t < t1; ++t) {
       const float v = vh[key_at(keys, base, t) * D + d];
-      for (int r = 0; r < S; ++r) o[r][d] = std::fma(p[r][t], v, o[r][d]);
+      for (int r = 0; r < S; ++r) o[r][d] += p[r][t] * v;
     }
   }
 }
 
-// group_values' 16-float block in one 16-lane register (each element's fma chain unchanged).
+// group_values' 16-float block in one 16-lane register where the CPU has AVX-512 (each element's
+// chain unchanged: the same bits).
 template <int S>
 AVX512 void group_values512(const float* const* p, float* const* o, const float* vh, const int32_t* keys,
                             int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d) {
@@ -739,7 +666,7 @@ AVX512 void group_values512(const float* const* p, float* const* o, const float*
   for (int r = 0; r < S; ++r) a[r] = _mm512_loadu_ps(o[r] + d);
   for (int64_t t = t0; t < t1; ++t) {
     const __m512 v = _mm512_loadu_ps(vh + key_at(keys, base, t) * D + d);
-    for (int r = 0; r < S; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][t]), v, a[r]);
+    for (int r = 0; r < S; ++r) a[r] = _mm512_add_ps(a[r], _mm512_mul_ps(_mm512_set1_ps(p[r][t]), v));
   }
   for (int r = 0; r < S; ++r) _mm512_storeu_ps(o[r] + d, a[r]);
 }
@@ -754,15 +681,6 @@ struct Chunk {
   int n = 0;
   bool wide = WIDE;  // the AVX-512 variants (same bits); off to check that they are
   void scores(const float* kh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) const {
-    if (wide) switch (n) {
-        case 1: return group_scores512<1>(q, p, kh, keys, base, t0, t1, D, scale);
-        case 2: return group_scores512<2>(q, p, kh, keys, base, t0, t1, D, scale);
-        case 3: return group_scores512<3>(q, p, kh, keys, base, t0, t1, D, scale);
-        case 4: return group_scores512<4>(q, p, kh, keys, base, t0, t1, D, scale);
-        case 5: return group_scores512<5>(q, p, kh, keys, base, t0, t1, D, scale);
-        case 6: return group_scores512<6>(q, p, kh, keys, base, t0, t1, D, scale);
-        default: return;
-      }
     switch (n) {
       case 1: return group_scores<1>(q, p, kh, keys, base, t0, t1, D, scale);
       case 2: return group_scores<2>(q, p, kh, keys, base, t0, t1, D, scale);
@@ -805,15 +723,6 @@ std::vector<std::pair<int64_t, int>> d_blocks(int64_t D) {
   for (; d < D; ++d) blocks.emplace_back(d, 1);
   return blocks;
 }
-
-// Flush denormals to zero on this thread while alive: a long cache's far keys give weights and
-// products below float's normal range, each a microcode assist on x86. The same for every row and
-// every M, so the invariance holds; restored on exit.
-struct FlushDenormals {
-  unsigned int csr = _mm_getcsr();
-  FlushDenormals() { _mm_setcsr(csr | 0x8040); }
-  ~FlushDenormals() { _mm_setcsr(csr); }
-};
 
 // Row (h, i) of q at qp + h * q_h + i * q_m; its output at op + h * o_h + i * o_m; k and v [Hkv, L, D]
 // with contiguous rows, head g at kp + g * k_h (vp + g * v_h): a cache kept in a buffer with room to
@@ -871,7 +780,6 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
     const int64_t nblocks = static_cast<int64_t>(blocks.size());
 #pragma omp parallel
     {
-      FlushDenormals flush;
 #pragma omp for schedule(static)
       for (int64_t u = 0; u < Hkv * tiles; ++u) {  // scores over the keys all rows see, a tile at a time
         const int64_t g = u / tiles, t0 = (u % tiles) * KEY_TILE, t1 = std::min(common, t0 + KEY_TILE);
@@ -913,7 +821,6 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
   const int64_t size = (heads + parts - 1) / parts;
 #pragma omp parallel
   {
-    FlushDenormals flush;
     std::vector<float> p(static_cast<size_t>(GROUP * L));
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < Hkv * parts * M; ++u) {
@@ -1075,6 +982,23 @@ void rope_(torch::Tensor t, torch::Tensor cos, torch::Tensor sin, int64_t heads)
     }
   }
 }
+
+// exp for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial), in
+// plain multiplies and adds: the same bits on every AVX2 machine, whatever lane an element sits in.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
 
 // silu(g) * u = g / (1 + exp(-g)) * u, 8 elements at a time (the tail through a padded copy, so an
 // element's bits do not depend on where it falls).
