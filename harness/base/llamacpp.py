@@ -55,7 +55,9 @@ def reference(
     if gguf is None:
         return None, f"llama.cpp reference: not measured ({model} has no GGUF file here)"
     try:
-        ref = measure(binary, gguf, threads=threads, new_tokens=new_tokens, depth=depth)
+        # Onto a long cache, llama-bench's own prefill of it each repetition dwarfs the timed tokens: once.
+        reps = 3 if depth < LONG_DEPTH else 1
+        ref = measure(binary, gguf, threads=threads, new_tokens=new_tokens, depth=depth, repetitions=reps)
     except HarnessError as exc:
         return None, f"llama.cpp reference: failed ({exc})"
     return ref, (
@@ -107,6 +109,9 @@ def around(
     if drift > DRIFT_NOTE:
         line += f"; the host's speed moved by {drift:.0%} during the run, and ratios to it carry that"
     return result, mean, line
+
+
+LONG_DEPTH = 2048  # a cache (llama-bench's -d) from which one repetition is timed, not three
 
 
 def _onto(depth: int) -> str:

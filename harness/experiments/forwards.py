@@ -96,12 +96,11 @@ def time_forwards(
     """Median and best ms of one forward of M new tokens onto a ``cache_tokens`` KV cache, per M.
 
     Each timed forward sees the same cache length: the cache is cropped back to the prefix after
-    it (a prefill of a long cache costs far more than the forwards timed on it, so it is made once
-    per M; a cache that cannot be cropped is rebuilt). The Ms are interleaved within each
-    repetition, as the benchmark's arms are: timed
-    one M after another, the first M measured a model still warming up (its one-token forward read
-    1.3x the two-token one) and every M a different phase of a host whose speed drifts. The first
-    repetition warms up and is dropped."""
+    it (a prefill of a long cache costs far more than the forwards timed on it, so it is made once;
+    a cache that cannot be cropped is rebuilt). The Ms are interleaved within each repetition, as
+    the benchmark's arms are: timed one M after another, the first M measured a model still warming
+    up (its one-token forward read 1.3x the two-token one) and every M a different phase of a host
+    whose speed drifts. The first repetition warms up and is dropped."""
     from transformers import DynamicCache
 
     if cache_tokens < 1 or repetitions < 1 or any(m < 1 for m in ms):
@@ -112,11 +111,10 @@ def time_forwards(
     prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g).to(device)
     wait = timing.synchronized(model)  # None on the CPU; on a GPU each forward is timed to its end
     times: dict[int, list[float]] = {m: [] for m in ms}
-    caches: dict[int, DynamicCache] = {}
+    cache = None
     with torch.inference_mode():
         for _ in range(repetitions + 1):
             for m in ms:
-                cache = caches.pop(m, None)
                 if cache is None:
                     cache = DynamicCache()
                     model(prefix, past_key_values=cache, use_cache=True)
@@ -130,7 +128,8 @@ def time_forwards(
                 times[m].append((time.perf_counter() - start) * 1000)
                 if cache.get_seq_length() == cache_tokens + m:
                     cache.crop(-m)  # a count to remove, in transformers' 5.x spelling
-                    caches[m] = cache
+                else:
+                    cache = None
     return {m: (statistics.median(t[1:]), min(t[1:])) for m, t in times.items()}
 
 
