@@ -83,7 +83,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--acceptance-prompts",
         type=int,
-        default=40,
+        default=acceptance_tier.TIER_PROMPTS,
         help="prompts the acceptance tier runs per configuration (the mixed prompts, then HumanEval's); "
         "it is held to its reference over the prompts it ran",
     )

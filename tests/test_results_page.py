@@ -274,11 +274,11 @@ def test_the_page_shows_speedup_and_acceptance_against_context_length(tmp_path):
     decoding and tokens per verification, the commands, and the plot."""
     text = page.results_page(RESULTS)
     section = text.split("#### Context length: qwen2.5-coder-1.5b", 1)[1].split("\n#### ", 1)[0]
-    assert "--context-tokens 1024,2048,4096 --compare" in section and "--engine llama.cpp" in section
+    assert "--context-tokens 1024,4096,8000 --compare" in section and "--engine llama.cpp" in section
     lengths = [
         line.split("|")[1].strip() for line in section.splitlines() if re.match(r"\|\s+[0-9]+\s+\|", line)
     ]
-    assert lengths == ["1024", "2048", "4096"]
+    assert lengths == ["1024", "4096", "8000"]
     header = next(line for line in section.splitlines() if "context tokens |" in line)
     assert "transformers" in header and "llama.cpp" in header
     out = tmp_path / "out"

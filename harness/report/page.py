@@ -638,8 +638,9 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
         costs = [forwards.ForwardCost.from_record(r) for r in mine]
         lines += [f"#### Forward costs: {first.get('pair')} {costs[0].role}", ""]
         lines += _header(platform, command, _record_versions(mine), source)
+        lengths = ", ".join(str(n) for n in dict.fromkeys(r.get("cache_tokens") for r in mine))
         lines += [
-            f"- one forward of M tokens onto a {first.get('cache_tokens')}-token cache, median of "
+            f"- one forward of M tokens onto a {lengths}-token cache, median of "
             f"{first.get('repetitions')} (ms; in brackets relative to M=1), {first.get('threads')} "
             f"threads; read bandwidth {first.get('bandwidth_gbs')} GB/s",
             "",
