@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // Functions that use AVX-512 carry it as a target attribute (the file is built for AVX2), and run
@@ -673,6 +674,20 @@ AVX512 void group_values512(const float* const* p, float* const* o, const float*
 
 const bool WIDE = has_avx512();
 
+// f(std::integral_constant<int, n>{}) for 1 <= n <= GROUP: a chunk's size as the templates take it.
+template <typename F>
+void by_size(int n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    default: return;
+  }
+}
+
 // A chunk of up to GROUP rows, dispatched to the templates by its size.
 struct Chunk {
   const float* q[GROUP];
@@ -681,36 +696,16 @@ struct Chunk {
   int n = 0;
   bool wide = WIDE;  // the AVX-512 variants (same bits); off to check that they are
   void scores(const float* kh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) const {
-    switch (n) {
-      case 1: return group_scores<1>(q, p, kh, keys, base, t0, t1, D, scale);
-      case 2: return group_scores<2>(q, p, kh, keys, base, t0, t1, D, scale);
-      case 3: return group_scores<3>(q, p, kh, keys, base, t0, t1, D, scale);
-      case 4: return group_scores<4>(q, p, kh, keys, base, t0, t1, D, scale);
-      case 5: return group_scores<5>(q, p, kh, keys, base, t0, t1, D, scale);
-      case 6: return group_scores<6>(q, p, kh, keys, base, t0, t1, D, scale);
-      default: return;
-    }
+    by_size(n, [&](auto s) { group_scores<decltype(s)::value>(q, p, kh, keys, base, t0, t1, D, scale); });
   }
   void values(const float* vh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d,
               int width) const {
-    if (wide && width == 16) switch (n) {
-        case 1: return group_values512<1>(p, o, vh, keys, base, t0, t1, D, d);
-        case 2: return group_values512<2>(p, o, vh, keys, base, t0, t1, D, d);
-        case 3: return group_values512<3>(p, o, vh, keys, base, t0, t1, D, d);
-        case 4: return group_values512<4>(p, o, vh, keys, base, t0, t1, D, d);
-        case 5: return group_values512<5>(p, o, vh, keys, base, t0, t1, D, d);
-        case 6: return group_values512<6>(p, o, vh, keys, base, t0, t1, D, d);
-        default: return;
-      }
-    switch (n) {
-      case 1: return group_values<1>(p, o, vh, keys, base, t0, t1, D, d, width);
-      case 2: return group_values<2>(p, o, vh, keys, base, t0, t1, D, d, width);
-      case 3: return group_values<3>(p, o, vh, keys, base, t0, t1, D, d, width);
-      case 4: return group_values<4>(p, o, vh, keys, base, t0, t1, D, d, width);
-      case 5: return group_values<5>(p, o, vh, keys, base, t0, t1, D, d, width);
-      case 6: return group_values<6>(p, o, vh, keys, base, t0, t1, D, d, width);
-      default: return;
-    }
+    by_size(n, [&](auto s) {
+      if (wide && width == 16)
+        group_values512<decltype(s)::value>(p, o, vh, keys, base, t0, t1, D, d);
+      else
+        group_values<decltype(s)::value>(p, o, vh, keys, base, t0, t1, D, d, width);
+    });
   }
 };
 
