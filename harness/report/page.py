@@ -339,7 +339,8 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
     plain_arms = {arm for arm, group in summary.chosen.items() if group[0].mode == "plain"}
     plain_of_run = {r.run_id: arm for arm in plain_arms for r in summary.chosen[arm]}
     found = [c for c in names if any(_prompt_set(r.prompt_label) == c for r in rows)]
-    columns: list[tuple[str, dict[str, str]]] = []
+    columns: list[tuple[Row, dict[str, str]]] = []  # a configuration's first row, its cells
+    shares = False  # whether any cell gives the share of tokens from the context
     for arm in sorted(set(summary.chosen) - plain_arms):
         assisted = summary.chosen[arm]
         plain_arm = plain_of_run.get(assisted[0].run_id)
@@ -356,16 +357,15 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
                 a.time_per_token_ms for _, a in both
             )
             per_verify = [a.acceptance_length or a.tokens_per_target_forward for _, a in both]
-            cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}" + _context_share(
-                [a for _, a in both]
-            )
+            share = _context_share([a for _, a in both])
+            shares = shares or bool(share)
+            cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}{share}"
         columns.append((assisted[0], cells))
-    names = [_engine(row) for row, _ in columns]
-    if len(set(names)) < len(names):  # one engine in several configurations: say which is which
-        names = [_configuration(row) for row, _ in columns]
+    headers = [_engine(row) for row, _ in columns]
+    if len(set(headers)) < len(headers):  # one engine in several configurations: say which is which
+        headers = [_configuration(row) for row, _ in columns]
     body = [[c, *(cells.get(c, "-") for _, cells in columns)] for c in found]
-    table = tabulate(body, headers=["category", *names], tablefmt="github")
-    shares = any("from context" in cell for _, cells in columns for cell in cells.values())
+    table = tabulate(body, headers=["category", *headers], tablefmt="github")
     return [
         f"Per task category (speedup over the same engine's plain decoding / tokens per verification"
         f"{'; in brackets, the share of accepted tokens proposed from the context' if shares else ''}), "
