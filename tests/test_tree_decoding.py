@@ -76,13 +76,37 @@ def test_a_tree_row_attends_exactly_as_the_step_on_its_path():
     assert not torch.equal(tree, causal)  # the mask did change the rows that have siblings before them
 
 
+@pytest.mark.parametrize("pending", [1, 3, 20])
+def test_a_mask_of_the_nodes_rows_alone_keeps_the_rows_before_it_causal(pending):
+    """A round's mask covers only its nodes (``verify_mask``): the pending rows before them (a first
+    round's prompt; past SHARED_ROWS rows the kernel's other path) get the bits of a causal forward,
+    and the nodes those of a mask over every row."""
+    ext = invariant.extension()
+    torch.manual_seed(1)
+    heads, kv_heads, dim, prefix = 4, 2, 16, 9
+    nodes = Tree.parse("0+1+00+01+10+000").nodes
+    m = pending + len(nodes)
+    q = torch.randn(m, heads * dim)
+    k = torch.randn(kv_heads, prefix + m, dim)
+    v = torch.randn(kv_heads, prefix + m, dim)
+    full = torch.zeros(m, m, dtype=torch.bool)
+    full[:pending, :pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
+    full[pending:, :pending] = True
+    full[pending:, pending:] = trees.tree_mask(nodes, nodes)
+    ours = ext.attention_md(q, k, v, heads, 0.25, trees.verify_mask(nodes))
+    assert torch.equal(ours, ext.attention_md(q, k, v, heads, 0.25, full))
+    assert torch.equal(ours[:pending], ext.attention_md(q, k, v, heads, 0.25)[:pending])
+
+
 def test_the_attention_mask_is_checked():
     ext = invariant.extension()
     q, k = torch.randn(2, 8), torch.randn(1, 5, 8)
     with pytest.raises(RuntimeError, match="must see its own entry"):
         ext.attention_md(q, k, k, 1, 1.0, torch.tensor([[1, 0], [1, 0]], dtype=torch.bool))
-    with pytest.raises(RuntimeError, match="M <= T"):
+    with pytest.raises(RuntimeError, match="R <= T"):
         ext.attention_md(q, k, k, 1, 1.0, torch.ones(2, 1, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="R <= M"):
+        ext.attention_md(q, k, k, 1, 1.0, torch.ones(3, 3, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("spec", TREES)
@@ -145,9 +169,8 @@ def test_a_verifier_whose_nodes_see_their_siblings_is_caught(pair, monkeypatch):
     """Break the tree mask (every row causal over all rows, so a node attends to the siblings stored
     before it): the equality oracle must see the outputs change."""
 
-    def causal_over_all(pending, nodes):
-        m = pending + len(nodes)
-        return torch.ones(m, m, dtype=torch.bool).tril() if nodes else None
+    def causal_over_all(nodes):
+        return torch.ones(len(nodes), len(nodes), dtype=torch.bool).tril() if nodes else None
 
     monkeypatch.setattr(trees, "verify_mask", causal_over_all)
     spec = "0+1+2+00+10+000+0000"

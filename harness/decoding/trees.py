@@ -66,16 +66,12 @@ def tree_mask(rows: tuple[Path, ...], seen: tuple[Path, ...]) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=64)
-def verify_mask(pending: int, nodes: tuple[Path, ...]) -> torch.Tensor | None:
-    """The target's mask for a round: its ``pending`` tokens (the prompt on the first round, else the
-    last token) causal among themselves, then the nodes, each seeing them all, its ancestors and itself."""
-    if not nodes:
-        return None
-    mask = torch.zeros(pending + len(nodes), pending + len(nodes), dtype=torch.bool)
-    mask[:pending, :pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
-    mask[pending:, :pending] = True
-    mask[pending:, pending:] = tree_mask(nodes, nodes)
-    return mask
+def verify_mask(nodes: tuple[Path, ...]) -> torch.Tensor | None:
+    """The target's mask for a round's nodes, the forward's last rows: each sees every entry before
+    the nodes (the prefix and the round's pending tokens, which stay causal among themselves), its
+    ancestors and itself. Only the nodes' rows are masked: a first round's mask over the whole prompt
+    would cost its prefill more than the prompt's arithmetic."""
+    return tree_mask(nodes, nodes) if nodes else None
 
 
 def keep_path(cache: DynamicCache, start: int, entries: Sequence[int]) -> None:
@@ -248,7 +244,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 [*seq[seen:], *(tokens[p] for p in nodes)],
                 target_cache,
                 [*range(seen, len(seq)), *(len(seq) - 1 + len(p) for p in nodes)],
-                verify_mask(len(seq) - seen, tuple(nodes)),
+                verify_mask(tuple(nodes)),
                 keep=1 + len(nodes),
             )
             scores = verify  # the root's row, then the nodes'

@@ -724,29 +724,35 @@ std::vector<std::pair<int64_t, int>> d_blocks(int64_t D) {
 // grow is read where it lies. The layouts only move where a row is read and written, never the order
 // of its sums.
 //
-// Row i sees the keys before ``common`` (all rows do), then its own tail: the next i keys (causal),
-// or the ones its mask shows among the cache's last T (a tree). Up to SHARED_ROWS rows, the call
+// Row i sees the keys before ``common`` (all rows do), then its own tail: the keys up to its own
+// (causal), or, for the last R rows where a mask is given, the ones it shows among the cache's last T
+// (a tree) after every key before them. The rows before a mask's are causal: a prompt verified with
+// a tree's nodes needs no [M, M] mask, whose per-row index lists would cost a long prompt's prefill
+// more than its arithmetic. Up to SHARED_ROWS rows, the call
 // runs in three passes over all rows at once (scores by key tile, weights by row, values by block
 // of D), so each key and value row is read from memory once however many rows verify; past that
 // (a prompt), a thread takes a chunk of one row's heads at a time. Both run the same arithmetic.
 void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t k_h, const float* vp, int64_t v_h,
             float* op, int64_t o_h, int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L,
-            float scale, const uint8_t* visible = nullptr, int64_t T = 0, bool force_avx2 = false) {
+            float scale, const uint8_t* visible = nullptr, int64_t R = 0, int64_t T = 0,
+            bool force_avx2 = false) {
   const int64_t heads = H / Hkv;
-  const int64_t common = visible == nullptr ? L - M + 1 : L - T;
-  // Each row's tail (the keys it sees at and after ``common``), as key indices; none: consecutive.
-  std::vector<std::vector<int32_t>> tails(static_cast<size_t>(visible == nullptr ? 0 : M));
+  const int64_t first = visible == nullptr ? M : M - R;  // the first masked row
+  const int64_t common = visible == nullptr ? L - M + 1 : std::min(L - T, L - M + 1);
+  // Each row's tail (the keys it sees at and after ``common``), as key indices; empty: consecutive.
+  std::vector<std::vector<int32_t>> tails(static_cast<size_t>(M));
   std::vector<int64_t> seen(static_cast<size_t>(M));
   for (int64_t i = 0; i < M; ++i) {
-    if (visible == nullptr) {
-      seen[i] = common + i;
+    if (i < first) {
+      seen[i] = L - M + 1 + i;
       continue;
     }
+    const uint8_t* shown = visible + (i - first) * T;
     for (int64_t j = common; j < L - M + i + 1; ++j)
-      if (visible[i * T + (j - common)]) tails[i].push_back(static_cast<int32_t>(j));
+      if (j < L - T || shown[j - (L - T)]) tails[i].push_back(static_cast<int32_t>(j));
     seen[i] = common + static_cast<int64_t>(tails[i].size());
   }
-  auto tail_keys = [&](int64_t i) -> const int32_t* { return visible == nullptr ? nullptr : tails[i].data(); };
+  auto tail_keys = [&](int64_t i) -> const int32_t* { return i < first ? nullptr : tails[i].data(); };
   const auto blocks = d_blocks(D);
   // A chunk of rows: heads h0..h1-1 of key/value head g, query row i, weights at p(h, i).
   auto chunk_of = [&](int64_t h0, int64_t h1, int64_t i, auto&& p_of) {
@@ -865,15 +871,16 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   check_kv(k, v, H, M, D);
   auto out = torch::empty({H, M, D}, q.options());
   attend(q.data_ptr<float>(), M * D, D, k.data_ptr<float>(), k.stride(0), v.data_ptr<float>(), v.stride(0),
-         out.data_ptr<float>(), M * D, D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling), nullptr, 0,
+         out.data_ptr<float>(), M * D, D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling), nullptr, 0, 0,
          force_avx2);
   return out;
 }
 
 // The same attention on a layer's own layout: q [M, H * D] as the projection wrote it, the output
 // [M, H * D] as the output projection reads it (no transposes between the calls).
-// With ``visible`` (bool or uint8 [M, T], T >= M): which of the cache's last T entries each row sees
-// (a token tree's ancestors; each row must see its own entry, the last M being the rows' own).
+// With ``visible`` (bool or uint8 [R, T], R <= T, R <= M): which of the cache's last T entries each
+// of the last R rows sees (a token tree's ancestors; each must see its own entry, the last M being the
+// rows' own), each also seeing every entry before them; the rows before the mask's are causal.
 torch::Tensor attention_md(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t H, double scaling,
                            c10::optional<torch::Tensor> visible = c10::nullopt) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat32 && H > 0 && q.size(1) % H == 0,
@@ -884,19 +891,21 @@ torch::Tensor attention_md(torch::Tensor q, torch::Tensor k, torch::Tensor v, in
   const int64_t M = q.size(0), D = q.size(1) / H;
   check_kv(k, v, H, M, D);
   torch::Tensor mask;
-  int64_t T = 0;
+  int64_t R = 0, T = 0;
   if (visible.has_value()) {
     mask = visible->to(torch::kUInt8).contiguous();
+    R = mask.dim() == 2 ? mask.size(0) : -1;
     T = mask.dim() == 2 ? mask.size(1) : -1;
-    TORCH_CHECK(mask.dim() == 2 && mask.size(0) == M && T >= M && T <= k.size(1),
-                "visible must be [M, T] with M <= T <= the cache's length");
+    TORCH_CHECK(mask.dim() == 2 && R >= 1 && R <= M && T >= R && T <= k.size(1),
+                "visible must be [R, T] for the last R rows (R <= M) with R <= T <= the cache's length");
     const uint8_t* mp = mask.data_ptr<uint8_t>();
-    for (int64_t i = 0; i < M; ++i) TORCH_CHECK(mp[i * T + T - M + i], "row ", i, " must see its own entry");
+    for (int64_t r = 0; r < R; ++r)
+      TORCH_CHECK(mp[r * T + T - R + r], "row ", M - R + r, " must see its own entry");
   }
   auto out = torch::empty({M, H * D}, q.options());
   attend(q.data_ptr<float>(), D, H * D, k.data_ptr<float>(), k.stride(0), v.data_ptr<float>(), v.stride(0),
          out.data_ptr<float>(), D, H * D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling),
-         visible.has_value() ? mask.data_ptr<uint8_t>() : nullptr, T);
+         visible.has_value() ? mask.data_ptr<uint8_t>() : nullptr, R, T);
   return out;
 }
 
