@@ -233,8 +233,11 @@ def test_plain_and_assisted_runs_into_one_file_are_not_paired(
         (["--draft_vocab", "-1"], "--draft_vocab must be 0 (the whole vocabulary) or a positive count"),
         (["--synthetic_acceptance", "0.5"], "this run decodes plainly, without a draft"),
         (["--context-tokens", "10"], "--context-tokens must be at least 64"),
-        (["--context-tokens", "512", "--prompts", "rag"], "--context-tokens builds the decode task's"),
-        (["--context-tokens", "512", "--task", "benchmark"], "--context-tokens builds the decode task's"),
+        (
+            ["--context-tokens", "512", "--prompts", "rag"],
+            "--context-tokens builds the prompts of --task dec",
+        ),
+        (["--context-tokens", "512", "--task", "benchmark"], "--context-tokens builds the prompts of --task"),
         (["--prompts", "chat,poems"], "unknown prompt set 'poems'"),
         (["--concurrency", "0", "--engine", "llama.cpp"], "--concurrency: 0 in '0' must be positive"),
         (["--concurrency", "2"], "--engine transformers decodes one request at a time"),

@@ -177,3 +177,25 @@ def test_the_sweep_measures_context_drafting_beside_its_chain(tmp_path, capsys):
     assert len(ctx_rows) == 2 and all(r.accepted_from_context is not None for r in ctx_rows)
     plain_out = {r.example: r.output_ids for r in rows if r.mode == "plain"}
     assert all(r.output_ids == plain_out[r.example] for r in ctx_rows)
+
+
+def test_the_sweep_runs_long_contexts(tmp_path, capsys):
+    """``--task sweep --context-tokens N``: every configuration beside plain decoding on prompts of
+    exactly N tokens, the command it prints carrying the lengths (so a rerun resumes them)."""
+    from harness import cli
+    from harness.settings.results import read_rows
+
+    chain = "t=w8af32,kernels=invariant,d=w8af32,dk=invariant,k=3"
+    argv = ["--model_name", "tiny-llama", "--task", "sweep", "--context-tokens", "96,160", "--limit", "1",
+            "--max_new_tokens", "8", "--results_dir", str(tmp_path), "--no_progress",
+            "--sweep", f"{chain};{chain},ctx=8"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    rows = [r for path in (tmp_path / "rows" / "sweep").glob("*.jsonl") for r in read_rows(path)]
+    assert sorted({(r.prompt_tokens, r.mode) for r in rows}) == [
+        (96, "assisted"), (96, "plain"), (160, "assisted"), (160, "plain")
+    ]  # fmt: skip
+    assert len(rows) == 6  # plain once per prompt, each configuration beside it
+    plain_out = {r.prompt_tokens: r.output_ids for r in rows if r.mode == "plain"}
+    assert all(r.output_ids == plain_out[r.prompt_tokens] for r in rows)
+    page = next((tmp_path).glob("*/sweep-*.md")).read_text()
+    assert "--context-tokens 96,160" in page

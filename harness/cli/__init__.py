@@ -15,6 +15,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from harness import report
 from harness.base import backends, devices, files, llamacpp, platforms, tasks
@@ -44,13 +45,7 @@ def _prompts(
     if from_file is not None:
         prompts = from_file
     elif args.context_tokens is not None:
-        # --limit prompts at each length (default 3), the lengths in turn.
-        budget = args.max_new_tokens or tasks.LONG_CONTEXT_NEW_TOKENS
-        return [
-            p
-            for n in args.context_tokens
-            for p in tasks.long_context_prompts(pair.tokenizer, n, args.limit or 3, budget)
-        ]
+        return _long_contexts(args, pair.tokenizer, args.max_new_tokens or tasks.LONG_CONTEXT_NEW_TOKENS)
     elif args.task == "decode":
         # A registered pair's kind chooses; a pair of the user's own files gets both kinds, never a
         # guess from a folder name.
@@ -83,6 +78,13 @@ def _prompts(
     return prompts
 
 
+def _long_contexts(args: argparse.Namespace, tokenizer: Any, new_tokens: int) -> list[tasks.Prompt]:
+    """``--context-tokens``: --limit prompts at each length (default 3), the lengths in turn."""
+    count = args.limit or 3
+    by_length = (tasks.long_context_prompts(tokenizer, n, count, new_tokens) for n in args.context_tokens)
+    return [p for prompts in by_length for p in prompts]
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """Flag values argparse cannot judge, checked before anything slow (model loading) starts."""
     results.check_out_folder("--results_dir", getattr(args, "results_dir", None))
@@ -101,10 +103,10 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.context_tokens is not None:
         if min(args.context_tokens) < 64:
             raise HarnessError(f"--context-tokens must be at least 64 (got {min(args.context_tokens)})")
-        if args.task != "decode" or args.prompts is not None:
+        if args.task not in ("decode", "sweep") or args.prompts is not None:
             raise HarnessError(
-                "--context-tokens builds the decode task's prompts: use it with --task decode and without "
-                "--prompts"
+                "--context-tokens builds the prompts of --task decode or --task sweep: use it with one of "
+                "them and without --prompts"
             )
     if args.weights_dir is not None and not Path(args.weights_dir).expanduser().is_dir():
         raise HarnessError(
@@ -557,6 +559,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     limit = args.limit or sweep.DEFAULT_LIMIT
     if args.prompts:
         prompts = tasks.prompts_of(args.prompts, new_tokens)[:limit]
+    elif args.context_tokens is not None:
+        limit = args.limit or 3
+        prompts = _long_contexts(args, models.tokenizer_of(spec.target, args.weights_dir), new_tokens)
     else:
         prompts = humaneval.prompts(limit, new_tokens)
     platform = args.platform or platforms.detect().name
@@ -571,6 +576,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     command += ["--limit", str(limit), "--max_new_tokens", str(new_tokens)]
     if args.prompts:
         command += ["--prompts", args.prompts]
+    if args.context_tokens is not None:
+        command += ["--context-tokens", ",".join(str(n) for n in args.context_tokens)]
     # Where its rows are, so the command, run again, resumes them.
     for flag, value in (("--json", args.json), ("--results_dir", given_dir), ("--platform", args.platform)):
         if value is not None:

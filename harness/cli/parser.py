@@ -417,8 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="context_tokens",
         type=_int_list,
         metavar="N[,N]",
-        help="the decode task on long contexts: prompts of exactly N tokens, each the standard library's "
-        "sources (a different module each) followed by a task on them (summarize, answer, edit), "
+        help="the decode task or the sweep on long contexts: prompts of exactly N tokens, each the standard "
+        "library's sources (a different module each) followed by a task on them (summarize, answer, edit), "
         "--limit of them at each length (default 3)",
     )
     _add(

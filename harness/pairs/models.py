@@ -227,6 +227,8 @@ _FAMILIES = {"qwen2": "qwen2", "llama": "llama", "opt": "opt"}
 def tokenizer_of(spec: ModelSpec, weights_dir: str | None = None) -> Any:
     """The model's tokenizer, offline: its folder's, or read from its GGUF file (the GGUF engines'
     prompts are tokenized as the file's own vocabulary says)."""
+    if spec.is_tiny:
+        return tiny.build_tokenizer()
     if spec.is_gguf_file:
         file = Path(spec.path)
         return AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
