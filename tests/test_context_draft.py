@@ -83,6 +83,21 @@ def test_the_output_is_the_targets_own_greedy_output(pair, k, schedule):
         assert m.from_context is not None and 0 <= m.from_context <= m.accepted <= m.drafted
 
 
+def test_the_draft_reads_a_long_prompts_recent_window_only(pair):
+    """With proposals from the context, the draft model's first forward reads the prompt's last
+    ``DRAFT_WINDOW`` tokens, not the whole prompt, and the output stays plain decoding's."""
+    from harness.decoding import trees
+
+    prompt = [3 + (i * 7919) % 200 for i in range(trees.DRAFT_WINDOW + 90)]  # nothing recurs soon
+    plain = generate(pair, prompt, GenerationSettings(max_new_tokens=24, ignore_eos=True))
+    s = GenerationSettings(mode="assisted", max_new_tokens=24, ignore_eos=True, context_draft=8)
+    m = generate(pair, prompt, s)
+    assert m.output_ids == plain.output_ids
+    first = next(f for f in m.forwards if f.role == "draft")
+    assert (first.cache_tokens, first.input_tokens) == (0, trees.DRAFT_WINDOW)
+    assert next(f for f in m.forwards if f.role == "target").input_tokens > len(prompt)  # with proposals
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_an_edit_that_copies_its_code_is_proposed_from_the_context():
