@@ -257,16 +257,19 @@ def test_the_page_shows_a_serving_engine_under_concurrent_streams(tmp_path):
     """The committed concurrency rows: per level, plain and speculative tokens/s (all streams and
     each request) and speculation's gain, the command that measures them, and their plot."""
     text = page.results_page(RESULTS)
-    heading = "#### Concurrent streams: qwen2.5-coder-1.5b on llama.cpp"
-    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    assert "--engine llama.cpp --concurrency 1,2,4 --compare" in section
-    levels = [line for line in section.splitlines() if re.match(r"\| [0-9]+ ", line)]
-    assert [line.split("|")[1].strip() for line in levels] == ["1", "2", "4"]
-    assert all(line.rstrip(" |").endswith("x") for line in levels)
     out = tmp_path / "out"
     page.write_results_page(RESULTS, out=out)
-    png = out / "amd-epyc-2c-avx512" / "concurrency-qwen2.5-coder-1.5b-llama.cpp-amd-epyc-2c-avx512.png"
-    assert png.read_bytes().startswith(b"\x89PNG")
+    urls = "--endpoint http://127.0.0.1:18431 --speculative-endpoint http://127.0.0.1:18432"
+    served = f"--engine served {urls} "
+    for engine, command in (("llama.cpp", "--engine llama.cpp "), ("served", served)):
+        heading = f"#### Concurrent streams: qwen2.5-coder-1.5b on {engine}"
+        section = text.split(heading, 1)[1].split("\n#### ", 1)[0].split("\n## ", 1)[0]
+        assert command + "--concurrency 1,2,4,8 --compare --limit 16" in section  # the deployment's URLs
+        levels = [line for line in section.splitlines() if re.match(r"\| [0-9]+ ", line)]
+        assert [line.split("|")[1].strip() for line in levels] == ["1", "2", "4", "8"]
+        assert all(line.rstrip(" |").endswith("x") for line in levels)
+        png = out / "amd-epyc-2c-avx512" / f"concurrency-qwen2.5-coder-1.5b-{engine}-amd-epyc-2c-avx512.png"
+        assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_page_shows_speedup_and_acceptance_against_context_length(tmp_path):

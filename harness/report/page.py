@@ -495,9 +495,16 @@ def concurrency_section(platform: str, rows: Sequence[Row], source: str) -> list
     engine = _engine(first)
     streams = ",".join(str(n) for n in sorted({lv.concurrency for lv in levels}))
     prompts = max(lv.requests for lv in levels)
+    # A deployment's endpoints are part of the command that measures it again (where it serves).
+    urls = [
+        f" {flag} {url}"
+        for flag, attr in (("--endpoint", "endpoint"), ("--speculative-endpoint", "speculative_endpoint"))
+        if (url := next((getattr(r, attr) for r in rows if getattr(r, attr)), None))
+    ]
     command = (
-        f"python assisted_generation.py --model_name {first.model} --engine {engine} --concurrency {streams} "
-        f"--compare --limit {prompts} --max_new_tokens {max(r.new_tokens for r in rows)}{_sets_flag(rows)}"
+        f"python assisted_generation.py --model_name {first.model} --engine {engine}{''.join(urls)} "
+        f"--concurrency {streams} --compare --limit {prompts} --max_new_tokens "
+        f"{max(r.new_tokens for r in rows)}{_sets_flag(rows)}"
     )
     lines = [f"#### Concurrent streams: {first.model} on {engine}", ""]
     lines += _header(platform, command, _versions(rows), source)
