@@ -155,6 +155,7 @@ LONG_CONTEXT_TASKS = (
      "Answer:\n"),
 )  # fmt: skip
 LONG_CONTEXT_NEW_TOKENS = 64
+LONG_CONTEXT_PROMPTS = 3  # at each length, unless --limit says otherwise
 
 
 def _stdlib_source(name: str) -> str:

@@ -79,8 +79,8 @@ def _prompts(
 
 
 def _long_contexts(args: argparse.Namespace, tokenizer: Any, new_tokens: int) -> list[tasks.Prompt]:
-    """``--context-tokens``: --limit prompts at each length (default 3), the lengths in turn."""
-    count = args.limit or 3
+    """``--context-tokens``: --limit prompts at each length, the lengths in turn."""
+    count = args.limit or tasks.LONG_CONTEXT_PROMPTS
     by_length = (tasks.long_context_prompts(tokenizer, n, count, new_tokens) for n in args.context_tokens)
     return [p for prompts in by_length for p in prompts]
 
@@ -560,7 +560,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.prompts:
         prompts = tasks.prompts_of(args.prompts, new_tokens)[:limit]
     elif args.context_tokens is not None:
-        limit = args.limit or 3
+        limit = args.limit or tasks.LONG_CONTEXT_PROMPTS
         prompts = _long_contexts(args, models.tokenizer_of(spec.target, args.weights_dir), new_tokens)
     else:
         prompts = humaneval.prompts(limit, new_tokens)

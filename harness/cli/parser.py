@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N[,N]",
         help="the decode task or the sweep on long contexts: prompts of exactly N tokens, each the standard "
         "library's sources (a different module each) followed by a task on them (summarize, answer, edit), "
-        "--limit of them at each length (default 3)",
+        f"--limit of them at each length (default {tasks.LONG_CONTEXT_PROMPTS})",
     )
     _add(
         g,

@@ -728,10 +728,10 @@ std::vector<std::pair<int64_t, int>> d_blocks(int64_t D) {
 // (causal), or, for the last R rows where a mask is given, the ones it shows among the cache's last T
 // (a tree) after every key before them. The rows before a mask's are causal: a prompt verified with
 // a tree's nodes needs no [M, M] mask, whose per-row index lists would cost a long prompt's prefill
-// more than its arithmetic. Up to SHARED_ROWS rows, the call
-// runs in three passes over all rows at once (scores by key tile, weights by row, values by block
-// of D), so each key and value row is read from memory once however many rows verify; past that
-// (a prompt), a thread takes a chunk of one row's heads at a time. Both run the same arithmetic.
+// more than its arithmetic. Up to SHARED_ROWS rows, the call runs in three passes over all rows at
+// once (scores by key tile, weights by row, values by block of D), so each key and value row is read
+// from memory once however many rows verify; past that (a prompt), a thread takes a chunk of one
+// row's heads at a time. Both run the same arithmetic.
 void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t k_h, const float* vp, int64_t v_h,
             float* op, int64_t o_h, int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L,
             float scale, const uint8_t* visible = nullptr, int64_t R = 0, int64_t T = 0,
