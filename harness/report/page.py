@@ -495,11 +495,13 @@ def concurrency_section(platform: str, rows: Sequence[Row], source: str) -> list
     engine = _engine(first)
     streams = ",".join(str(n) for n in sorted({lv.concurrency for lv in levels}))
     prompts = max(lv.requests for lv in levels)
-    # A deployment's endpoints are part of the command that measures it again (where it serves).
+    # A deployment's endpoints are part of the command that measures it again (where it serves),
+    # spelled as the run settings' own flags.
     urls = [
-        f" {flag} {url}"
-        for flag, attr in (("--endpoint", "endpoint"), ("--speculative-endpoint", "speculative_endpoint"))
-        if (url := next((getattr(r, attr) for r in rows if getattr(r, attr)), None))
+        f" {field.flag} {url}"
+        for field in setup.FIELDS
+        if field.column in ("endpoint", "speculative_endpoint")
+        and (url := next((getattr(r, field.column) for r in rows if getattr(r, field.column)), None))
     ]
     command = (
         f"python assisted_generation.py --model_name {first.model} --engine {engine}{''.join(urls)} "
