@@ -7,6 +7,8 @@ instead, so both ways run the same suite.
 
 import sys
 
+# pytester: the suite's own tests run pytest in-process where a run ends at configure or collection.
+pytest_plugins = ["pytester"]
 # Entry-point plugins are imported before any conftest: loading it again would register it twice.
 if "harness.pytest_plugin" not in sys.modules:
-    pytest_plugins = ["harness.pytest_plugin"]
+    pytest_plugins.append("harness.pytest_plugin")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 
 from harness.decoding import engines
 from harness.pairs import models
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_pair(name: str | models.PairSpec = models.DEFAULT_PAIR, **settings: Any) -> models.LoadedPair:
@@ -47,3 +50,19 @@ def bare_gguf_files(folder: Path) -> dict[str, Path]:
         except OSError:
             shutil.copy2(source, files[role])
     return files
+
+
+def pytest_in_process(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``python -m pytest -p no:cacheprovider ARGS`` from ``cwd``, run in this process by pytester.
+
+    For runs that end at configure or collection (a usage error, ``--help``, ``--collect-only``): as
+    a subprocess each would spend most of its six seconds importing torch and transformers again. A
+    run that decodes, or needs an environment of its own, stays a subprocess."""
+    back = Path.cwd()
+    os.chdir(cwd)
+    try:
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+    finally:
+        os.chdir(back)
+    out, err = "\n".join(result.outlines), "\n".join(result.errlines)
+    return subprocess.CompletedProcess(["pytest", *args], int(result.ret), out, err)

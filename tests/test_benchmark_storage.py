@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import pytest_in_process
 
 from harness.settings import baselines
 
@@ -25,10 +26,9 @@ def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def _collect(*args: str) -> subprocess.CompletedProcess:
+def _collect(pytester: pytest.Pytester, *args: str) -> subprocess.CompletedProcess:
     """Collect perf/test_benchmark.py with ``args``: the compare options are checked at configure time."""
-    return _run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                "perf/test_benchmark.py", *args)  # fmt: skip
+    return pytest_in_process(pytester, "--collect-only", "-q", "perf/test_benchmark.py", *args)
 
 
 def test_every_platform_has_one_storage_and_the_seeds_platforms_are_there():
@@ -73,49 +73,52 @@ def test_a_stored_case_reads_back_as_the_gate_reads_it():
         assert mine["ratio"]["fullname"].endswith("-ratio]") and mine["ratio"]["group"].endswith(" ratio")
 
 
-def test_compare_alone_picks_this_platforms_committed_baseline():
-    done = _collect("--benchmark-compare", "--platform", "amd-epyc-2c-avx512")
+def test_compare_alone_picks_this_platforms_committed_baseline(pytester):
+    done = _collect(pytester, "--benchmark-compare", "--platform", "amd-epyc-2c-avx512")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0001_baseline.json" in done.stdout + done.stderr
 
 
 def test_a_compare_says_in_one_line_which_machine_the_baseline_was_taken_on():
-    done = _collect("--benchmark-compare", "--platform", "amd-epyc-2c-avx512")
+    # A process of its own: pytest-benchmark says it as a warning, which a process shows only once.
+    done = _run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                "perf/test_benchmark.py", "--benchmark-compare",
+                "--platform", "amd-epyc-2c-avx512")  # fmt: skip
     said = done.stdout + done.stderr
     assert "the compared run in" in said and "family 25 model 17" in said
     assert "machine_info is different" not in said  # pytest-benchmark's own note: both machines whole
     assert len(done.stderr) < 1000, done.stderr
 
 
-def test_help_says_what_a_compare_compares_and_every_default():
-    done = _run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--help")
+def test_help_says_what_a_compare_compares_and_every_default(pytester):
+    done = pytest_in_process(pytester, "--help")
     shown = " ".join(done.stdout.split())
     assert "committed baseline, baselines/<platform>/" in shown
     assert "(default: 5)" in shown.split("--perf-repetitions", 1)[1].split("--", 1)[0]
 
 
-def test_a_platform_without_a_baseline_is_told_so_plainly():
-    done = _collect("--benchmark-compare", "--platform", "nowhere-1c")
+def test_a_platform_without_a_baseline_is_told_so_plainly(pytester):
+    done = _collect(pytester, "--benchmark-compare", "--platform", "nowhere-1c")
     assert done.returncode == 4, done.stdout + done.stderr
     assert "platform 'nowhere-1c' has no committed baseline" in done.stderr
     assert "--update-baselines" in done.stderr and "amd-epyc-2c-avx512" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-def test_compare_inputs_are_checked_before_anything_runs(tmp_path):
-    missing = _collect("--benchmark-compare", f"--benchmark-storage={tmp_path / 'none'}")
+def test_compare_inputs_are_checked_before_anything_runs(pytester, tmp_path):
+    missing = _collect(pytester, "--benchmark-compare", f"--benchmark-storage={tmp_path / 'none'}")
     assert missing.returncode == 4 and "no such folder" in missing.stderr, missing.stderr
     assert not (tmp_path / "none").exists()  # pytest-benchmark would have made it
 
     storage = tmp_path / "storage"
     storage.mkdir()
     shutil.copy(baselines.storage_file(COMMITTED, "amd-epyc-2c-avx512"), storage / "0001_baseline.json")
-    nothing = _collect(f"--benchmark-storage={storage}", "--benchmark-compare=0042")
+    nothing = _collect(pytester, f"--benchmark-storage={storage}", "--benchmark-compare=0042")
     assert nothing.returncode == 4 and "no saved run matches '0042'" in nothing.stderr, nothing.stderr
     assert "0001_baseline.json" in nothing.stderr  # what is there, to pick from
 
     (storage / "0002_broken.json").write_text('{"benchmarks": [')
-    corrupt = _collect(f"--benchmark-storage={storage}", "--benchmark-compare")
+    corrupt = _collect(pytester, f"--benchmark-storage={storage}", "--benchmark-compare")
     assert corrupt.returncode == 4, corrupt.stderr
     assert "0002_broken.json is not a pytest-benchmark saved run" in corrupt.stderr
     (storage / "0002_broken.json").unlink()
@@ -124,18 +127,20 @@ def test_compare_inputs_are_checked_before_anything_runs(tmp_path):
     for entry in old["benchmarks"]:
         entry["extra_info"]["schema"] = 2
     (storage / "0001_baseline.json").write_text(json.dumps(old))
-    schema = _collect(f"--benchmark-storage={storage}", "--benchmark-compare")
+    schema = _collect(pytester, f"--benchmark-storage={storage}", "--benchmark-compare")
     assert schema.returncode == 4 and "schema [2]" in schema.stderr and "--update-baselines" in schema.stderr
     for done in (missing, nothing, corrupt, schema):
         assert "Traceback" not in done.stderr
 
 
-def test_a_storage_of_ones_own_is_compared_as_given(tmp_path):
+def test_a_storage_of_ones_own_is_compared_as_given(pytester, tmp_path):
     """With --benchmark-storage (or --benchmark-autosave) a compare reads that history, whatever the
     platform, and never redirects to the committed baselines, which a run does not write to."""
     shutil.copy(baselines.storage_file(COMMITTED, "phx"), tmp_path / "0007_mine.json")
-    given = _collect(f"--benchmark-storage={tmp_path}", "--benchmark-compare", "--platform", "nowhere-1c")
+    given = _collect(
+        pytester, f"--benchmark-storage={tmp_path}", "--benchmark-compare", "--platform", "nowhere-1c"
+    )
     assert given.returncode == 0, given.stderr
-    saving = _collect("--benchmark-compare", "--benchmark-autosave", "--platform", "nowhere-1c")
+    saving = _collect(pytester, "--benchmark-compare", "--benchmark-autosave", "--platform", "nowhere-1c")
     assert "has no committed baseline" not in saving.stderr
     assert saving.returncode == 0 or ".benchmarks" in saving.stderr, saving.stderr

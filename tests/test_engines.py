@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from helpers import installed_engine
+from helpers import installed_engine, pytest_in_process
 
 from harness import cli
 from harness.base.errors import HarnessError
@@ -141,18 +141,10 @@ def test_the_core_suite_and_transformers_run_without_the_engines_runtimes(tmp_pa
     assert "test_engine_tier[qwen2.5-coder-1.5b-llama_cpp]" in out
 
 
-def test_each_perf_suite_collects_every_engines_cases() -> None:
+def test_each_perf_suite_collects_every_engines_cases(pytester) -> None:
     """The three perf files cross their tiers with the engine axis: llama.cpp's, OpenVINO's and
     onnxruntime-genai's cases beside transformers' (its own tiers over precisions and backends)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "perf"],
-        cwd=root, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = pytest_in_process(pytester, "--co", "-q", "perf")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     for suite in ("perf/test_decode.py", "perf/test_benchmark.py", "perf/test_humaneval.py"):

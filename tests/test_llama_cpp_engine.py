@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import bare_gguf_files
+from helpers import bare_gguf_files, pytest_in_process
 
 from harness import cli
 from harness.base.errors import HarnessError
@@ -182,14 +182,8 @@ def test_a_named_binary_that_is_not_executable_is_an_error_naming_its_source(tmp
         llama_build.binary("llama-server", tmp_path / "empty-cache", build=False)
 
 
-def test_pytest_refuses_a_llama_server_that_is_not_a_program(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--llama-server", str(tmp_path / "nope")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def test_pytest_refuses_a_llama_server_that_is_not_a_program(pytester, tmp_path):
+    done = pytest_in_process(pytester, "--collect-only", "-q", "--llama-server", str(tmp_path / "nope"))
     out = done.stdout + done.stderr
     assert done.returncode != 0 and "is not an executable file" in out and "Traceback" not in out
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_pair
+from helpers import load_pair, pytest_in_process
 
 from harness import cli
 from harness.base.errors import HarnessError
@@ -112,7 +112,7 @@ def test_help_shows_defaults_and_both_spellings(capsys):
     assert "(default: qwen2.5-coder-1.5b)" in out and "(default: 0)" in out
 
 
-def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
+def test_the_plugin_runs_a_users_tests_on_their_local_pair(pytester, folders, tmp_path):
     target, draft = folders
     (tmp_path / "test_mine.py").write_text(USER_TEST.read_text().replace("WHICH", "tiny=False"))
     done = subprocess.run(
@@ -124,10 +124,7 @@ def test_the_plugin_runs_a_users_tests_on_their_local_pair(folders, tmp_path):
     assert "test_assisted_equals_plain[mine] PASSED" in done.stdout
     # Said before the run: the local pair's ONNX Runtime cases export its target (16 GB resident for a 1.5B).
     assert "mine: their ONNX Runtime cases export each target once" in done.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--local-pair", "mine", "--collect-only"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    bad = pytest_in_process(pytester, "--local-pair", "mine", "--collect-only", cwd=tmp_path)
     assert bad.returncode == pytest.ExitCode.USAGE_ERROR and "NAME=TARGET[,DRAFT]" in bad.stdout + bad.stderr
 
 
@@ -159,13 +156,9 @@ def test_a_pair_of_your_own_files_decodes_both_prompt_kinds_unless_told(tmp_path
     assert "prompt set" not in capsys.readouterr().err  # chosen: nothing to say
 
 
-def test_a_pair_of_your_own_files_runs_at_the_precisions_you_give(tmp_path):
+def test_a_pair_of_your_own_files_runs_at_the_precisions_you_give(pytester, tmp_path):
     """``--local-pair NAME=T,D@q4k,q4k``: the pair's registered configuration is those precisions on
     the batch-invariant kernels they need, which every pair test then runs; a bad one is one line."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from harness.weights import tiny
 
     target = tiny.build_target("tiny-qwen2")
@@ -177,12 +170,9 @@ def test_a_pair_of_your_own_files_runs_at_the_precisions_you_give(tmp_path):
     assert (spec.target_setup.precision, spec.target_setup.kernels) == ("q4k", "invariant")
     assert (spec.draft_setup.precision, spec.draft_setup.kernels) == ("q4k", "invariant")
     assert models.local_pair(t, d).target_setup.precision == "fp32"  # the default: as the files are
-    root = Path(__file__).resolve().parents[1]
-    bad = subprocess.run(
-        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "perf/test_benchmark.py",
-         "--local-pair", f"mine={t},{d}@q5"],
-        cwd=root, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    bad = pytest_in_process(
+        pytester, "--co", "-q", "perf/test_benchmark.py", "--local-pair", f"mine={t},{d}@q5"
+    )
     assert bad.returncode == 4 and "Unknown precision 'q5'" in bad.stderr and "Traceback" not in bad.stderr
 
 

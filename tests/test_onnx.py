@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,6 +158,20 @@ def test_source_fingerprint_follows_the_weights(exported, tmp_path):
     assert onnx_export.source_fingerprint(changed) != onnx_export.source_fingerprint(source)
     same = tiny.saved_folder("rope-qwen2", model, tiny.build_tokenizer(), tmp_path)
     assert onnx_export.source_fingerprint(same) == onnx_export.source_fingerprint(source)
+
+
+def test_a_cache_beside_the_weights_leaves_the_export_where_it_is(exported, tmp_path):
+    """The k-quant blocks the kernels make from a folder's weights are cached in that folder: the
+    folder's export (and a speculative folder built on it) stays the one made before they were."""
+    from harness.kernels import kquants
+
+    model, _, exported_from, _ = exported
+    source = Path(shutil.copytree(exported_from, tmp_path / "hf"))
+    before = onnx_export.source_fingerprint(source)
+    kquants.apply_blocks(copy.deepcopy(model), "q4k", source)
+    derived = [p.name for p in source.iterdir() if p.name.startswith("model.safetensors.")]
+    assert any(name.endswith(".safetensors") for name in derived), derived  # the cache was written
+    assert onnx_export.source_fingerprint(source) == before
 
 
 def test_head_size_ort_cannot_run_is_refused_before_export(tmp_path, monkeypatch):

@@ -266,7 +266,12 @@ def test_two_bare_gguf_files_run_under_openvino(tmp_path):
     """The offline pair's two GGUF files alone in a folder (no config, no tokenizer beside them): the
     CLI converts each to IR once and runs plain and speculative decoding on them, the prompts
     tokenized by the file's own vocabulary, and names them in its rows."""
-    files = bare_gguf_files(tmp_path)  # hard links: the IR converted from them once is reused
+    files = bare_gguf_files(tmp_path)
+    # Links (or copies that kept size and time) of the pair's files: the pair's IR serves them.
+    pair_files = openvino.OpenVinoEngine.gguf_files(SPEC, _run(), None)
+    assert {r: openvino_ir.ir_dir(p) for r, p in files.items()} == {
+        r: openvino_ir.ir_dir(p) for r, p in pair_files.items()
+    }
     rows_path = tmp_path / "rows.jsonl"
     argv = ["--engine", "openvino", "--model_name_or_path", str(files["target"]), "--assistant_model",
             str(files["draft"]), "--compare", "--limit", "1", "--max_new_tokens", "16", "--json",

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import pytest_in_process
 
 
 @pytest.mark.parametrize(
@@ -27,17 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
         (["--acceptance-prompts", "0"], "--acceptance-prompts must be at least 1"),
     ],
 )
-def test_bad_option_is_a_usage_error(option, expected):
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *option,
-         "tests/test_options.py"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+def test_bad_option_is_a_usage_error(pytester, option, expected):
+    done = pytest_in_process(pytester, "--collect-only", "-q", *option, "tests/test_options.py")
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert expected in done.stdout + done.stderr
 
 
-def test_every_bad_path_provider_and_backend_is_named_in_one_usage_error(tmp_path):
+def test_every_bad_path_provider_and_backend_is_named_in_one_usage_error(pytester, tmp_path):
     """Checked at configure time as the command line checks its flags: an unknown backend or provider,
     a divergence file that is a folder, a HumanEval folder that is a file, and a platform name that
     would reach outside baselines/ (--update-baselines writes there)."""
@@ -45,11 +36,7 @@ def test_every_bad_path_provider_and_backend_is_named_in_one_usage_error(tmp_pat
     a_file.write_text("x")
     options = ["--target-backends", "torch,bogus", "--execution-provider", "BogusEP", "--divergence-out",
                str(tmp_path), "--humaneval-out", str(a_file), "--platform", "../../x"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *options,
-         "tests/test_options.py"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = pytest_in_process(pytester, "--collect-only", "-q", *options, "tests/test_options.py")
     said = done.stdout + done.stderr
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, said
     for expected in (
@@ -63,14 +50,10 @@ def test_every_bad_path_provider_and_backend_is_named_in_one_usage_error(tmp_pat
     assert "Traceback" not in said
 
 
-def test_a_family_selection_says_which_real_pairs_it_left_out():
+def test_a_family_selection_says_which_real_pairs_it_left_out(pytester):
     """`pytest perf -k codellama` collects the tiny CodeLlama stand-in; the real CodeLlama pair is not
     in --real-pairs, and the run says so and how to include it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", "codellama",
-         "perf/test_decode.py"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = pytest_in_process(pytester, "--collect-only", "-q", "-k", "codellama", "perf/test_decode.py")
     said = done.stdout + done.stderr
     assert done.returncode == 0, said
     assert "tiny-codellama" in said

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
-from helpers import installed_engine
+from helpers import installed_engine, pytest_in_process
 
 # A test of a user's own repository, using the plugin's fixtures (WHICH: the pairs it runs on).
 USER_TEST = Path(__file__).parent / "fixtures" / "user_test.py.txt"
@@ -21,25 +21,18 @@ def test_plugin_is_a_pytest11_entry_point():
     assert found.get("assisted_generation") == "harness.pytest_plugin"
 
 
-def _pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-
-
-def test_a_users_repository_runs_the_suites_fixtures(tmp_path):
+def test_a_users_repository_runs_the_suites_fixtures(pytester, tmp_path):
     (tmp_path / "test_mine.py").write_text(USER_TEST.read_text().replace("WHICH", "real=False"))
-    done = _pytest(tmp_path, "-q", "-k", "tiny-llama or tiny-qwen2")
+    done = pytest_in_process(pytester, "-q", "-k", "tiny-llama or tiny-qwen2", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     # parametrised over the registry's tiny pairs, ids carrying the pair name
     assert "2 passed" in done.stdout, done.stdout
-    listed = _pytest(tmp_path, "--collect-only", "-q")
+    listed = pytest_in_process(pytester, "--collect-only", "-q", cwd=tmp_path)
     assert "test_mine.py::test_assisted_equals_plain[tiny-llama]" in listed.stdout
 
 
-def test_help_lists_every_option_under_one_group(tmp_path):
-    done = _pytest(tmp_path, "--help")
+def test_help_lists_every_option_under_one_group(pytester, tmp_path):
+    done = pytest_in_process(pytester, "--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     section = done.stdout.split("assisted generation:", 1)[1]
     options = ("--weights_dir", "--platform", "--update-baselines", "--regen-tables", "--real-prompts",
@@ -69,8 +62,8 @@ def test_humaneval_precision_names_both_models_on_the_invariant_kernels():
             humaneval_precisions(bad)
 
 
-def test_a_bad_humaneval_precision_is_a_usage_error(tmp_path):
-    done = _pytest(tmp_path, "--humaneval-precision", "fp33", "--co")
+def test_a_bad_humaneval_precision_is_a_usage_error(pytester, tmp_path):
+    done = pytest_in_process(pytester, "--humaneval-precision", "fp33", "--co", cwd=tmp_path)
     assert done.returncode != 0
     assert "--humaneval-precision 'fp33'" in done.stderr + done.stdout
 
@@ -82,13 +75,15 @@ def test_a_bad_humaneval_precision_is_a_usage_error(tmp_path):
         (("--llama-server", "/bin/false"), "is not a llama.cpp binary"),
     ],
 )
-def test_a_place_or_binary_that_cannot_serve_is_a_usage_error_before_collection(tmp_path, args, said):
-    done = _pytest(tmp_path, *args, "--co")
+def test_a_place_or_binary_that_cannot_serve_is_a_usage_error_before_collection(
+    pytester, tmp_path, args, said
+):
+    done = pytest_in_process(pytester, *args, "--co", cwd=tmp_path)
     assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
     assert said in done.stderr and "Traceback" not in done.stderr + done.stdout
 
 
-def test_a_divergence_tier_resumes_its_finished_prompts_and_redoes_an_edited_one(tmp_path):
+def test_a_divergence_tier_resumes_its_finished_prompts_and_redoes_an_edited_one(pytester, tmp_path):
     """``--divergence-out`` of an interrupted tier: a rerun counts the prompts it finished, by name
     and digest; a row whose prompt text was since edited is decoded again, never counted for it."""
     import json
@@ -98,7 +93,7 @@ def test_a_divergence_tier_resumes_its_finished_prompts_and_redoes_an_edited_one
     node = "perf/test_decode.py::test_precision_tier[tiny-llama-fp32-stock]"
 
     def tier() -> list[dict]:
-        done = _pytest(root, node, "-q", "--divergence-out", str(rows))
+        done = pytest_in_process(pytester, node, "-q", "--divergence-out", str(rows), cwd=root)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return [json.loads(line) for line in rows.read_text().splitlines()]
 
@@ -120,8 +115,10 @@ def test_a_divergence_tier_resumes_its_finished_prompts_and_redoes_an_edited_one
         ("", "--engines names no engine"),
     ],
 )
-def test_engines_an_engine_axis_cannot_run_are_a_usage_error_before_collection(tmp_path, engines, said):
-    done = _pytest(tmp_path, "--engines", engines, "--co")
+def test_engines_an_engine_axis_cannot_run_are_a_usage_error_before_collection(
+    pytester, tmp_path, engines, said
+):
+    done = pytest_in_process(pytester, "--engines", engines, "--co", cwd=tmp_path)
     assert done.returncode == 4, done.stdout + done.stderr
     assert said in done.stderr and "Traceback" not in done.stderr + done.stdout
 
@@ -150,16 +147,18 @@ def test_a_broken_plug_in_engine_is_said_once_and_the_others_run(tmp_path):
     assert named.returncode == 4 and "failed to import" in named.stderr and "Traceback" not in named.stderr
 
 
-def test_the_real_tiers_decode_the_prompt_sets_named(tmp_path):
+def test_the_real_tiers_decode_the_prompt_sets_named(pytester, tmp_path):
     """The ``tier_prompts`` fixture: the first ``--real-prompts`` of the sets ``--prompts`` names, in
     turn; by default the mixed prompts, then HumanEval's."""
     (tmp_path / "test_sets.py").write_text(
         "def test_sets(tier_prompts):\n    print('LABELS', ' '.join(p.label for p in tier_prompts))\n"
     )
-    chosen = _pytest(tmp_path, "-q", "-s", "--prompts", "summarization,rag", "--real-prompts", "3")
+    chosen = pytest_in_process(
+        pytester, "-q", "-s", "--prompts", "summarization,rag", "--real-prompts", "3", cwd=tmp_path
+    )
     assert chosen.returncode == 0, chosen.stdout + chosen.stderr
     assert "LABELS summarization-reef rag-return-policy summarization-library" in chosen.stdout
-    default = _pytest(tmp_path, "-q", "-s", "--real-prompts", "24")
+    default = pytest_in_process(pytester, "-q", "-s", "--real-prompts", "24", cwd=tmp_path)
     labels = default.stdout.split("LABELS ", 1)[1].split()[:24]
     assert labels[:2] == ["general-capital", "code-merge_intervals"] and labels[22:] == [
         "HumanEval/0",

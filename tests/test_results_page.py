@@ -7,6 +7,9 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+from helpers import pytest_in_process
+
 from harness import cli
 from harness.report import page
 
@@ -147,12 +150,9 @@ def test_the_page_opens_with_the_summary_and_the_absolute_speed_plot():
     assert f"./amd-epyc-2c-avx512/{page.SPEEDS_PNG}" in text
 
 
-def test_each_benchmark_table_names_the_command_that_made_its_rows():
+def test_each_benchmark_table_names_the_command_that_made_its_rows(pytester):
     """Rows of the benchmark suite are remade by pytest, not the CLI: each table names the pytest
     selection of its case today (one test), or says that no current case measures it."""
-    import subprocess
-    import sys
-
     text = page.results_page(RESULTS)
     commands = sorted(
         set(re.findall(r"- command: `(pytest perf/test_benchmark\.py -k \"[^\"]+\"[^`]*)`", text))
@@ -160,11 +160,7 @@ def test_each_benchmark_table_names_the_command_that_made_its_rows():
     assert len(commands) >= 4, commands
     for command in commands:
         selection = re.search(r'-k "([^"]+)"', command).group(1)
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-             "perf/test_benchmark.py", "-k", selection],
-            cwd=RESULTS.parent, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        done = pytest_in_process(pytester, "--collect-only", "-q", "perf/test_benchmark.py", "-k", selection)
         # One case: its three pytest-benchmark entries (the gating ratio and the two arms).
         assert done.returncode == 0 and "3/" in done.stdout and "tests collected" in done.stdout, done.stdout
         ids = sorted(line for line in done.stdout.splitlines() if "::" in line)
@@ -173,29 +169,22 @@ def test_each_benchmark_table_names_the_command_that_made_its_rows():
     assert "- command: none today (the benchmark suite measured case " in text
 
 
-def _assert_each_collects_alone(tests: list[str]) -> None:
+def _assert_each_collects_alone(pytester: pytest.Pytester, tests: list[str]) -> None:
     """pytest collects exactly these node ids: each names one test that exists."""
-    import subprocess
-    import sys
-
-    collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-    done = subprocess.run(
-        [*collect, *sorted(set(tests))],
-        cwd=RESULTS.parent, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = pytest_in_process(pytester, "--collect-only", "-q", *sorted(set(tests)), cwd=RESULTS.parent)
     collected = sorted(line for line in done.stdout.splitlines() if "::" in line)
     assert done.returncode == 0 and collected == sorted(set(tests)), done.stdout[-2000:]
 
 
-def test_each_divergence_tier_names_the_one_test_that_wrote_it():
+def test_each_divergence_tier_names_the_one_test_that_wrote_it(pytester):
     text = page.results_page(RESULTS)
     tests = re.findall(r"- command \([^)]+\): `pytest (perf/test_decode\.py::\S+) --real-prompts", text)
     files = list(RESULTS.glob("*/divergence/*.jsonl"))
     assert len(tests) == len(files) >= 8, tests
-    _assert_each_collects_alone(tests)
+    _assert_each_collects_alone(pytester, tests)
 
 
-def test_each_humaneval_run_names_the_one_test_that_writes_it():
+def test_each_humaneval_run_names_the_one_test_that_writes_it(pytester):
     """Each HumanEval table's command is one test node (collected here), whatever its target or
     engine, so rerunning it remakes those rows and nothing else."""
     text = page.results_page(RESULTS)
@@ -205,7 +194,7 @@ def test_each_humaneval_run_names_the_one_test_that_writes_it():
     engines = ["llama.cpp", "openvino", "onnxruntime-genai-CPUExecutionProvider"]
     stems = [*engines, "onnxruntime-CPUExecutionProvider"]
     tests += [page.humaneval_test(f"qwen2.5-coder-1.5b-{stem}") for stem in stems]
-    _assert_each_collects_alone(tests)
+    _assert_each_collects_alone(pytester, tests)
     assert page.humaneval_test("someone-elses-pair-fp32") is None
 
 

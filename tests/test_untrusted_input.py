@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import load_pair
+from helpers import load_pair, pytest_in_process
 
 from harness import cli
 from harness.experiments import bench
@@ -203,13 +203,11 @@ def test_a_damaged_safetensors_file_is_a_usage_error(tmp_path, capsys, damage, f
     assert code == 2 and "is not a whole safetensors file" in err and str(bad) in err, err
 
 
-def test_pytest_refuses_a_local_pair_with_damaged_weights(tmp_path) -> None:
+def test_pytest_refuses_a_local_pair_with_damaged_weights(pytester, tmp_path) -> None:
     bad = _local_folder(tmp_path, "truncated")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "--local-pair", f"mine={bad}", "tests/test_options.py"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = pytest_in_process(
+        pytester, "--collect-only", "-q", "--local-pair", f"mine={bad}", "tests/test_options.py"
+    )
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert "is not a whole safetensors file" in done.stderr and "Traceback" not in done.stderr
 

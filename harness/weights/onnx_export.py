@@ -46,10 +46,19 @@ _MODEL_FILES = ("model.onnx", "model.onnx.data")
 
 
 def source_fingerprint(hf_dir: Path) -> str:
-    """Changes whenever the source folder's config or weights do."""
+    """Changes whenever the source folder's config or weights do, and only then.
+
+    A file named after another file of the folder plus a suffix (``model.safetensors.q4k-...``, the
+    k-quant blocks the kernels cache beside the weights they were made from, and its marker) is
+    derived from that file, not read by the exporter: counting it would make a new export, and a new
+    speculative folder, of unchanged weights each time a cache appears beside them."""
     h = hashlib.sha256()
-    for f in sorted(hf_dir.iterdir()):
+    entries = sorted(hf_dir.iterdir())
+    names = {f.name for f in entries}
+    for f in entries:
         if f.suffix not in (".json", ".safetensors", ".bin") or f.name == MARKER:
+            continue
+        if any(f.name.startswith(other + ".") for other in names if other != f.name):
             continue
         st = f.stat()
         h.update(f.name.encode())

@@ -47,13 +47,15 @@ def openvino_version() -> str:
         ) from None
 
 
-def ir_dir(name: str, gguf: Path, cache: Path | None = None) -> Path:
-    """Where the IR of ``gguf`` goes: named by the model, the file's size and time, and the version
-    of the reader that builds it (another version may build another graph)."""
+def ir_dir(gguf: Path, cache: Path | None = None) -> Path:
+    """Where the IR of ``gguf`` goes: named by the file's size and time and the version of the
+    reader that builds it (another version may build another graph), not by the model's name or the
+    file's: the IR is made from the file alone, so a pair's file reached under another name (a hard
+    link, a copy that kept its time, two bare files named for their roles) reuses the IR made once."""
     stat = gguf.stat()
     root = Path(cache if cache is not None else packaged.cache_root()) / "openvino"
     version = openvino_version().split("-")[0]
-    return root / f"{files.file_name(name)}-{stat.st_size}-{stat.st_mtime_ns}-ov{version}"
+    return root / f"gguf-{stat.st_size}-{stat.st_mtime_ns}-ov{version}"
 
 
 def is_built(folder: Path, *, verify: bool = False) -> bool:
@@ -67,7 +69,7 @@ def is_built(folder: Path, *, verify: bool = False) -> bool:
 
 def ir_folder(name: str, gguf: Path, cache: Path | None = None, *, verify: bool = False) -> Path:
     """The IR folder of ``gguf``, converting it once (one converter at a time per model)."""
-    final = ir_dir(name, gguf, cache)
+    final = ir_dir(gguf, cache)
     files.build_once(
         final.parent / f".{final.name}.lock",
         lambda: is_built(final, verify=verify),
