@@ -55,9 +55,10 @@ def bare_gguf_files(folder: Path) -> dict[str, Path]:
 def pytest_in_process(pytester: pytest.Pytester, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``python -m pytest -p no:cacheprovider ARGS`` from ``cwd``, run in this process by pytester.
 
-    For runs that end at configure or collection (a usage error, ``--help``, ``--collect-only``): as
-    a subprocess each would spend most of its six seconds importing torch and transformers again. A
-    run that decodes, or needs an environment of its own, stays a subprocess."""
+    For runs that end at configure or collection (a usage error, ``--help``, ``--collect-only``) and
+    short runs of the tiny tiers: as a subprocess each would spend most of its time importing torch
+    and transformers again. A run that needs an environment or a process of its own (a package
+    installed for it, a signal, a warning a process says once) stays a subprocess."""
     back = Path.cwd()
     os.chdir(cwd)
     try:
