@@ -596,6 +596,11 @@ def backend_params(config: pytest.Config, params: list, only: tuple[str, ...] | 
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "run_devices" in metafunc.fixturenames and not _parametrized(metafunc, "run_devices"):
+        devices = session_of(metafunc.config).devices
+        tag = suite.devices_id(devices)
+        if tag is not None:
+            metafunc.parametrize("run_devices", [devices], ids=[tag], scope="session")
     if "sampling_engine" in metafunc.fixturenames and not _parametrized(metafunc, "sampling_engine"):
         metafunc.parametrize("sampling_engine", sampling_params(metafunc.config), scope="module")
     if "pair_name" in metafunc.fixturenames:
@@ -661,7 +666,15 @@ def engine_params(config: pytest.Config, params: list, mode: str | None, *, buil
 
 
 @pytest.fixture(scope="session")
-def pairs(pytestconfig: pytest.Config) -> Iterator[suite.PairCache]:
+def run_devices(pytestconfig: pytest.Config) -> tuple[str, str]:
+    """(target, draft): where the session's torch models run (--target-device, --draft-device). Off
+    the CPU, ``pytest_generate_tests`` parametrizes it, so every case that loads a pair carries the
+    devices in its id."""
+    return session_of(pytestconfig).devices
+
+
+@pytest.fixture(scope="session")
+def pairs(pytestconfig: pytest.Config, run_devices: tuple[str, str]) -> Iterator[suite.PairCache]:  # noqa: ARG001
     session = session_of(pytestconfig)
     yield session.pairs
     session.close()

@@ -18,17 +18,30 @@ from typing import Any
 import pytest
 
 from harness.base import platforms
+from harness.base.errors import UnsupportedError
 from harness.decoding import engines
 from harness.experiments import equivalence
 from harness.pairs import models
 from harness.settings import setup
+
+# Where the suites' torch models run unless --target-device / --draft-device say otherwise.
+DEFAULT_DEVICES = ("cpu", "cpu")
+
+
+def devices_id(devices: tuple[str, str]) -> str | None:
+    """What test ids carry of where a case's torch models run (``-k cuda`` selects): nothing on the
+    default CPU, so the CPU's ids (and the baselines' case names) stay as they are."""
+    if devices == DEFAULT_DEVICES:
+        return None
+    target, draft = (d.replace(":", "") for d in devices)
+    return target if draft == "cpu" else f"{target}-draft_{draft}"
 
 
 class PairCache:
     """Load each (pair, precisions, draft) once per session; skip cleanly when weights are absent."""
 
     def __init__(
-        self, weights_dir: str | None, devices: tuple[str, str] = ("cpu", "cpu"), provider: str | None = None
+        self, weights_dir: str | None, devices: tuple[str, str] = DEFAULT_DEVICES, provider: str | None = None
     ) -> None:
         self.weights_dir = weights_dir
         self.devices = devices  # (target, draft): where every torch pair of the session runs
@@ -87,13 +100,8 @@ class PairCache:
         the cache's key, so two spellings of one configuration (a default given or left out) share
         one load."""
         key = dataclasses.replace(run, decoding=setup.GenerationSettings())
-        if key.target.backend == "torch":  # an engine with its own runtime places its own models
-            target, draft = self.devices
-            key = dataclasses.replace(
-                key,
-                target=dataclasses.replace(key.target, device=target),
-                draft=dataclasses.replace(key.draft, device=draft) if key.draft is not None else None,
-            )
+        if self.devices != DEFAULT_DEVICES:
+            key = self._placed(spec, key)
         if key not in self._loaded:
             self.require_weights(spec.name)
             if not spec.target.is_tiny:
@@ -103,6 +111,29 @@ class PairCache:
                 gc.collect()
             self._loaded[key] = engines.load(spec, key, weights_dir=self.weights_dir)
         return self._loaded[key]
+
+    def _placed(self, spec: models.PairSpec, key: setup.RunSetup) -> setup.RunSetup:
+        """``key`` with its torch models on the session's devices. A case that cannot run there (an
+        engine or ONNX Runtime target, which place their own models; kernels for the CPU only) is
+        skipped, saying why; one that the CPU refuses too is the test's own failure, raised."""
+        target, draft = self.devices
+        if key.target.backend != "torch":
+            pytest.skip(
+                f"--target-device {target} / --draft-device {draft} apply to torch models in transformers' "
+                f"loop; this case's target runs on its own runtime ({key.target.backend or 'its engine'}), "
+                "which places its models itself"
+            )
+        placed = dataclasses.replace(
+            key,
+            target=dataclasses.replace(key.target, device=target),
+            draft=dataclasses.replace(key.draft, device=draft) if key.draft is not None else None,
+        )
+        try:
+            models.check_run(spec, placed)
+        except UnsupportedError as exc:
+            models.check_run(spec, key)
+            pytest.skip(f"not runnable with --target-device {target} --draft-device {draft}: {exc}")
+        return placed
 
     def clear(self) -> None:
         for pair in self._loaded.values():
@@ -133,7 +164,7 @@ class SuiteSession:
     local_pairs: list[str]
     target_backends: list[tuple[str, str | None]]
     divergence_out: Path | None = None
-    devices: tuple[str, str] = ("cpu", "cpu")  # --target-device, --draft-device
+    devices: tuple[str, str] = DEFAULT_DEVICES  # --target-device, --draft-device
     provider: str | None = None  # --execution-provider
     engines: tuple[str, ...] = ()  # --engines: the engines the engine-axis tests run
     left_out: dict[str, str] = field(default_factory=dict)  # what the engine axis leaves out, and why
@@ -181,7 +212,6 @@ class SuiteSession:
     def _build_kernels() -> None:
         """The batch-invariant and k-quant kernels built (once per machine and torch version); where
         they cannot be, the tests that use them say why, as they would without this."""
-        from harness.base.errors import UnsupportedError
         from harness.kernels import fused, invariant, kquants
 
         try:

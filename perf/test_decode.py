@@ -22,6 +22,7 @@ from scipy import stats
 
 from harness.base import categories, tasks
 from harness.base.backends import OrtSettings
+from harness.base.devices import device_of, place
 from harness.base.errors import UnsupportedError
 from harness.decoding import engines, strategies
 from harness.decoding.generation import generate, generation_config
@@ -29,6 +30,7 @@ from harness.experiments import bench, equivalence
 from harness.pairs.models import LoadedPair, get_pair, load_ort_target
 from harness.settings import setup
 from harness.settings.setup import Draft, GenerationSettings, Target
+from harness.suite import DEFAULT_DEVICES
 from harness.weights import tiny
 
 KS = (1, 2, 5, 8)
@@ -193,7 +195,9 @@ SAMPLING = {
 
 
 @pytest.fixture(scope="module")
-def sampling_pair(sampling_engine, selected_target_backends, tmp_path_factory) -> Iterator[LoadedPair]:
+def sampling_pair(
+    sampling_engine, selected_target_backends, run_devices, tmp_path_factory
+) -> Iterator[LoadedPair]:
     """The sampling pair on ``sampling_engine`` (the plugin's axis): its target in torch, or exported
     to ONNX Runtime (int4, the backend's default precision) with the same torch draft, in
     transformers' loop; or both models as an engine runs them (``Engine.from_models``: the builder's
@@ -203,10 +207,24 @@ def sampling_pair(sampling_engine, selected_target_backends, tmp_path_factory) -
     draft = tiny.build_draft(SAMPLE_RECIPE, target)
     tokenizer = tiny.build_tokenizer()
     spec = get_pair("tiny-llama")
-    pair = LoadedPair(spec, target, draft, tokenizer, Target("fp32"), Draft("fp32"))
     if sampling_engine == "torch":
-        yield pair
+        # On the session's devices (--target-device, --draft-device): a GPU's own random streams
+        # must still give the target's distribution.
+        on_target, on_draft = run_devices
+        yield LoadedPair(
+            spec,
+            place(target, on_target),
+            place(draft, on_draft),
+            tokenizer,
+            Target("fp32", device=on_target),
+            Draft("fp32", device=on_draft),
+        )
         return
+    if run_devices != DEFAULT_DEVICES:
+        pytest.skip(
+            f"the {sampling_engine} target places its own models; --target-device is transformers' loop's"
+        )
+    pair = LoadedPair(spec, target, draft, tokenizer, Target("fp32"), Draft("fp32"))
     provider = dict(selected_target_backends).get("onnxruntime")
     if sampling_engine != "onnxruntime":
         run = engines.resolve(spec, engine=sampling_engine, provider=provider)
@@ -251,13 +269,13 @@ def _sample_plain(pair: LoadedPair, s: GenerationSettings, n: int, seed: int) ->
     engine's pair (no torch target) samples one seed per call, as its speculative runs do."""
     if pair.target is None:
         return _sample_tokens(pair, s, range(seed * n, seed * n + n))[0]
-    ids = torch.tensor([SAMPLE_PROMPT] * n)
+    ids = torch.tensor([SAMPLE_PROMPT] * n, device=device_of(pair.target))
     torch.manual_seed(seed)
     with torch.inference_mode():
         out = pair.target.generate(
             ids, attention_mask=torch.ones_like(ids), generation_config=generation_config(s, pair)
         )
-    return out[:, len(SAMPLE_PROMPT) :].numpy()[:, list(SAMPLE_POSITIONS)]
+    return out[:, len(SAMPLE_PROMPT) :].cpu().numpy()[:, list(SAMPLE_POSITIONS)]
 
 
 @pytest.fixture(scope="module")

@@ -426,7 +426,12 @@ def test_the_case_fields_are_run_setting_columns():
     # context do.
     identity = {f.column for f in setup.FIELDS if f.identity}
     assert set(baselines.CASE_COLUMNS) <= identity
-    assert identity - set(baselines.CASE_COLUMNS) == {"context_draft", "synthetic_acceptance"}
+    assert identity - set(baselines.CASE_COLUMNS) == {
+        "context_draft",
+        "synthetic_acceptance",
+        "target_device",
+        "draft_device",
+    }
     from harness.pairs import models
 
     run = setup.resolve(
@@ -434,3 +439,8 @@ def test_the_case_fields_are_run_setting_columns():
     )
     key = baselines.case_key(run.columns(), "benchmark", 64)
     assert key.more == (("context_draft", 16),) and key.case_id.endswith("-context-draft_16")
+    # A GPU host runs CPU targets too, under the same platform name: the device keeps them apart,
+    # and the CPU's cases (every stored baseline) keep the keys they had.
+    on_gpu = replace(run, target=replace(run.target, device="cuda"))
+    gpu_key = baselines.case_key(on_gpu.columns(), "benchmark", 64)
+    assert gpu_key != key and ("target_device", "cuda") in gpu_key.more

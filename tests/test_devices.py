@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
+from harness.base import devices as devices_module
 from harness.base.devices import available_devices, check_device, place
 from harness.base.errors import HarnessError, UnsupportedError
 from harness.settings.precision import apply_precision
@@ -114,3 +117,75 @@ def test_a_cuda_target_verifies_a_cpu_drafts_tokens_exactly(name):
     assert result.acceptable, result.explain()
     assert len(result.assisted.output_ids) == len(result.plain.output_ids) == 32
     assert result.assisted.drafted > 0 and result.assisted.accepted > 0
+
+
+@needs_cuda
+def test_a_cuda_target_keeps_min_new_tokens_with_a_cpu_draft():
+    """transformers hands the target's minimum-length rule to the CPU draft's own generate: with its
+    EOS ids left on the GPU the first draft step failed. The rule holds on both, and assisted output
+    is still the target's own."""
+    from helpers import load_pair
+
+    from harness.experiments import equivalence
+    from harness.settings.setup import GenerationSettings
+    from harness.weights import tiny
+
+    pair = load_pair("tiny-llama", target_device="cuda", draft_device="cpu", target_precision="fp32")
+    settings = GenerationSettings(
+        mode="assisted", max_new_tokens=12, min_new_tokens=12, num_assistant_tokens=3
+    )
+    result = equivalence.check_case(pair, [tiny.BOS_ID, 7, 9], settings)
+    assert result.acceptable, result.explain()
+    assert len(result.assisted.output_ids) == 12
+
+
+def test_the_minimum_length_rule_masks_as_transformers_does():
+    """The rule a pair split across devices runs is transformers' own: the same scores masked, on
+    the CPU as on any device; on one device the config keeps its own rule."""
+    from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
+
+    from harness.decoding.generation import MinNewTokensOnEveryDevice, generation_config, split_min_new_tokens
+    from harness.settings.setup import GenerationSettings
+
+    scores = torch.randn(1, 50)
+    for length in (4, 9):
+        ids = torch.arange(length).reshape(1, -1)
+        ours = MinNewTokensOnEveryDevice(3, 4, [2, 5])(ids, scores)
+        stock = MinNewTokensLengthLogitsProcessor(3, 4, [2, 5])(ids, scores)
+        assert torch.equal(ours, stock)
+    assert torch.isinf(MinNewTokensOnEveryDevice(3, 4, [2, 5])(torch.arange(4).reshape(1, -1), scores)[0, 5])
+
+    from helpers import load_pair
+
+    pair = load_pair("tiny-llama")
+    config = generation_config(GenerationSettings(mode="assisted", min_new_tokens=5), pair)
+    kwargs: dict = {}
+    split_min_new_tokens(config, kwargs, pair, 3)
+    assert config.min_new_tokens == 5 and "logits_processor" not in kwargs
+
+
+def test_a_case_the_device_cannot_run_is_skipped_saying_why(monkeypatch):
+    """Under `--target-device cuda`, a case whose kernels are the CPU's, or whose target runs on its
+    own runtime, is skipped with the reason; one the CPU refuses as well stays the test's failure.
+    Nothing is loaded: each is decided before any weight is placed, as on a host with a GPU."""
+    from harness.decoding import engines
+    from harness.pairs import models
+    from harness.suite import PairCache
+
+    monkeypatch.setattr(devices_module, "check_device", lambda name: torch.device(name))
+    cache = PairCache(None, ("cuda", "cpu"))
+    spec = models.get_pair("tiny-opt")
+    for precision, kernels, why in [
+        ("q4k", "invariant", "kernels only for cpu"),
+        ("fp32", "invariant", "CPU only"),
+    ]:
+        run = engines.resolve(spec, target_precision=precision, target_kernels=kernels)
+        with pytest.raises(pytest.skip.Exception, match=why):
+            cache.load(spec, run)
+    run = engines.resolve(models.get_pair("tiny-llama"), target_backend="onnxruntime")
+    with pytest.raises(pytest.skip.Exception, match="places its models itself"):
+        cache.load(models.get_pair("tiny-llama"), run)
+    base = engines.resolve(spec)
+    ort_only = dataclasses.replace(base, target=dataclasses.replace(base.target, precision="int4"))
+    with pytest.raises(UnsupportedError, match="ONNX Runtime target's"):
+        cache.load(spec, ort_only)

@@ -59,3 +59,24 @@ def test_a_family_selection_says_which_real_pairs_it_left_out(pytester):
     assert "tiny-codellama" in said
     assert "names real pairs this run did not collect: CodeLlama-7b-hf" in said
     assert "--real-pairs CodeLlama-7b-hf" in said
+
+
+def test_a_device_off_the_cpu_is_in_every_id_and_the_cpus_ids_stay(pytester, monkeypatch):
+    """`--target-device cuda --draft-device cuda:1`: every case that loads a pair says where its
+    models run (`-k cuda` selects them); the CPU's ids, which stored baselines are named by, stay as
+    they were. Only collection runs, nothing is placed: the device check answers as on a host with
+    two GPUs."""
+    import torch
+
+    from harness.base import devices
+
+    monkeypatch.setattr(devices, "check_device", lambda name: torch.device(name))
+    args = ("--collect-only", "-q", "-k", "tiny", "perf/test_decode.py")
+    on_gpus = pytest_in_process(pytester, *args, "--target-device", "cuda", "--draft-device", "cuda:1")
+    on_cpu = pytest_in_process(pytester, *args)
+    gpu_ids = [line for line in on_gpus.stdout.splitlines() if "::" in line]
+    cpu_ids = [line for line in on_cpu.stdout.splitlines() if "::" in line]
+    assert len(gpu_ids) == len(cpu_ids) > 50
+    assert all("[cuda-draft_cuda1-" in line for line in gpu_ids), gpu_ids
+    assert "perf/test_decode.py::test_property_assisted_equals_plain[tiny-llama]" in cpu_ids
+    assert not any("cuda" in line for line in cpu_ids)

@@ -87,13 +87,18 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @needs_cuda
 def test_a_gpu_target_is_timed_to_the_end_of_its_work() -> None:
-    """A target on the GPU large enough that its 1024-token forward is not launch-bound: the row's
-    prefill and time per token read within 10% of the same forwards timed with the device
-    synchronized around them (without the waits the prefill read the launch: 21 ms of 58)."""
+    """A target on the GPU large enough that its 1024-token forward is not launch-bound.
+
+    The row's prefill reads within 10% of that forward timed with the device synchronized around it
+    (the waits left out, it read the launch: 21 ms of 58), and no more than a one-token ``generate``
+    timed so; its time per token within 10% of the same ``generate`` run without hooks and timed to
+    its end, less the one-token run. Each side is the best of five: a launch-bound GPU host's runs
+    differ by more than the tolerance from one to the next."""
     import time
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from harness.decoding.generation import generation_config
     from harness.pairs.models import LoadedPair
 
     config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
@@ -104,14 +109,33 @@ def test_a_gpu_target_is_timed_to_the_end_of_its_work() -> None:
     ids = list(range(10, 1034))
     settings = GenerationSettings(mode="plain", max_new_tokens=32, ignore_eos=True)
     generate(pair, ids, settings)  # warm-up
-    m = generate(pair, ids, settings)
+    rows = [generate(pair, ids, settings) for _ in range(5)]
+    row_prefill_ms = min(m.target_prefill_ms for m in rows)
+    row_per_token_ms = min(m.time_per_token_ms for m in rows)
+
+    def best_ms(call) -> float:
+        times = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1000)
+        return min(times)
+
+    prompt = torch.tensor([ids], device="cuda")
+    mask = torch.ones_like(prompt)
+    one = generation_config(GenerationSettings(mode="plain", max_new_tokens=1, ignore_eos=True), pair)
+    whole = generation_config(settings, pair)
     with torch.inference_mode():
-        prompt = torch.tensor([ids], device="cuda")
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        model(prompt)
-        torch.cuda.synchronize()
-        prefill_ms = (time.perf_counter() - start) * 1000
-    assert m.target_prefill_ms == pytest.approx(prefill_ms, rel=0.10)
-    steps = [f.ms for f in m.forwards if f.role == "target"][1:]
-    assert m.time_per_token_ms >= min(steps)
+        forward_ms = best_ms(lambda: model(prompt, logits_to_keep=1))  # as generate runs its prefill
+        one_ms = best_ms(lambda: model.generate(prompt, attention_mask=mask, generation_config=one))
+        whole_ms = best_ms(lambda: model.generate(prompt, attention_mask=mask, generation_config=whole))
+    per_token_ms = (whole_ms - one_ms) / (settings.max_new_tokens - 1)
+    print(
+        f"\nprefill: row {row_prefill_ms:.2f} ms; synchronized forward {forward_ms:.2f} ms, one-token "
+        f"generate {one_ms:.2f} ms; time per token: row {row_per_token_ms:.3f} ms, synchronized "
+        f"{per_token_ms:.3f} ms"
+    )
+    assert 0.9 * forward_ms <= row_prefill_ms <= 1.1 * one_ms
+    assert row_per_token_ms == pytest.approx(per_token_ms, rel=0.10)

@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import candidate_generator
+from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
 
-from harness.base import backends
+from harness.base import backends, devices
 from harness.base.errors import HarnessError
 from harness.decoding import trees
 from harness.decoding.base import Engine
@@ -60,6 +61,39 @@ def generation_config(settings: GenerationSettings, pair: LoadedPair) -> Generat
             max_matching_ngram_size=settings.max_matching_ngram_size,
         )
     return GenerationConfig(**kw)
+
+
+class MinNewTokensOnEveryDevice(MinNewTokensLengthLogitsProcessor):
+    """transformers' minimum-new-tokens rule, for scores on any device.
+
+    transformers hands the target's logits processors to the draft's own ``generate`` as they are;
+    the stock processor keeps its EOS ids on the target's device, so a draft on another device (the
+    seeds' split: target on the accelerator, draft on the CPU) fails at its first step."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        own = self.eos_token_id
+        self.eos_token_id = own.to(scores.device)
+        try:
+            return super().__call__(input_ids, scores)
+        finally:
+            self.eos_token_id = own
+
+
+def split_min_new_tokens(
+    config: GenerationConfig, kwargs: dict[str, Any], pair: LoadedPair, prompt_len: int
+) -> None:
+    """On a pair split across devices, move ``min_new_tokens`` from ``config`` into a processor that
+    both models' ``generate`` can run (``MinNewTokensOnEveryDevice``); on one device nothing changes."""
+    if not config.min_new_tokens or config.eos_token_id is None:
+        return
+    if devices.device_of(pair.target) == devices.device_of(pair.draft):
+        return
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    rule = MinNewTokensOnEveryDevice(
+        prompt_len, config.min_new_tokens, eos, device=devices.device_of(pair.target)
+    )
+    kwargs["logits_processor"] = LogitsProcessorList([rule])
+    config.min_new_tokens = None
 
 
 def pin_assistant(draft: torch.nn.Module, settings: GenerationSettings) -> None:
@@ -221,6 +255,7 @@ def transformers_loop(pair: LoadedPair, prompt_ids: list[int], settings: Generat
         )
     watched = {"target": pair.target}
     if settings.mode == "assisted":
+        split_min_new_tokens(config, kwargs, pair, prompt_len)
         pin_assistant(pair.draft, settings)
         kwargs["assistant_model"] = pair.draft
         watched["draft"] = pair.draft

@@ -207,7 +207,8 @@ class Field:
     # What a row written before the column existed reads.
     missing: Any = None
     # Part of a baseline's case (``baselines.CaseKey``): two runs that differ in it are two cases.
-    # Off for where a case runs (devices) and what a benchmark case fixes itself.
+    # Off for what a benchmark case fixes itself. On for the devices: a GPU host runs a CPU target too,
+    # under the same platform name, and the two are different cases.
     identity: bool = True
     # How ``--sweep`` spells it (its short key first; the column's own name is taken too).
     sweep: tuple[str, ...] = ()
@@ -248,7 +249,7 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("target_backend", "--target_backend", "target", lambda s: s.target.backend, "torch", "torch"),
     Field("execution_provider", "--execution_provider", "target", lambda s: s.target.provider),
-    Field("target_device", "--target_device", "target", lambda s: s.target.device, "cpu", identity=False),
+    Field("target_device", "--target_device", "target", lambda s: s.target.device, "cpu"),
     Field(
         "engine",
         "--engine",
@@ -266,7 +267,7 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field("draft_kernels", "--draft_kernels", "draft", _draft(lambda d: d.kernels), "stock", sweep=("dk",)),
     Field("draft_vocab", "--draft_vocab", "draft", _draft(lambda d: d.vocab), sweep=("dv",)),
-    Field("draft_device", "--draft_device", "draft", _draft(lambda d: d.device), "cpu", identity=False),
+    Field("draft_device", "--draft_device", "draft", _draft(lambda d: d.device), "cpu"),
     Field(
         "speculative_endpoint",
         "--speculative-endpoint",
