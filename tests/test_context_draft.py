@@ -192,6 +192,15 @@ def test_the_sweep_measures_context_drafting_beside_its_chain(tmp_path, capsys):
     assert len(ctx_rows) == 2 and all(r.accepted_from_context is not None for r in ctx_rows)
     plain_out = {r.example: r.output_ids for r in rows if r.mode == "plain"}
     assert all(r.output_ids == plain_out[r.example] for r in ctx_rows)
+    # Leviathan's formula is a chain of K draft tokens: proposals from the context get no prediction
+    # (none to warn against), the chain beside them keeps its own.
+    from harness.experiments import sweep
+
+    by_mode = {r.example: r for r in rows if r.mode == "plain"}
+    chain_rows = {r.example: r for r in rows if r.mode == "assisted" and not r.context_draft}
+    assert sweep.summarize(plain, by_mode, chain_rows, None).predicted_speedup_verify is not None
+    result = sweep.summarize(with_context, by_mode, {r.example: r for r in ctx_rows}, None)
+    assert result.predicted_speedup is None and result.predicted_speedup_verify is None
 
 
 def test_the_sweep_runs_long_contexts(tmp_path, capsys):

@@ -280,7 +280,9 @@ def summarize(
     # share, so its c is 0 rather than undefined.
     c = 0.0 if config.mode == "prompt_lookup" else _pooled_ms(a, "draft_decode") / target_ms
     v = _pooled_ms(a, "target_decode") / target_ms
-    k = config.decoding(2).chain_k  # None for a tree: Leviathan's formula is a chain's
+    # Leviathan's formula is a chain of K draft-model tokens: a tree, and proposals from the context
+    # (of any length, at no draft forward), are outside it, so they get no prediction.
+    k = None if config.context else config.decoding(2).chain_k
     assisted_mean = statistics.fmean(assisted_tps)
     return ConfigResult(
         config=config,

@@ -130,7 +130,8 @@ def sweep_table(result: SweepResult, wide: bool = True) -> str:
         "per-token acceptance (accepted / tried). c: draft forward / target one-token forward (0 for "
         "prompt lookup, whose proposal cost is in the non-forward share). Predicted: Leviathan et al. "
         "(1 - alpha^(K+1)) / ((1 - alpha)(K c + v)) with v = 1, and with v the measured verify / "
-        "one-token forward cost (for dynamic and heuristic schedules K is the starting K). Non-forward "
+        "one-token forward cost (for dynamic and heuristic schedules K is the starting K; a tree, and "
+        "proposals from the context, which are no chain of K draft tokens, have none). Non-forward "
         "share: assisted wall time outside both models' forwards. Identical: every assisted output "
         "equals plain greedy.",
     ]
