@@ -86,12 +86,11 @@ def split_min_new_tokens(
     both models' ``generate`` can run (``MinNewTokensOnEveryDevice``); on one device nothing changes."""
     if not config.min_new_tokens or config.eos_token_id is None:
         return
-    if devices.device_of(pair.target) == devices.device_of(pair.draft):
+    on_target = devices.device_of(pair.target)
+    if on_target == devices.device_of(pair.draft):
         return
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    rule = MinNewTokensOnEveryDevice(
-        prompt_len, config.min_new_tokens, eos, device=devices.device_of(pair.target)
-    )
+    rule = MinNewTokensOnEveryDevice(prompt_len, config.min_new_tokens, eos, device=on_target)
     kwargs["logits_processor"] = LogitsProcessorList([rule])
     config.min_new_tokens = None
 
