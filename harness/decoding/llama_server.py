@@ -446,8 +446,8 @@ class LlamaCppEngine(Engine):
     # The server books a speculative round whole: no draft time apart (its acceptance per position
     # comes from its counters, ``metrics``).
     unbooked: ClassVar[frozenset[str]] = DRAFT_SPLIT_FIELDS
-    # Its flips are near ties of its own kernels: more problems than the two other configurations
-    # take, the first ten (the published run scores all 164; the first 20 score equal).
+    # Its flips are near ties of its own kernels: the first ten problems rather than the suites' two
+    # (the published run scores all 164; the first 20 score equal too).
     humaneval_problems: ClassVar[int] = 10
     options: ClassVar[tuple[str, ...]] = ("llama_server",)
     version_names: ClassVar[tuple[str, ...]] = ("llama.cpp",)
