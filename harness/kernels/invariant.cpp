@@ -558,9 +558,9 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
 // ---------------------------------------------------------------- attention
 //
 // Causal attention for M query rows over an L-token cache (the last M cache entries are the rows'
-// own), every row computed in one fixed order: its scores key by key (one 8-lane product
-// accumulator over D, lanes summed pairwise), max, exp and their sum key by key, the weighted values
-// key by key, one division. Nothing depends on M, so a verification row is a decode step's row; and
+// own), every row computed in one fixed order: its scores key by key (one 8-lane fused multiply-add
+// accumulator over D, lanes summed pairwise), the max, the weights (exp8) and their sum in 8 lanes
+// by key, the weighted values key by key, one division. Nothing depends on M, so a verification row is a decode step's row; and
 // one call serves all M rows (SDPA per row cost ~150 us per row and layer in Python calls alone).
 //
 // Why rows are computed together: the query heads that share a key/value head (GQA), and the M rows
@@ -584,7 +584,7 @@ constexpr int64_t SHARED_ROWS = 16;  // up to this many query rows (M), each key
 inline int64_t key_at(const int32_t* keys, int64_t base, int64_t t) { return keys == nullptr ? t : keys[t - base]; }
 
 // Scores of S rows (queries q[r], into p[r][t]) for their seen keys t0..t1-1, which they share:
-// each row's one accumulator chain (multiply, then add) over D's 8-wide chunks, as dot8 sums.
+// each row's one accumulator chain (fused multiply-adds) over D's 8-wide chunks, as dot8 sums.
 template <int S>
 void group_scores(const float* const* q, float* const* p, const float* kh, const int32_t* keys, int64_t base,
                   int64_t t0, int64_t t1, int64_t D, float scale) {
@@ -595,30 +595,67 @@ void group_scores(const float* const* q, float* const* p, const float* kh, const
     for (int r = 0; r < S; ++r) a[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < D8; ++c) {
       const __m256 k = _mm256_loadu_ps(kr + c * 8);
-      for (int r = 0; r < S; ++r) a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(_mm256_loadu_ps(q[r] + c * 8), k));
+      for (int r = 0; r < S; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + c * 8), k, a[r]);
     }
     for (int r = 0; r < S; ++r) {
       float s = hsum8(a[r]);
-      for (int64_t d = D8 * 8; d < D; ++d) s += q[r][d] * kr[d];
+      for (int64_t d = D8 * 8; d < D; ++d) s = std::fma(q[r][d], kr[d], s);
       p[r][t] = s * scale;
     }
   }
 }
 
-// One row's weights in place: exp(score - max), key by key, returning their sum in key order.
+// exp for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial), in
+// plain multiplies and adds: the same bits on every AVX2 machine, whatever lane an element sits in.
+// Attention's weights use it rather than std::exp, which is a call per element (a long cache's
+// attention spent most of its time there) and libm's own variant per CPU. Below -87.3 it gives
+// exp(-87.3), ~1e-38: a weight the sum of a row's weights (at least 1) does not see.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// One row's weights in place: exp(score - max) for its n keys, returning their sum. The sum runs in
+// 8 lanes (key t in lane t % 8, keys ascending) then pairwise across them, a fixed order that
+// depends on n alone: a row's weights are the same whatever else the call computes.
 inline float softmax_weights(float* p, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t t = 0; t < n; ++t) mx = std::max(mx, p[t]);
-  float sum = 0.0f;
-  for (int64_t t = 0; t < n; ++t) {
-    p[t] = std::exp(p[t] - mx);
-    sum += p[t];
+  const int64_t n8 = n / 8 * 8;
+  const int rest = static_cast<int>(n - n8);
+  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(rest), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 m8 = ninf;
+  for (int64_t t = 0; t < n8; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(p + t));
+  if (rest) m8 = _mm256_max_ps(m8, _mm256_blendv_ps(ninf, _mm256_maskload_ps(p + n8, tail), _mm256_castsi256_ps(tail)));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m8);
+  float mx = lanes[0];
+  for (int j = 1; j < 8; ++j) mx = std::max(mx, lanes[j]);
+  const __m256 top = _mm256_set1_ps(mx);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t t = 0; t < n8; t += 8) {
+    const __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), top));
+    _mm256_storeu_ps(p + t, w);
+    sum = _mm256_add_ps(sum, w);
   }
-  return sum;
+  if (rest) {
+    const __m256 w = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(p + n8, tail), top)), _mm256_castsi256_ps(tail));
+    _mm256_maskstore_ps(p + n8, tail, w);
+    sum = _mm256_add_ps(sum, w);
+  }
+  return hsum8(sum);
 }
 
 // S rows' values for one block of D (``width`` 16, 8 or 1 floats at d), over seen keys t0..t1-1:
-// o[r][d..] = o[r][d..] + p[r][t] * v[key][d..] (multiply, then add), t ascending. The blocks do
+// o[r][d..] = o[r][d..] + p[r][t] * v[key][d..] (one fused multiply-add), t ascending. The blocks do
 // not move a sum: every element takes the same chain whatever block it is in.
 template <int S>
 void group_values(const float* const* p, float* const* o, const float* vh, const int32_t* keys, int64_t base,
@@ -634,8 +671,8 @@ void group_values(const float* const* p, float* const* o, const float* vh, const
       const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
       for (int r = 0; r < S; ++r) {
         const __m256 w = _mm256_broadcast_ss(p[r] + t);
-        a0[r] = _mm256_add_ps(a0[r], _mm256_mul_ps(w, v0));
-        a1[r] = _mm256_add_ps(a1[r], _mm256_mul_ps(w, v1));
+        a0[r] = _mm256_fmadd_ps(w, v0, a0[r]);
+        a1[r] = _mm256_fmadd_ps(w, v1, a1[r]);
       }
     }
     for (int r = 0; r < S; ++r) {
@@ -647,13 +684,13 @@ void group_values(const float* const* p, float* const* o, const float* vh, const
     for (int r = 0; r < S; ++r) a[r] = _mm256_loadu_ps(o[r] + d);
     for (int64_t t = t0; t < t1; ++t) {
       const __m256 v = _mm256_loadu_ps(vh + key_at(keys, base, t) * D + d);
-      for (int r = 0; r < S; ++r) a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(_mm256_broadcast_ss(p[r] + t), v));
+      for (int r = 0; r < S; ++r) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(p[r] + t), v, a[r]);
     }
     for (int r = 0; r < S; ++r) _mm256_storeu_ps(o[r] + d, a[r]);
   } else {
     for (int64_t t = t0; t < t1; ++t) {
       const float v = vh[key_at(keys, base, t) * D + d];
-      for (int r = 0; r < S; ++r) o[r][d] += p[r][t] * v;
+      for (int r = 0; r < S; ++r) o[r][d] = std::fma(p[r][t], v, o[r][d]);
     }
   }
 }
@@ -667,9 +704,43 @@ AVX512 void group_values512(const float* const* p, float* const* o, const float*
   for (int r = 0; r < S; ++r) a[r] = _mm512_loadu_ps(o[r] + d);
   for (int64_t t = t0; t < t1; ++t) {
     const __m512 v = _mm512_loadu_ps(vh + key_at(keys, base, t) * D + d);
-    for (int r = 0; r < S; ++r) a[r] = _mm512_add_ps(a[r], _mm512_mul_ps(_mm512_set1_ps(p[r][t]), v));
+    for (int r = 0; r < S; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r][t]), v, a[r]);
   }
   for (int r = 0; r < S; ++r) _mm512_storeu_ps(o[r] + d, a[r]);
+}
+
+// group_scores two keys at a time where the CPU has AVX-512: key t in the low 8 lanes and key t + 1
+// in the high 8, each half the 8-lane chain group_scores runs for its key (the same bits), at twice
+// the products per instruction: at long caches the verification rows' scores are arithmetic, not
+// memory.
+template <int S>
+AVX512 void group_scores512(const float* const* q, float* const* p, const float* kh, const int32_t* keys,
+                            int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) {
+  const int64_t D8 = D / 8;
+  int64_t t = t0;
+  for (; t + 1 < t1; t += 2) {
+    const float* k0 = kh + key_at(keys, base, t) * D;
+    const float* k1 = kh + key_at(keys, base, t + 1) * D;
+    __m512 a[S];
+    for (int r = 0; r < S; ++r) a[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D8; ++c) {
+      const __m512 k = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(k0 + c * 8)),
+                                          _mm256_loadu_ps(k1 + c * 8), 1);
+      for (int r = 0; r < S; ++r)
+        a[r] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(q[r] + c * 8)), k, a[r]);
+    }
+    for (int r = 0; r < S; ++r) {
+      float s0 = hsum8(_mm512_castps512_ps256(a[r]));
+      float s1 = hsum8(_mm512_extractf32x8_ps(a[r], 1));
+      for (int64_t d = D8 * 8; d < D; ++d) {
+        s0 = std::fma(q[r][d], k0[d], s0);
+        s1 = std::fma(q[r][d], k1[d], s1);
+      }
+      p[r][t] = s0 * scale;
+      p[r][t + 1] = s1 * scale;
+    }
+  }
+  if (t < t1) group_scores<S>(q, p, kh, keys, base, t, t1, D, scale);
 }
 
 const bool WIDE = has_avx512();
@@ -696,7 +767,12 @@ struct Chunk {
   int n = 0;
   bool wide = WIDE;  // the AVX-512 variants (same bits); off to check that they are
   void scores(const float* kh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) const {
-    by_size(n, [&](auto s) { group_scores<decltype(s)::value>(q, p, kh, keys, base, t0, t1, D, scale); });
+    by_size(n, [&](auto s) {
+      if (wide)
+        group_scores512<decltype(s)::value>(q, p, kh, keys, base, t0, t1, D, scale);
+      else
+        group_scores<decltype(s)::value>(q, p, kh, keys, base, t0, t1, D, scale);
+    });
   }
   void values(const float* vh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d,
               int width) const {
@@ -987,21 +1063,6 @@ void rope_(torch::Tensor t, torch::Tensor cos, torch::Tensor sin, int64_t heads)
   }
 }
 
-// exp for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial), in
-// plain multiplies and adds: the same bits on every AVX2 machine, whatever lane an element sits in.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3365f)), _mm256_set1_ps(88.3762626647949f));
-  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
-  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), x), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 
 // silu(g) * u = g / (1 + exp(-g)) * u, 8 elements at a time (the tail through a padded copy, so an
