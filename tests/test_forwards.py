@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import load_pair
 
+from harness.base import platforms
 from harness.base.errors import HarnessError
 from harness.experiments import forwards
 
@@ -93,6 +94,8 @@ def test_json_rows_feed_the_results_page(tmp_path, capsys):
     costs = [forwards.ForwardCost.from_record(r) for r in records]
     drawn = page.results_page(tmp_path / "results")
     assert "#### Forward costs: tiny-qwen2 target" in drawn and first["command"] in drawn
+    # The host kind measured (family and model) goes with the figures: one slug spans several.
+    assert first["cpu"] == platforms.detect().cpu_id and f"- CPU: {first['cpu']}" in drawn
     assert forwards.table(costs, first["bandwidth_gbs"]) in drawn
     # The printed table and the page's agree on every measured cell (the page's bandwidth is the
     # recorded one, rounded, so only the bound's columns may differ in the last digit).

@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     context = {
         "pair": args.model_name,
         "platform": info.name,
+        # The platform slug names a CPU model and its core count; hosts under one slug (AMD Zen 4
+        # and Zen 5 both read "AMD EPYC") are bound in different places, so the row names its kind.
+        "cpu": info.cpu_id,
         "threads": torch.get_num_threads(),
         "repetitions": args.repetitions,
         "bandwidth_gbs": round(bandwidth, 2),

@@ -647,6 +647,8 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
         costs = [forwards.ForwardCost.from_record(r) for r in mine]
         lines += [f"#### Forward costs: {first.get('pair')} {costs[0].role}", ""]
         lines += _header(platform, command, _record_versions(mine), source)
+        if first.get("cpu"):
+            lines += [f"- CPU: {first['cpu']}"]
         lengths = ", ".join(str(n) for n in dict.fromkeys(r.get("cache_tokens") for r in mine))
         lines += [
             f"- one forward of M tokens onto a {lengths}-token cache, median of "

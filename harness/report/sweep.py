@@ -43,7 +43,8 @@ def header_lines(result: SweepResult) -> list[str]:
     labels = result.prompt_labels
     span = labels[0] if len(labels) == 1 else f"{labels[0]} .. {labels[-1]}"
     lines = [
-        f"- machine: `{result.platform}` ({m.cpu}, {m.cores} cores, accelerator {m.accelerator}; {m.system})",
+        f"- machine: `{result.platform}` ({m.cpu}{f', {m.cpu_id}' if m.cpu_id else ''}, {m.cores} cores, "
+        f"accelerator {m.accelerator}; {m.system})",
         f"- threads: {result.threads}; torch {v.get('torch', '?')}, "
         f"transformers {v.get('transformers', '?')}, python {v.get('python', '?')}",
         f"- workload: {len(labels)} prompts ({span}), {result.new_tokens} new tokens each, greedy, EOS "
