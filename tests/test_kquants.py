@@ -325,9 +325,32 @@ def test_q4k_precision_on_a_model(tmp_path, monkeypatch):
     again = models._apply_precision(build(), "q4k", "invariant", folder)
     with torch.no_grad():
         assert torch.equal(again(ids).logits, got)
+    # Read back from the cache file's mapping, the blocks still live page-aligned in one buffer.
+    blocks = [m.blocks for m in again.modules() if isinstance(m, kquants.KQuantLinear)]
+    assert blocks and all(b.data_ptr() % kquants.PAGE == 0 for b in blocks)
     (folder / "model.safetensors").write_bytes(b"other weights of another size")
     with pytest.raises(AssertionError, match="quantized again"):
         models._apply_precision(build(), "q4k", "invariant", folder)
+
+
+def test_blocks_are_copied_page_aligned_and_compute_the_same_bits():
+    """A cache file's mapping leaves tensors at any offset; the resident copy starts each on a page,
+    holds the same bytes in memory of its own, and the kernels read it to the same bits."""
+    g = torch.Generator().manual_seed(3)
+    packed = torch.from_numpy(kquants.pack(kquants.quantize_q4k(torch.randn(40, 512, generator=g))))
+    raw = torch.empty(packed.numel() + 1, dtype=torch.uint8)
+    shifted = raw[1:].view(packed.shape)
+    shifted.copy_(packed)
+    assert shifted.data_ptr() % 64 != 0
+    resident = kquants.resident_blocks({"shifted": shifted, "other": packed[:3]})
+    assert all(t.data_ptr() % kquants.PAGE == 0 for t in resident.values())
+    assert torch.equal(resident["shifted"], packed) and torch.equal(resident["other"], packed[:3])
+    shifted.zero_()  # a copy, not a view of the source
+    assert torch.equal(resident["shifted"], packed)
+    shifted.copy_(packed)
+    x = torch.randn(3, 512, generator=g)
+    copied = kquants.KQuantLinear("Q4_K", resident["shifted"], 40, 512, None)(x)
+    assert torch.equal(copied, kquants.KQuantLinear("Q4_K", shifted, 40, 512, None)(x))
 
 
 def test_block_precisions_need_the_invariant_kernels():

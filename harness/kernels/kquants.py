@@ -523,6 +523,37 @@ def _q4k_cache(linears: dict[str, nn.Linear], weights: Path | None) -> tuple[Pat
     return source, packed_cache_path(source, f"q4k-{digest}")
 
 
+# Where each tensor of ``resident_blocks``' buffer starts: a page, so that every 64-byte record
+# line the kernels load is one cache line (a record is a multiple of 64 bytes long or pairs up to one).
+PAGE = 4096
+
+
+def resident_blocks(blocks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same blocks, copied into one page-aligned buffer of the process's own memory.
+
+    Why: read from the cache file's mapping, the tensors started wherever safetensors' header left
+    them (not on a 64-byte line: each zmm load of a record spanned two cache lines) and on the page
+    cache's 4 KB pages. numpy backs a large allocation with transparent huge pages where Linux
+    offers them (it asks with madvise), so the kernels' weight stream walks 2 MB pages. On AMD EPYC
+    family 25 model 17 (Zen 4) the k-quant products over the whole target ran 0.84x the time of the
+    mapped blocks (interleaved, one process; the same bytes, so the same bits). The cost: the blocks
+    count as the process's memory, not as page cache (about 1 GB for the 1.5B target)."""
+    sizes = {name: t.numel() * t.element_size() for name, t in blocks.items()}
+    starts, total = {}, 0
+    for name, size in sizes.items():
+        starts[name] = total
+        total += -(-size // PAGE) * PAGE
+    raw = np.empty(total + PAGE, dtype=np.uint8)
+    skip = -raw.ctypes.data % PAGE
+    buffer = torch.from_numpy(raw[skip : skip + total])
+    out = {}
+    for name, t in blocks.items():
+        view = buffer[starts[name] : starts[name] + sizes[name]].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out[name] = view
+    return out
+
+
 def apply_blocks(
     model: nn.Module, name: str, source: str | Path | None, *, verify: bool = False
 ) -> nn.Module:
@@ -557,8 +588,9 @@ def apply_blocks(
         raise UnsupportedError(f"no k-quant blocks for precision {name}; the block precisions: gguf, q4k")
     precision.untie_output_embeddings(model)
     extension()
+    resident = resident_blocks({mod_name: blocks for mod_name, (_, blocks) in packed.items()})
     for mod_name, lin in linears.items():
-        kind, blocks = packed[mod_name]
+        kind, blocks = packed[mod_name][0], resident[mod_name]
         twin = KQuantLinear(kind, blocks, lin.out_features, lin.in_features, lin.bias)
         parent_name, _, child = mod_name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, twin)
