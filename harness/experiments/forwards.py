@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -79,8 +80,9 @@ def bytes_read(model: torch.nn.Module, m: int) -> int | None:
 
 def read_bandwidth_gbs(size_mib: int = 1024, repetitions: int = 3) -> float:
     """This host's memory read bandwidth as one-token decoding meets it: a float32 sum over
-    ``size_mib`` MiB on torch's threads, best of ``repetitions`` (GB/s)."""
-    x = torch.ones(size_mib * 2**20 // 4, dtype=torch.float32)
+    ``size_mib`` MiB on torch's threads, best of ``repetitions`` (GB/s). The buffer is numpy's, so
+    it lies on huge pages where Linux offers them, as the k-quant blocks do (``resident_blocks``)."""
+    x = torch.from_numpy(np.ones(size_mib * 2**20 // 4, dtype=np.float32))
     float(x.sum())  # page the tensor in before timing
     best = float("inf")
     for _ in range(repetitions):
