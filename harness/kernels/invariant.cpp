@@ -560,8 +560,9 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
 // Causal attention for M query rows over an L-token cache (the last M cache entries are the rows'
 // own), every row computed in one fixed order: its scores key by key (one 8-lane fused multiply-add
 // accumulator over D, lanes summed pairwise), the max, the weights (exp8) and their sum in 8 lanes
-// by key, the weighted values key by key, one division. Nothing depends on M, so a verification row is a decode step's row; and
-// one call serves all M rows (SDPA per row cost ~150 us per row and layer in Python calls alone).
+// by key, the weighted values key by key, one division. Nothing depends on M, so a verification row
+// is a decode step's row; and one call serves all M rows (SDPA per row cost ~150 us per row and
+// layer in Python calls alone).
 //
 // Why rows are computed together: the query heads that share a key/value head (GQA), and the M rows
 // of a verification, read the same keys and values. A thread takes up to GROUP rows at once, whose
@@ -1062,8 +1063,6 @@ void rope_(torch::Tensor t, torch::Tensor cos, torch::Tensor sin, int64_t heads)
     }
   }
 }
-
-
 
 // silu(g) * u = g / (1 + exp(-g)) * u, 8 elements at a time (the tail through a padded copy, so an
 // element's bits do not depend on where it falls).

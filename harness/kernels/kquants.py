@@ -523,8 +523,9 @@ def _q4k_cache(linears: dict[str, nn.Linear], weights: Path | None) -> tuple[Pat
     return source, packed_cache_path(source, f"q4k-{digest}")
 
 
-# Where each tensor of ``resident_blocks``' buffer starts: a page, so that every 64-byte record
-# line the kernels load is one cache line (a record is a multiple of 64 bytes long or pairs up to one).
+# Where each tensor of ``resident_blocks``' buffer starts: a page. A Q4_K record is 37 cache lines
+# long, so each of its 64-byte loads is one line; a Q6_K record is 52.5, so every other one starts
+# half a line in (not padded: records padded with unread bytes ran slower, docs/FINDINGS.md).
 PAGE = 4096
 
 
