@@ -8,7 +8,14 @@ from helpers import load_pair
 from test_cli import TINY, read_json_rows, run_cli
 
 from harness.base.errors import HarnessError
-from harness.decoding.context import MIN_MATCH, ContextProposer
+from harness.decoding.context import (
+    LONGEST_MATCH,
+    MIN_MATCH,
+    RETRY_CHAIN,
+    ContextProposer,
+    RoundPlan,
+    RowCosts,
+)
 from harness.decoding.generation import generate
 from harness.settings.setup import GenerationSettings
 
@@ -48,6 +55,71 @@ def test_the_length_and_the_match_asked_for_follow_how_proposals_fared():
     assert proposer.propose(room=8) == []  # this sequence's match is only three long
     proposer.verified(2, 1)
     assert proposer.need == MIN_MATCH + 1
+
+
+def test_a_copys_long_match_and_a_reused_phrases_short_one_are_judged_apart():
+    copy = list(range(50)) + list(range(35))  # the output copies the prompt: the match runs far back
+    proposer = _proposer(copy)
+    assert proposer.propose(room=8) == list(range(35, 43)) and proposer.run == LONGEST_MATCH
+    proposer.verified(8, 8)
+    copying = proposer.keep_rate
+    proposer.extend([*copy, 500, 600, 5, 6, 7])  # then a phrase recurs after other tokens
+    assert proposer.propose(room=8)[:2] == [8, 9] and proposer.run == MIN_MATCH
+    assert proposer.keep_rate == pytest.approx(0.75)  # the prior: no short match was judged yet
+    assert copying > 0.9
+    proposer.verified(2, 0)
+    assert proposer.keep_rate < 0.75
+
+
+def test_a_forwards_cost_by_rows_is_fitted_to_what_the_rounds_measured():
+    costs = RowCosts()
+    assert costs.ms(1) is None
+    for _ in range(3):
+        costs.observe(4, 13.0)  # one count of rows: a slope cannot be fitted, the prior's is taken
+    assert costs.ms(4) == pytest.approx(13.0)
+    assert costs.ms(1) == pytest.approx(13.0 / (1 + 3 * RowCosts.PRIOR_SLOPE))
+    for rows in (1, 2, 4, 8, 16, 3, 9):  # a host where each row costs half a one-row forward
+        costs.observe(rows, 10.0 + 5.0 * (rows - 1))
+    for _ in range(120):  # the first entries fade
+        costs.observe(9, 50.0)
+        costs.observe(2, 15.0)
+    assert costs.ms(1) == pytest.approx(10.0, rel=1e-4) and costs.ms(17) == pytest.approx(90.0, rel=1e-4)
+
+
+def _plan(one_ms: float, row_ms: float, misses: int = 0) -> RoundPlan:
+    """A plan on a host whose forwards cost ``one_ms`` plus ``row_ms`` a row past the first, after a
+    context proposal kept whole and then ``misses`` kept not at all."""
+    plan = RoundPlan(_proposer([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 1, 2, 3]))
+    for rows in (1, 5, 9, 17, 2):
+        plan.observe("context", rows, one_ms + row_ms * (rows - 1), one_ms + row_ms * (rows - 1), 1)
+    plan.context.verified(8, 8)
+    for _ in range(misses):
+        plan.context.verified(4, 0)
+    return plan
+
+
+def test_a_context_proposal_is_cut_where_its_rows_cost_more_than_they_are_expected_to_gain():
+    found = list(range(4, 20))
+    cheap, dear = _plan(30.0, 0.3), _plan(30.0, 9.0)
+    assert cheap.choose(found) == ("context", found)  # rows nearly free: all 16
+    choice, tokens = dear.choose(found)  # a row a third of a step: a shorter proposal pays more
+    assert choice == "context" and 1 <= len(tokens) < len(found) and tokens == found[: len(tokens)]
+    doubtful = _plan(30.0, 9.0, misses=16)  # kept nothing since: at a row's price, no proposal pays
+    assert doubtful.context.keep_rate < 0.3
+    assert doubtful.choose(found) == ("chain", [])  # the draft model's chain, not yet measured
+    assert _plan(30.0, 0.3, misses=16).choose(found)[0] == "context"  # where a row is nearly free, it does
+
+
+def test_the_draft_models_chain_runs_where_it_pays_and_a_plain_step_where_nothing_does():
+    plan = _plan(30.0, 9.0, misses=16)
+    plan.observe("chain", 4, 57.0, 57.0 + 3 * 9.0, 3)  # 3 tokens in 84 ms: 28 ms a token, under 30
+    assert plan.choose([]) == ("chain", [])
+    for _ in range(6):
+        plan.observe("chain", 4, 57.0, 57.0 + 3 * 9.0, 1)  # now 1 token in 84 ms
+    assert plan.choose([]) == ("none", [])  # a plain step: 30 ms a token
+    for _ in range(RETRY_CHAIN):
+        plan.observe("none", 1, 30.0, 30.0, 1)
+    assert plan.choose([]) == ("chain", [])  # tried again: the text may have moved
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen2", "tiny-llama"])

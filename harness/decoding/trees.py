@@ -31,7 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from harness.base.errors import HarnessError
-from harness.decoding.context import ContextProposer
+from harness.decoding.context import ContextProposer, RoundPlan
 from harness.kernels import fused
 from harness.pairs.models import LoadedPair
 from harness.settings.setup import GenerationSettings, prompt_digest
@@ -193,6 +193,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     check_pair(pair)  # the settings were validated by ``generation.generate`` (greedy)
     tree = Tree.parse(settings.draft_tree or _chain(settings.num_assistant_tokens))
     context = ContextProposer(settings.context_draft) if settings.context_draft else None
+    plan = RoundPlan(context) if context is not None else None
     # A chain's dynamic schedule (its confidence threshold) holds in this loop as in transformers'.
     threshold = 0.0 if settings.draft_tree else settings.confidence_threshold_in_effect
     prompt = [int(t) for t in prompt_ids]
@@ -231,15 +232,19 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             # round verifies the prompt with its nodes, as transformers' assisted loop does.
             room = budget - len(out) - 1
             found: list[int] = []
-            if context is not None:
+            choice = "chain"
+            if context is not None and plan is not None:
                 context.extend(seq)
-                found = context.propose(room)
+                choice, found = plan.choose(context.propose(room))
+            began = len(log.forwards)
             if found:  # the context's continuation, as a chain: no draft forward this round
                 nodes = [(0,) * (i + 1) for i in range(len(found))]
                 tokens = dict(zip(nodes, found, strict=True))
-            else:
-                tokens = draft.propose(seq, _cut(tree, room), threshold) if room > 0 else {}
+            elif choice == "chain" and room > 0:
+                tokens = draft.propose(seq, _cut(tree, room), threshold)
                 nodes = [p for p in _cut(tree, room) if p in tokens]
+            else:  # a plain step: neither proposal is expected to pay for its rows here
+                tokens, nodes = {}, []
             seen = target_cache.get_seq_length()
             verify = _forward(
                 pair.target,
@@ -280,11 +285,16 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             if found:
                 context.verified(len(nodes), len(path))
                 from_context += len(path)
-            if all(n == (0,) * len(n) for n in nodes):
+            if plan is not None and seen > 0:  # a prompt's forward says nothing of a round's cost
+                # Nor does the draft's first read of its window, which a request pays once.
+                spent = [f.ms for f in log.forwards[began:] if f.role == "target" or f.cache_tokens > 0]
+                verified = log.forwards[-1]
+                plan.observe(choice, verified.input_tokens, verified.ms, sum(spent), len(path) + 1)
+            if nodes and all(n == (0,) * len(n) for n in nodes):
                 # A chain, counted as transformers' loop counts one: every proposed position drafted,
                 # accepted up to the first miss.
                 judged.append([True] * len(path) + [False] * (len(nodes) - len(path)))
-            else:
+            elif nodes:  # (a plain step judges nothing)
                 # A tree, along the path taken: each depth accepted, then the one whose children all missed.
                 judged.append([True] * len(path) + [False] * rejected)
             keep_path(target_cache, len(seq), [len(seq) + nodes.index(p) for p in path])
