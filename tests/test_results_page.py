@@ -59,6 +59,9 @@ def test_the_page_shows_each_kind_of_result():
     assert "t_int4-d_int4-K3-constant-onnxruntime-genai" in text
     assert "#### Forward costs: qwen2.5-coder-1.5b target" in text and "| target  | llama.cpp" in text
     assert "#### Speed gate baselines" in text
+    # A sweep measured on a host that recorded its CPU names the generation under its header.
+    plan = text.split("rows/sweep/qwen2.5-coder-1.5b-context-plan-mixed-amd-epyc-2c-avx512.jsonl`", 1)[1]
+    assert plan.lstrip().startswith("- CPU: family 25 model 17"), plan[:200]
 
 
 def test_the_gate_baselines_are_the_measured_files(tmp_path):

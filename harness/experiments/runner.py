@@ -154,6 +154,7 @@ def make_row(
         else None,
         output_ids=m.output_ids,
         platform=platform,
+        cpu=platforms.detect().cpu_id,
         prompt_label=label,
         prompt_sha=prompt_sha,
         # An engine outside the Python libraries names its own build (llama.cpp's server).

@@ -298,6 +298,8 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: Swee
     counts += f", {len(plain_rate)} target{'s' * (len(plain_rate) > 1)}"
     lines = [f"#### Sweep: {first.model}, {counts}", ""]
     lines += _header(platform, command, _versions(rows), source)
+    cpus = sorted({r.cpu for r in rows if r.cpu})
+    lines += [f"- CPU: {', '.join(cpus)}"] if cpus else []
     lines += ["", table, "", "Plain decoding in the same run: " + "; ".join(plain_lines) + ".", ""]
     lines += category_section(platform, summary)
     if ref is not None:

@@ -73,6 +73,9 @@ class Measured:
     output_ids: list[int]
     # Where and with what
     platform: str = ""
+    # The CPU's family/model/stepping (``platforms.PlatformInfo.cpu_id``): hosts of one platform slug
+    # can be different generations, which differ in speed and in where the kernels are bound.
+    cpu: str = ""
     prompt_label: str = ""
     prompt_sha: str = ""  # setup.prompt_digest of the prompt's token ids: part of the resume key
     versions: dict[str, str] = field(default_factory=dict)
