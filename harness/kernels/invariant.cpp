@@ -710,36 +710,94 @@ AVX512 void group_values512(const float* const* p, float* const* o, const float*
   for (int r = 0; r < S; ++r) _mm512_storeu_ps(o[r] + d, a[r]);
 }
 
+// Two 16-float blocks (32 floats at d) in one pass: each weight, broadcast once, serves both
+// registers (half the broadcasts per product). Each element's chain is unchanged.
+template <int S>
+AVX512 void group_values512x2(const float* const* p, float* const* o, const float* vh, const int32_t* keys,
+                              int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d) {
+  __m512 a[S], b[S];
+  for (int r = 0; r < S; ++r) {
+    a[r] = _mm512_loadu_ps(o[r] + d);
+    b[r] = _mm512_loadu_ps(o[r] + d + 16);
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* vr = vh + key_at(keys, base, t) * D + d;
+    const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+    for (int r = 0; r < S; ++r) {
+      const __m512 w = _mm512_set1_ps(p[r][t]);
+      a[r] = _mm512_fmadd_ps(w, v0, a[r]);
+      b[r] = _mm512_fmadd_ps(w, v1, b[r]);
+    }
+  }
+  for (int r = 0; r < S; ++r) {
+    _mm512_storeu_ps(o[r] + d, a[r]);
+    _mm512_storeu_ps(o[r] + d + 16, b[r]);
+  }
+}
+
+// Two keys' scores from one register's halves (group_scores' reduction and tail for each key).
+template <int S>
+AVX512 inline void scores_done512(const float* const* q, float* const* p, const __m512* a, const float* k0,
+                                  const float* k1, int64_t t, int64_t D, float scale) {
+  const int64_t D8 = D / 8;
+  for (int r = 0; r < S; ++r) {
+    float s0 = hsum8(_mm512_castps512_ps256(a[r]));
+    float s1 = hsum8(_mm512_extractf32x8_ps(a[r], 1));
+    for (int64_t d = D8 * 8; d < D; ++d) {
+      s0 = std::fma(q[r][d], k0[d], s0);
+      s1 = std::fma(q[r][d], k1[d], s1);
+    }
+    p[r][t] = s0 * scale;
+    p[r][t + 1] = s1 * scale;
+  }
+}
+
+AVX512 inline __m512 key_pair(const float* k0, const float* k1, int64_t c) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(k0 + c * 8)), _mm256_loadu_ps(k1 + c * 8), 1);
+}
+
 // group_scores two keys at a time where the CPU has AVX-512: key t in the low 8 lanes and key t + 1
 // in the high 8, each half the 8-lane chain group_scores runs for its key (the same bits), at twice
 // the products per instruction: at long caches the verification rows' scores are arithmetic, not
 // memory.
+//
+// Four keys (two registers) a step where there are four: each query chunk, broadcast once, serves
+// both registers, which halves the broadcasts per product (on Zen 4 they take the shuffle unit's
+// slots beside the half-width multiply-adds). Each key's chain is unchanged.
 template <int S>
 AVX512 void group_scores512(const float* const* q, float* const* p, const float* kh, const int32_t* keys,
                             int64_t base, int64_t t0, int64_t t1, int64_t D, float scale) {
   const int64_t D8 = D / 8;
   int64_t t = t0;
+  for (; t + 3 < t1; t += 4) {
+    const float* k0 = kh + key_at(keys, base, t) * D;
+    const float* k1 = kh + key_at(keys, base, t + 1) * D;
+    const float* k2 = kh + key_at(keys, base, t + 2) * D;
+    const float* k3 = kh + key_at(keys, base, t + 3) * D;
+    __m512 a[S], b[S];
+    for (int r = 0; r < S; ++r) a[r] = b[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D8; ++c) {
+      const __m512 ka = key_pair(k0, k1, c), kb = key_pair(k2, k3, c);
+      for (int r = 0; r < S; ++r) {
+        const __m512 x = _mm512_broadcast_f32x8(_mm256_loadu_ps(q[r] + c * 8));
+        a[r] = _mm512_fmadd_ps(x, ka, a[r]);
+        b[r] = _mm512_fmadd_ps(x, kb, b[r]);
+      }
+    }
+    scores_done512<S>(q, p, a, k0, k1, t, D, scale);
+    scores_done512<S>(q, p, b, k2, k3, t + 2, D, scale);
+  }
   for (; t + 1 < t1; t += 2) {
     const float* k0 = kh + key_at(keys, base, t) * D;
     const float* k1 = kh + key_at(keys, base, t + 1) * D;
     __m512 a[S];
     for (int r = 0; r < S; ++r) a[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < D8; ++c) {
-      const __m512 k = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(k0 + c * 8)),
-                                          _mm256_loadu_ps(k1 + c * 8), 1);
+      const __m512 k = key_pair(k0, k1, c);
       for (int r = 0; r < S; ++r)
         a[r] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(q[r] + c * 8)), k, a[r]);
     }
-    for (int r = 0; r < S; ++r) {
-      float s0 = hsum8(_mm512_castps512_ps256(a[r]));
-      float s1 = hsum8(_mm512_extractf32x8_ps(a[r], 1));
-      for (int64_t d = D8 * 8; d < D; ++d) {
-        s0 = std::fma(q[r][d], k0[d], s0);
-        s1 = std::fma(q[r][d], k1[d], s1);
-      }
-      p[r][t] = s0 * scale;
-      p[r][t + 1] = s1 * scale;
-    }
+    scores_done512<S>(q, p, a, k0, k1, t, D, scale);
   }
   if (t < t1) group_scores<S>(q, p, kh, keys, base, t, t1, D, scale);
 }
@@ -778,18 +836,26 @@ struct Chunk {
   void values(const float* vh, const int32_t* keys, int64_t base, int64_t t0, int64_t t1, int64_t D, int64_t d,
               int width) const {
     by_size(n, [&](auto s) {
-      if (wide && width == 16)
-        group_values512<decltype(s)::value>(p, o, vh, keys, base, t0, t1, D, d);
-      else
-        group_values<decltype(s)::value>(p, o, vh, keys, base, t0, t1, D, d, width);
+      constexpr int S = decltype(s)::value;
+      if (wide && width == 32) {
+        group_values512x2<S>(p, o, vh, keys, base, t0, t1, D, d);
+      } else if (width == 32) {
+        group_values<S>(p, o, vh, keys, base, t0, t1, D, d, 16);
+        group_values<S>(p, o, vh, keys, base, t0, t1, D, d + 16, 16);
+      } else if (wide && width == 16) {
+        group_values512<S>(p, o, vh, keys, base, t0, t1, D, d);
+      } else {
+        group_values<S>(p, o, vh, keys, base, t0, t1, D, d, width);
+      }
     });
   }
 };
 
-// D's blocks: 16 floats each, then 8, then one at a time.
+// D's blocks: 32 floats each, then 16, then 8, then one at a time.
 std::vector<std::pair<int64_t, int>> d_blocks(int64_t D) {
   std::vector<std::pair<int64_t, int>> blocks;
   int64_t d = 0;
+  for (; d + 32 <= D; d += 32) blocks.emplace_back(d, 32);
   for (; d + 16 <= D; d += 16) blocks.emplace_back(d, 16);
   for (; d + 8 <= D; d += 8) blocks.emplace_back(d, 8);
   for (; d < D; ++d) blocks.emplace_back(d, 1);
