@@ -82,12 +82,15 @@ def real_case(pair_name: str, which: str) -> bench.BenchCase:
 
     "registered" gates the pair's default configuration; "fp32" the stock fp32 pair, the plain
     reference with no quantization or hand-written kernel involved; "tree" the registered pair with
-    a token tree (``bench.REAL_TREE``) in the harness's own loop."""
+    a token tree (``bench.REAL_TREE``) in the harness's own loop; "context" the registered pair with
+    proposals from the context beside its draft (``bench.REAL_CONTEXT``), in the same loop."""
     spec = models.get_pair(pair_name)
     if which == "fp32" and spec.name == models.DEFAULT_PAIR:
         return bench.fp32_case(spec)
     if which == "tree" and spec.name == models.DEFAULT_PAIR:
         return bench.tree_case(spec)
+    if which == "context" and spec.name == models.DEFAULT_PAIR:
+        return bench.context_case(spec)
     if which != "registered":
         pytest.skip(f"{spec.name} runs its registered case only (the {which} case is the offline pair's)")
     return registered_case(spec)
@@ -120,8 +123,10 @@ def check_machinery(m: bench.CaseMeasurement, exact_outputs: bool) -> None:
         assert s["c"] > 0
     if "predicted_speedup" not in absent:
         assert s["predicted_speedup"] > 0 and s["predicted_speedup_verify"] > 0
-    # A round emits at most one token per draft step (K, or a tree's depth) and the target's own.
-    assert 1.0 <= s["tokens_per_target_forward"] <= m.case.key().draft_steps + 1
+    # A round emits at most one token per draft step (K, or a tree's depth; a proposal from the
+    # context, up to its length) and the target's own.
+    steps = max(m.case.key().draft_steps, m.case.run.decoding.context_draft)
+    assert 1.0 <= s["tokens_per_target_forward"] <= steps + 1
     assert s["v"] > 0
     for mode in ("plain", "assisted"):
         assert 0.0 <= s[f"{mode}_non_forward_share"] < 1.0
@@ -167,7 +172,7 @@ ARMS = pytest.mark.parametrize("arm", baselines.ARMS)
 
 @pytest.mark.pairs(tiny=False)
 @ARMS
-@pytest.mark.parametrize("which", ["registered", "fp32", "tree"])
+@pytest.mark.parametrize("which", ["registered", "fp32", "tree", "context"])
 def test_benchmark_real(
     pairs, pair_name, which, arm, benchmark, request, platform_name, bench_results, cases
 ):

@@ -11,7 +11,6 @@ from harness.base.errors import HarnessError
 from harness.decoding.context import (
     LONGEST_MATCH,
     MIN_MATCH,
-    RETRY_CHAIN,
     ContextProposer,
     RoundPlan,
     RowCosts,
@@ -91,7 +90,7 @@ def _plan(one_ms: float, row_ms: float, misses: int = 0) -> RoundPlan:
     context proposal kept whole and then ``misses`` kept not at all."""
     plan = RoundPlan(_proposer([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 1, 2, 3]))
     for rows in (1, 5, 9, 17, 2):
-        plan.observe("context", rows, one_ms + row_ms * (rows - 1), one_ms + row_ms * (rows - 1), 1)
+        plan.observe(rows, one_ms + row_ms * (rows - 1))
     plan.context.verified(8, 8)
     for _ in range(misses):
         plan.context.verified(4, 0)
@@ -101,25 +100,24 @@ def _plan(one_ms: float, row_ms: float, misses: int = 0) -> RoundPlan:
 def test_a_context_proposal_is_cut_where_its_rows_cost_more_than_they_are_expected_to_gain():
     found = list(range(4, 20))
     cheap, dear = _plan(30.0, 0.3), _plan(30.0, 9.0)
-    assert cheap.choose(found) == ("context", found)  # rows nearly free: all 16
-    choice, tokens = dear.choose(found)  # a row a third of a step: a shorter proposal pays more
-    assert choice == "context" and 1 <= len(tokens) < len(found) and tokens == found[: len(tokens)]
+    assert cheap.choose(found) == found  # rows nearly free: all 16
+    tokens = dear.choose(found)  # a row a third of a step: a shorter proposal pays more
+    assert 1 <= len(tokens) < len(found) and tokens == found[: len(tokens)]
     doubtful = _plan(30.0, 9.0, misses=16)  # kept nothing since: at a row's price, no proposal pays
     assert doubtful.context.keep_rate < 0.3
-    assert doubtful.choose(found) == ("chain", [])  # the draft model's chain, not yet measured
-    assert _plan(30.0, 0.3, misses=16).choose(found)[0] == "context"  # where a row is nearly free, it does
+    assert doubtful.choose(found) == []  # the draft model's chain runs instead
+    assert _plan(30.0, 0.3, misses=16).choose(found)  # where a row is nearly free, it still pays
 
 
-def test_the_draft_models_chain_runs_where_it_pays_and_a_plain_step_where_nothing_does():
-    plan = _plan(30.0, 9.0, misses=16)
-    plan.observe("chain", 4, 57.0, 57.0 + 3 * 9.0, 3)  # 3 tokens in 84 ms: 28 ms a token, under 30
-    assert plan.choose([]) == ("chain", [])
-    for _ in range(6):
-        plan.observe("chain", 4, 57.0, 57.0 + 3 * 9.0, 1)  # now 1 token in 84 ms
-    assert plan.choose([]) == ("none", [])  # a plain step: 30 ms a token
-    for _ in range(RETRY_CHAIN):
-        plan.observe("none", 1, 30.0, 30.0, 1)
-    assert plan.choose([]) == ("chain", [])  # tried again: the text may have moved
+def test_a_kind_of_match_passed_over_is_tried_again():
+    # A copy may begin where proposals from such matches kept failing: passed over, their record
+    # fades toward the prior until a proposal pays again.
+    plan, found = _plan(30.0, 9.0, misses=16), list(range(4, 20))
+    passed = 0
+    while not plan.choose(found):
+        passed += 1
+        assert passed < 50, "never tried again"
+    assert passed >= 1  # not at once: the misses count for a round or more
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen2", "tiny-llama"])

@@ -227,10 +227,9 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
                 type=int,
                 metavar="N",
                 help="propose from the context (the prompt and the output so far) where it holds the "
-                "continuation, up to N tokens a round, and from the draft model where it does not; each "
-                "round verifies what is expected to gain most per ms at this host's measured cost of a row "
-                "(a shorter proposal, the draft's chain, or a plain step); greedy, exact, the harness's own "
-                "loop on the batch-invariant kernels (0: off)",
+                "continuation, up to N tokens a round, cut to the length expected to gain most per ms at "
+                "this host's measured cost of a row, and from the draft model where no proposal beats a "
+                "plain step; greedy, exact, the harness's own loop on the batch-invariant kernels (0: off)",
             ),
         ),
         "synthetic_acceptance": (

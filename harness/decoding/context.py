@@ -14,12 +14,12 @@ within ``limit``; a proposal kept not at all makes the next ask for a longer mat
 whose phrases recur without being copied, as questions about it do, falls back to the draft model
 instead of verifying guesses), and one kept in part relaxes it again.
 
-What a round verifies is then chosen by what it is expected to gain per ms on this host
-(``RoundPlan``): the context's proposal cut to the length whose expected tokens (Leviathan's
+Whether a round verifies the context's proposal is then chosen by what it is expected to gain per
+ms on this host (``RoundPlan``): the proposal is cut to the length whose expected tokens (Leviathan's
 ``expected_tokens_per_forward`` at the rate context proposals are kept) over the verification's
-measured cost (``RowCosts``) is highest, the draft model's chain at the rate its rounds have run,
-or no proposal at all, a plain step, where neither pays. None of this touches the output: the
-target verifies every proposal as it verifies the draft model's.
+measured cost (``RowCosts``) is highest, and verified where that beats a plain step; otherwise the
+draft model's chain runs. None of this touches the output: the target verifies every proposal as it
+verifies the draft model's.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from harness.theory.analysis import expected_tokens_per_forward, optimal_k
+from harness.theory.analysis import optimal_k
 
 MIN_MATCH = 3  # tokens the latest tokens must share with an earlier place to propose from it
 LONGEST_MATCH = 32  # how far back a match is compared when choosing among places
@@ -155,52 +155,38 @@ class RowCosts:
         return my + slope * (rows - 1 - mx)
 
 
-# Rounds a plain step may follow a chain that did not pay before the chain is tried again: the draft's
-# agreement moves with the text.
-RETRY_CHAIN = 8
-
-
 class RoundPlan:
-    """What each round verifies: ``"context"`` (the context's proposal, cut to pay), ``"chain"`` (the
-    draft model's) or ``"none"`` (a plain step), by expected tokens per ms, each rate measured here."""
+    """Whether a round verifies the context's proposal, cut to the length expected to gain most per
+    ms on this host, or the draft model's chain.
+
+    The proposal is held to a plain step's rate, not the chain's as its rounds ran: a chain round
+    emits 1 to K+1 tokens, so its rate over the few rounds a record remembers swings widely, and a
+    plan that also weighed it (and a plain step where neither paid) took plain steps on the speed
+    gate's prompt where the chain pays over a whole request. Measured, the proposals that beat a
+    plain step are the copies', which beat the chain too."""
 
     def __init__(self, context: ContextProposer) -> None:
         self.context = context
         self.costs = RowCosts()
-        self.chain_tokens = self.chain_ms = 0.0  # the chain rounds' emitted tokens and ms, decaying
-        self.since_chain = 0  # rounds since the last chain round
 
-    def choose(self, found: Sequence[int]) -> tuple[str, list[int]]:
-        """The round's choice, with the context's tokens to verify where that is the context."""
+    def choose(self, found: Sequence[int]) -> list[int]:
+        """The context's tokens the round verifies (none: the draft model's chain runs)."""
         one = self.costs.ms(1)
-        if one is None:  # nothing measured yet: the context where it has a proposal
-            return ("context", list(found)) if found else ("chain", [])
-        plain = 1.0 / one
-        # The chain's rate as its rounds ran (the draft's forwards included); before any, the context
-        # has only a plain step to beat.
-        chain = self.chain_tokens / self.chain_ms if self.chain_ms > 0.0 else None
-        if found:
-            q = self.context.keep_rate
-            costs = self.costs
+        if not found or one is None:  # before any cost is measured, the context where it proposes
+            return list(found)
+        costs = self.costs
 
-            def v(k: int) -> float:
-                return costs.ms(1 + k) / one
+        def v(k: int) -> float:
+            return costs.ms(1 + k) / one
 
-            n = optimal_k(q, 0.0, v, k_max=len(found))
-            if n > 0 and expected_tokens_per_forward(q, n) / costs.ms(1 + n) >= (chain or plain):
-                return "context", list(found[:n])
-            self.context.passed_over()
-        if chain is None or chain >= plain or self.since_chain >= RETRY_CHAIN:
-            return "chain", []
-        return "none", []
+        # Tokens a verification of n rows is expected to emit over its cost, against a plain step's
+        # one token per one-row forward (n = 0): optimal_k's best n pays wherever it is above 0.
+        n = optimal_k(self.context.keep_rate, 0.0, v, k_max=len(found))
+        if n > 0:
+            return list(found[:n])
+        self.context.passed_over()
+        return []
 
-    def observe(self, choice: str, rows: int, ms: float, round_ms: float, emitted: int) -> None:
-        """A round done: its verification of ``rows`` rows took ``ms``; the whole round (the draft's
-        forwards included) ``round_ms``, and it emitted ``emitted`` tokens."""
+    def observe(self, rows: int, ms: float) -> None:
+        """A round's verification of ``rows`` rows took ``ms``."""
         self.costs.observe(rows, ms)
-        if choice == "chain":
-            self.chain_tokens = DECAY * self.chain_tokens + emitted
-            self.chain_ms = DECAY * self.chain_ms + round_ms
-            self.since_chain = 0
-        else:
-            self.since_chain += 1

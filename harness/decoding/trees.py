@@ -232,18 +232,16 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             # round verifies the prompt with its nodes, as transformers' assisted loop does.
             room = budget - len(out) - 1
             found: list[int] = []
-            choice = "chain"
             if context is not None and plan is not None:
                 context.extend(seq)
-                choice, found = plan.choose(context.propose(room))
-            began = len(log.forwards)
+                found = plan.choose(context.propose(room))
             if found:  # the context's continuation, as a chain: no draft forward this round
                 nodes = [(0,) * (i + 1) for i in range(len(found))]
                 tokens = dict(zip(nodes, found, strict=True))
-            elif choice == "chain" and room > 0:
+            elif room > 0:
                 tokens = draft.propose(seq, _cut(tree, room), threshold)
                 nodes = [p for p in _cut(tree, room) if p in tokens]
-            else:  # a plain step: neither proposal is expected to pay for its rows here
+            else:  # the budget's last token: a plain step
                 tokens, nodes = {}, []
             seen = target_cache.get_seq_length()
             verify = _forward(
@@ -259,13 +257,13 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 # As transformers' min-new-tokens processor: no EOS before the floor, per emitted position.
                 early = [len(out) + len(p) < settings.min_new_tokens for p in ((), *nodes)]
                 scores[torch.tensor(early)[:, None] & _mask_of(stops, scores.shape[-1])] = -math.inf
-            choice = scores.argmax(dim=-1).tolist()
+            best = scores.argmax(dim=-1).tolist()
             rows: list[Path] = [(), *nodes]
             path: list[Path] = []
             node: Path = ()
             rejected = False
             while True:
-                token = choice[rows.index(node)]
+                token = best[rows.index(node)]
                 children = [p for p in nodes if p[:-1] == node]
                 if draw is None:
                     child = next((p for p in children if tokens[p] == token), None)
@@ -286,10 +284,8 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 context.verified(len(nodes), len(path))
                 from_context += len(path)
             if plan is not None and seen > 0:  # a prompt's forward says nothing of a round's cost
-                # Nor does the draft's first read of its window, which a request pays once.
-                spent = [f.ms for f in log.forwards[began:] if f.role == "target" or f.cache_tokens > 0]
                 verified = log.forwards[-1]
-                plan.observe(choice, verified.input_tokens, verified.ms, sum(spent), len(path) + 1)
+                plan.observe(verified.input_tokens, verified.ms)
             if nodes and all(n == (0,) * len(n) for n in nodes):
                 # A chain, counted as transformers' loop counts one: every proposed position drafted,
                 # accepted up to the first miss.

@@ -96,8 +96,14 @@ def case(
 
     spec = models.get_pair(pair)
     tree = settings.pop("draft_tree", "")
+    context = settings.pop("context_draft", 0)
     decoding = GenerationSettings(
-        mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, draft_tree=tree, **(sampling or {})
+        mode="assisted",
+        max_new_tokens=new_tokens,
+        ignore_eos=True,
+        draft_tree=tree,
+        context_draft=context,
+        **(sampling or {}),
     )
     return BenchCase(engines.resolve(spec, decoding=decoding, **settings), prompt_tokens, task)
 
@@ -123,6 +129,18 @@ def tree_case(spec: Any) -> BenchCase:
     """The registered configuration with the draft's guesses as a token tree (``REAL_TREE``) in the
     harness's own loop instead of a chain in transformers'."""
     return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, draft_tree=REAL_TREE)
+
+
+# Proposals the context case takes from the context, at most, a round (``--context_draft``): the
+# length the published context-drafting sweeps ran.
+REAL_CONTEXT = 16
+
+
+def context_case(spec: Any) -> BenchCase:
+    """The registered configuration with proposals from the context beside the draft's chain
+    (``REAL_CONTEXT`` a round at most, each round's proposal chosen by its expected rate) in the
+    harness's own loop."""
+    return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, context_draft=REAL_CONTEXT)
 
 
 def fp32_case(spec: Any) -> BenchCase:

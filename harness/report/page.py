@@ -672,7 +672,9 @@ def _case_label(case: baselines.CaseKey) -> str:
         draft += f", vocab {case.draft_vocab}"
     if case.draft_tree is not None:
         return f"{target} / {draft}, tree {case.draft_tree}"
-    return f"{target} / {draft}, K={case.num_assistant_tokens} {case.assistant_schedule}"
+    context = dict(case.more).get("context_draft")
+    beside = f", context {context}" if context else ""
+    return f"{target} / {draft}, K={case.num_assistant_tokens} {case.assistant_schedule}{beside}"
 
 
 def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord], source: str) -> list[str]:
