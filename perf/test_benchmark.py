@@ -85,12 +85,9 @@ def real_case(pair_name: str, which: str) -> bench.BenchCase:
     a token tree (``bench.REAL_TREE``) in the harness's own loop; "context" the registered pair with
     proposals from the context beside its draft (``bench.REAL_CONTEXT``), in the same loop."""
     spec = models.get_pair(pair_name)
-    if which == "fp32" and spec.name == models.DEFAULT_PAIR:
-        return bench.fp32_case(spec)
-    if which == "tree" and spec.name == models.DEFAULT_PAIR:
-        return bench.tree_case(spec)
-    if which == "context" and spec.name == models.DEFAULT_PAIR:
-        return bench.context_case(spec)
+    offline = {"fp32": bench.fp32_case, "tree": bench.tree_case, "context": bench.context_case}
+    if which in offline and spec.name == models.DEFAULT_PAIR:
+        return offline[which](spec)
     if which != "registered":
         pytest.skip(f"{spec.name} runs its registered case only (the {which} case is the offline pair's)")
     return registered_case(spec)

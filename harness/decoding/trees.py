@@ -192,8 +192,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     ``generation.generate`` measures transformers' loop."""
     check_pair(pair)  # the settings were validated by ``generation.generate`` (greedy)
     tree = Tree.parse(settings.draft_tree or _chain(settings.num_assistant_tokens))
-    context = ContextProposer(settings.context_draft) if settings.context_draft else None
-    plan = RoundPlan(context) if context is not None else None
+    plan = RoundPlan(ContextProposer(settings.context_draft)) if settings.context_draft else None
     # A chain's dynamic schedule (its confidence threshold) holds in this loop as in transformers'.
     threshold = 0.0 if settings.draft_tree else settings.confidence_threshold_in_effect
     prompt = [int(t) for t in prompt_ids]
@@ -212,7 +211,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     seeded = random.Random(f"{settings.seed}-{prompt_digest(prompt)}") if synthetic is not None else None
     draw = seeded.random if seeded is not None else None
     budget = settings.max_new_tokens
-    draft = _Draft(pair.draft, DRAFT_WINDOW if context is not None else None)
+    draft = _Draft(pair.draft, DRAFT_WINDOW if plan is not None else None)
     target_cache = DynamicCache()
     drafted = accepted = from_context = 0
     judged: list[list[bool]] = []
@@ -232,9 +231,9 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             # round verifies the prompt with its nodes, as transformers' assisted loop does.
             room = budget - len(out) - 1
             found: list[int] = []
-            if context is not None and plan is not None:
-                context.extend(seq)
-                found = plan.choose(context.propose(room))
+            if plan is not None:
+                plan.context.extend(seq)
+                found = plan.choose(plan.context.propose(room))
             if found:  # the context's continuation, as a chain: no draft forward this round
                 nodes = [(0,) * (i + 1) for i in range(len(found))]
                 tokens = dict(zip(nodes, found, strict=True))
@@ -280,12 +279,13 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                     break
             drafted += len(nodes)
             accepted += len(path)
-            if found:
-                context.verified(len(nodes), len(path))
-                from_context += len(path)
-            if plan is not None and seen > 0:  # a prompt's forward says nothing of a round's cost
-                verified = log.forwards[-1]
-                plan.observe(verified.input_tokens, verified.ms)
+            if plan is not None:
+                if found:
+                    plan.context.verified(len(nodes), len(path))
+                    from_context += len(path)
+                if seen > 0:  # a prompt's forward says nothing of a round's cost
+                    verified = log.forwards[-1]
+                    plan.observe(verified.input_tokens, verified.ms)
             if nodes and all(n == (0,) * len(n) for n in nodes):
                 # A chain, counted as transformers' loop counts one: every proposed position drafted,
                 # accepted up to the first miss.
@@ -298,7 +298,7 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
         end = time.perf_counter()
     # Nothing to cut: a round's nodes stop short of the budget, and a path ends at an EOS.
     m = Measurement.of_log(log, start, end, len(prompt), out, drafted, accepted, judged)
-    return dataclasses.replace(m, from_context=from_context) if context is not None else m
+    return dataclasses.replace(m, from_context=from_context) if plan is not None else m
 
 
 def _chain(k: int) -> str:
