@@ -18,6 +18,7 @@ from harness.base.errors import HarnessError
 from harness.decoding import strategies
 from harness.decoding.generation import generate
 from harness.experiments import bench
+from harness.pairs import models
 from harness.report import bench as bench_report
 from harness.settings import baselines, setup
 from harness.settings.results import read_rows
@@ -66,6 +67,20 @@ def test_case_settings_decode_the_whole_budget_in_both_modes():
         assert (s.mode, s.max_new_tokens, s.num_assistant_tokens, s.ignore_eos) == (mode, 12, 4, True)
     with pytest.raises(HarnessError, match="num_assistant_tokens"):
         bench.case("tiny-llama", 24, 12, num_assistant_tokens=0).settings("assisted")
+
+
+def test_case_takes_every_decoding_setting_beside_the_runs_own():
+    # A decoding setting given to ``case`` reaches the case's settings and its identity, beside the
+    # run's own (a precision, K), which the pair's registration resolves.
+    case = bench.case(
+        "tiny-llama", 24, 12, context_draft=8, draft_tree="0+1", min_new_tokens=3, num_assistant_tokens=2
+    )
+    s = case.settings("assisted")
+    assert (s.context_draft, s.draft_tree, s.min_new_tokens, s.num_assistant_tokens) == (8, "0+1", 3, 2)
+    assert dict(case.key().more)["context_draft"] == 8
+    assert case.run.target.precision == models.get_pair("tiny-llama").target_setup.precision
+    with pytest.raises(TypeError):
+        bench.case("tiny-llama", 24, 12, no_such_setting=1)
 
 
 def test_alpha_mle():

@@ -95,17 +95,20 @@ def case(
     from harness.pairs import models
 
     spec = models.get_pair(pair)
-    tree = settings.pop("draft_tree", "")
-    context = settings.pop("context_draft", 0)
+    own = {
+        name: settings.pop(name)
+        for name in [n for n in settings if n in _DECODING_FIELDS and n not in _RESOLVED_FIELDS]
+    }
     decoding = GenerationSettings(
-        mode="assisted",
-        max_new_tokens=new_tokens,
-        ignore_eos=True,
-        draft_tree=tree,
-        context_draft=context,
-        **(sampling or {}),
+        mode="assisted", max_new_tokens=new_tokens, ignore_eos=True, **own, **(sampling or {})
     )
     return BenchCase(engines.resolve(spec, decoding=decoding, **settings), prompt_tokens, task)
+
+
+# ``case``'s keywords that are decoding settings go into its ``GenerationSettings``, all but the
+# ones ``resolve`` settles itself against the pair's registration (K and its schedule).
+_DECODING_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationSettings))
+_RESOLVED_FIELDS = frozenset({"num_assistant_tokens", "assistant_schedule"})
 
 
 # The real cases perf/test_benchmark.py gates, by name: the prompt and budget of the CI subset. The
