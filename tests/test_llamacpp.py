@@ -115,3 +115,34 @@ def test_the_reference_is_measured_before_and_after_the_run(tmp_path):
     assert ref.tokens_per_s == pytest.approx(35.0) and (ref.before, ref.after) == (40.0, 30.0)
     assert "40.00 tok/s before this run and 30.00 after, mean 35.00" in line
     assert "the host's speed moved by 29%" in line
+
+
+def test_llama_cpps_batches_of_m_tokens_continue_its_line_of_the_table(tmp_path):
+    """Beside the harness's forward of M tokens, llama.cpp's forward of a batch of M (llama-bench's
+    prompt test, -p M -n 0, onto the same cache): its ms is M over the batch's tokens/s, and the
+    reference's line of the table gains the M columns, relative to its time per token."""
+    batches = {2: 60.0, 4: 50.0}  # tokens/s of a batch of 2 and of 4
+    script = tmp_path / "llama-bench"
+    cases = "".join(f'  *"-p {m} -n 0 -t 2 -d 1024 -r "*) ts={ts};;\n' for m, ts in batches.items())
+    row = dict(ROWS[0], n_prompt="M", avg_ts="TS")
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "version: 1 (stand-in)" >&2; exit 0; fi\n'
+        f'case "$*" in\n{cases}  *) echo "bad args: $*" >&2; exit 3;; esac\n'
+        'm=$(echo "$*" | sed "s/.*-p \\([0-9]*\\) .*/\\1/")\n'
+        f'echo \'{json.dumps([row])}\' | sed "s/\\"M\\"/$m/; s/\\"TS\\"/$ts/"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    binary = llama_build.given("llama-bench", script)
+    gguf = tmp_path / "m.gguf"
+    assert llamacpp.batch_ms(binary, gguf, rows=4, threads=2, depth=1024) == pytest.approx(80.0)
+    ref = llamacpp.Reference(tokens_per_s=40.0, tokens_per_s_std=0.0, threads=2, new_tokens=64, build="b (1)")
+    costs = forwards.reference_batches(binary, gguf, ref, "target", (1, 4, 2, 4), 1024)
+    assert [(c.m, round(c.ms, 2), c.cache_tokens, c.precision) for c in costs] == [
+        (2, 33.33, 1024, "llama.cpp"),
+        (4, 80.0, 1024, "llama.cpp"),
+    ]
+    one = forwards.ForwardCost("target", "llama.cpp", "b (1)", 1, 25.0, 25.0, None, 1024)
+    assert "| 25.0  | 33.3 (1.33) | 80.0 (3.20) |" in forwards.table([one, *costs])
+    with pytest.raises(HarnessError, match="exit 3"):  # a batch llama-bench cannot run is said so
+        llamacpp.batch_ms(binary, gguf, rows=3, threads=2, depth=1024)

@@ -123,7 +123,25 @@ def measure(
 ) -> Reference:
     """Plain decoding of ``new_tokens`` tokens (no prompt), ``repetitions`` times, on ``threads``;
     with ``depth``, onto a cache already holding that many tokens (llama-bench's ``-d``)."""
-    cmd = [str(binary), "-m", str(gguf), "-p", "0", "-n", str(new_tokens), "-t", str(threads)]
+    return parse(_bench(binary, gguf, ["-p", "0", "-n", str(new_tokens)], threads, depth, repetitions))
+
+
+def batch_ms(
+    binary: Path, gguf: Path, *, rows: int, threads: int, depth: int = 0, repetitions: int = 3
+) -> float:
+    """ms of one llama.cpp forward of ``rows`` tokens at once onto a cache holding ``depth`` (llama-bench's
+    prompt test of that many tokens, ``-p rows -n 0 -d depth``): the work of its verification of
+    ``rows - 1`` drafted tokens, beside the harness's forward of M = ``rows``."""
+    text = _bench(binary, gguf, ["-p", str(rows), "-n", "0"], threads, depth, repetitions)
+    batch = [r for r in _rows(text) if r.get("n_prompt") == rows and r.get("n_gen", 0) == 0]
+    if not batch or not float(batch[0].get("avg_ts", 0)) > 0:
+        raise HarnessError(f"llama-bench's output has no row for a batch of {rows} tokens (n_prompt {rows})")
+    return 1000.0 * rows / float(batch[0]["avg_ts"])
+
+
+def _bench(binary: Path, gguf: Path, test: list[str], threads: int, depth: int, repetitions: int) -> str:
+    """llama-bench's JSON output for one test (``test``: its -p and -n)."""
+    cmd = [str(binary), "-m", str(gguf), *test, "-t", str(threads)]
     if depth:
         cmd += ["-d", str(depth)]
     cmd += ["-r", str(repetitions), "-o", "json"]
@@ -134,17 +152,21 @@ def measure(
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         raise HarnessError(f"llama-bench failed (exit {done.returncode}): {' / '.join(tail)}")
-    return parse(done.stdout)
+    return done.stdout
 
 
-def parse(text: str) -> Reference:
-    """The decode row of llama-bench's JSON output."""
+def _rows(text: str) -> list[dict]:
     start = text.find("[")
     try:
         rows = json.loads(text[start:]) if start >= 0 else []
     except json.JSONDecodeError as exc:
         raise HarnessError(f"llama-bench printed no JSON list ({exc}); was it run with -o json?") from exc
-    decode = [r for r in rows if isinstance(r, dict) and r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def parse(text: str) -> Reference:
+    """The decode row of llama-bench's JSON output."""
+    decode = [r for r in _rows(text) if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
     if not decode:
         raise HarnessError("llama-bench's output has no decode row (n_gen > 0, n_prompt = 0)")
     r = decode[0]

@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         "--llama_bench",
         dest="llama_bench",
         default=None,
-        help="llama.cpp's llama-bench binary: also time its plain decoding of the same GGUF "
-        f"(or set {llamacpp.ENV})",
+        help="llama.cpp's llama-bench binary: also time its plain decoding of the same GGUF, and its "
+        f"forward of each M > 1 tokens at once (or set {llamacpp.ENV})",
     )
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
@@ -326,6 +326,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(dataclasses.replace(reference_cost(args.role, ref), cache_tokens=cache_tokens))
                 if args.json:
                     results.append_row(args.json, {**context, **asdict(rows[-1]), "llama_cpp": line})
+                try:
+                    batches = reference_batches(bench_binary, gguf, ref, args.role, args.m, cache_tokens)
+                except HarnessError as exc:  # the harness's rows stand without llama.cpp's batches
+                    batches = []
+                    lines.append(f"llama.cpp's batches of M tokens: not measured ({exc})")
+                for cost in batches:
+                    rows.append(cost)
+                    if args.json:
+                        results.append_row(args.json, {**context, **asdict(cost), "llama_cpp": line})
     except HarnessError as exc:
         parser.exit(2, f"error: {exc}\n")
     lengths = ", ".join(str(n) for n in args.cache_tokens)
@@ -345,6 +354,20 @@ def gguf_of(name: str, role: str) -> tuple[str, Path | None]:
     pair = models.get_pair(name)
     spec = pair.target if role == "target" else pair.draft
     return spec.name, models.gguf_file(spec, None)
+
+
+def reference_batches(
+    binary: Path, gguf: Path, ref: llamacpp.Reference, role: str, ms: Sequence[int], cache_tokens: int
+) -> list[ForwardCost]:
+    """llama.cpp's forward of each M > 1 tokens at once onto the same cache (``llamacpp.batch_ms``),
+    as the reference's line continues: what a verification of M - 1 drafted tokens costs it, so
+    both verifications' growth with M and with the cache read side by side."""
+    reps = 3 if cache_tokens < llamacpp.LONG_DEPTH else 1
+    costs = []
+    for m in sorted({m for m in ms if m > 1}):
+        t = llamacpp.batch_ms(binary, gguf, rows=m, threads=ref.threads, depth=cache_tokens, repetitions=reps)
+        costs.append(ForwardCost(role, "llama.cpp", ref.build, m, t, t, None, cache_tokens))
+    return costs
 
 
 def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
