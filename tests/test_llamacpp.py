@@ -137,7 +137,7 @@ def test_llama_cpps_batches_of_m_tokens_continue_its_line_of_the_table(tmp_path)
     gguf = tmp_path / "m.gguf"
     assert llamacpp.batch_ms(binary, gguf, rows=4, threads=2, depth=1024) == pytest.approx(80.0)
     ref = llamacpp.Reference(tokens_per_s=40.0, tokens_per_s_std=0.0, threads=2, new_tokens=64, build="b (1)")
-    costs = forwards.reference_batches(binary, gguf, ref, "target", (1, 4, 2, 4), 1024)
+    costs = list(forwards.reference_batches(binary, gguf, ref, "target", (1, 4, 2, 4), 1024))
     assert [(c.m, round(c.ms, 2), c.cache_tokens, c.precision) for c in costs] == [
         (2, 33.33, 1024, "llama.cpp"),
         (4, 80.0, 1024, "llama.cpp"),

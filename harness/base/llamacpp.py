@@ -55,8 +55,7 @@ def reference(
     if gguf is None:
         return None, f"llama.cpp reference: not measured ({model} has no GGUF file here)"
     try:
-        # Onto a long cache, llama-bench's own prefill of it each repetition dwarfs the timed tokens: once.
-        reps = 3 if depth < LONG_DEPTH else 1
+        reps = repetitions(depth)
         ref = measure(binary, gguf, threads=threads, new_tokens=new_tokens, depth=depth, repetitions=reps)
     except HarnessError as exc:
         return None, f"llama.cpp reference: failed ({exc})"
@@ -114,6 +113,12 @@ def around(
 LONG_DEPTH = 2048  # a cache (llama-bench's -d) from which one repetition is timed, not three
 
 
+def repetitions(depth: int) -> int:
+    """llama-bench's repetitions onto a ``depth``-token cache: its own prefill of a long cache, made
+    again each repetition, dwarfs the timed tokens, so from ``LONG_DEPTH`` on it runs once."""
+    return 3 if depth < LONG_DEPTH else 1
+
+
 def _onto(depth: int) -> str:
     return f" onto a {depth}-token cache" if depth else ""
 
@@ -126,13 +131,11 @@ def measure(
     return parse(_bench(binary, gguf, ["-p", "0", "-n", str(new_tokens)], threads, depth, repetitions))
 
 
-def batch_ms(
-    binary: Path, gguf: Path, *, rows: int, threads: int, depth: int = 0, repetitions: int = 3
-) -> float:
+def batch_ms(binary: Path, gguf: Path, *, rows: int, threads: int, depth: int = 0) -> float:
     """ms of one llama.cpp forward of ``rows`` tokens at once onto a cache holding ``depth`` (llama-bench's
     prompt test of that many tokens, ``-p rows -n 0 -d depth``): the work of its verification of
     ``rows - 1`` drafted tokens, beside the harness's forward of M = ``rows``."""
-    text = _bench(binary, gguf, ["-p", str(rows), "-n", "0"], threads, depth, repetitions)
+    text = _bench(binary, gguf, ["-p", str(rows), "-n", "0"], threads, depth, repetitions(depth))
     batch = [r for r in _rows(text) if r.get("n_prompt") == rows and r.get("n_gen", 0) == 0]
     if not batch or not float(batch[0].get("avg_ts", 0)) > 0:
         raise HarnessError(f"llama-bench's output has no row for a batch of {rows} tokens (n_prompt {rows})")

@@ -12,11 +12,12 @@ draws the same table.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -323,18 +324,15 @@ def main(argv: list[str] | None = None) -> int:
             rows += done
             lines.append(line)
             if ref is not None:
-                rows.append(dataclasses.replace(reference_cost(args.role, ref), cache_tokens=cache_tokens))
-                if args.json:
-                    results.append_row(args.json, {**context, **asdict(rows[-1]), "llama_cpp": line})
-                try:
-                    batches = reference_batches(bench_binary, gguf, ref, args.role, args.m, cache_tokens)
+                first = dataclasses.replace(reference_cost(args.role, ref), cache_tokens=cache_tokens)
+                batches = reference_batches(bench_binary, gguf, ref, args.role, args.m, cache_tokens)
+                try:  # each cost kept as soon as it is measured (the batches are measured lazily)
+                    for cost in itertools.chain([first], batches):
+                        rows.append(cost)
+                        if args.json:
+                            results.append_row(args.json, {**context, **asdict(cost), "llama_cpp": line})
                 except HarnessError as exc:  # the harness's rows stand without llama.cpp's batches
-                    batches = []
                     lines.append(f"llama.cpp's batches of M tokens: not measured ({exc})")
-                for cost in batches:
-                    rows.append(cost)
-                    if args.json:
-                        results.append_row(args.json, {**context, **asdict(cost), "llama_cpp": line})
     except HarnessError as exc:
         parser.exit(2, f"error: {exc}\n")
     lengths = ", ".join(str(n) for n in args.cache_tokens)
@@ -358,16 +356,13 @@ def gguf_of(name: str, role: str) -> tuple[str, Path | None]:
 
 def reference_batches(
     binary: Path, gguf: Path, ref: llamacpp.Reference, role: str, ms: Sequence[int], cache_tokens: int
-) -> list[ForwardCost]:
+) -> Iterator[ForwardCost]:
     """llama.cpp's forward of each M > 1 tokens at once onto the same cache (``llamacpp.batch_ms``),
     as the reference's line continues: what a verification of M - 1 drafted tokens costs it, so
     both verifications' growth with M and with the cache read side by side."""
-    reps = 3 if cache_tokens < llamacpp.LONG_DEPTH else 1
-    costs = []
     for m in sorted({m for m in ms if m > 1}):
-        t = llamacpp.batch_ms(binary, gguf, rows=m, threads=ref.threads, depth=cache_tokens, repetitions=reps)
-        costs.append(ForwardCost(role, "llama.cpp", ref.build, m, t, t, None, cache_tokens))
-    return costs
+        t = llamacpp.batch_ms(binary, gguf, rows=m, threads=ref.threads, depth=cache_tokens)
+        yield ForwardCost(role, "llama.cpp", ref.build, m, t, t, None, cache_tokens)
 
 
 def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
