@@ -436,6 +436,63 @@ def test_the_stack_loops_over_its_fused_layers_bit_for_bit(ext, monkeypatch, nam
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
+def test_a_long_forward_runs_in_chunks_of_rows_with_a_trees_rows_last():
+    assert fused.prefill_chunks(10, rows=4) == [(0, 4), (4, 8), (8, 10)]
+    assert fused.prefill_chunks(8, rows=4) == [(0, 4), (4, 8)]
+    assert fused.prefill_chunks(3, rows=4) == [(0, 3)]
+    assert fused.prefill_chunks(10, masked=3, rows=4) == [(0, 4), (4, 10)]  # the tree's 3 rows together
+    assert fused.prefill_chunks(10, masked=10, rows=4) == [(0, 10)]
+    assert fused.prefill_chunks(1) == [(0, 1)]
+
+
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+@pytest.mark.parametrize("build", [_w8af32_fused, _q4k], ids=["one-call-a-step", "two-calls-on-k-quants"])
+def test_a_prompt_in_chunks_of_rows_is_the_prompt_in_one_call_bit_for_bit(ext, monkeypatch, name, build):
+    """A long forward runs through the stack a chunk of rows at a time: every row's output and the
+    cache are those of the whole forward at once; and a token tree's rows after a prompt (a first
+    round's verification) are each its path's one-token step, however the prompt was cut."""
+    from transformers import DynamicCache
+
+    from harness.decoding import trees
+
+    model = build(name)
+    prompt = list(range(3, 26))
+    nodes, tokens = ((0,), (1,), (0, 0)), {(0,): 40, (1,): 41, (0, 0): 42}
+
+    def forward(ids: list[int], positions: list[int], mask=None, cache=None):
+        cache = DynamicCache() if cache is None else cache
+        with torch.inference_mode():
+            out = model(
+                input_ids=torch.tensor([ids]),
+                position_ids=torch.tensor([positions]),
+                past_key_values=cache,
+                use_cache=True,
+                tree_mask=mask,
+            )
+        return out.logits[0], cache
+
+    n = len(prompt)
+    whole, whole_cache = forward(prompt, list(range(n)))
+    steps = {}  # each node's row as a one-token step along its path
+    for node in nodes:
+        _, cache = forward(prompt, list(range(n)))
+        for depth in range(1, len(node) + 1):
+            logits, cache = forward([tokens[node[:depth]]], [n - 1 + depth], cache=cache)
+        steps[node] = logits[-1]
+    for rows in (1000, 4, 7):
+        monkeypatch.setattr(fused, "PREFILL_ROWS", rows)
+        logits, cache = forward(prompt, list(range(n)))
+        assert torch.equal(logits, whole), rows
+        for a, b in zip(cache.layers, whole_cache.layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), rows
+        ids = prompt + [tokens[p] for p in nodes]
+        positions = list(range(n)) + [n - 1 + len(p) for p in nodes]
+        logits, _ = forward(ids, positions, trees.verify_mask(nodes))
+        assert torch.equal(logits[:n], whole), rows
+        for i, node in enumerate(nodes):
+            assert torch.equal(logits[n + i], steps[node]), (rows, node)
+
+
 def test_what_the_loop_does_not_reproduce_takes_the_stacks_own_forward(ext, monkeypatch):
     """A padding mask, no cache, input embeddings, hidden states asked for: the stack's own forward
     (each layer's forward called), with what was asked for (batches: see above)."""
