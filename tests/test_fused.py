@@ -436,6 +436,64 @@ def test_the_stack_loops_over_its_fused_layers_bit_for_bit(ext, monkeypatch, nam
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+def test_a_stack_on_k_quants_is_one_call_a_forward_bit_for_bit(ext, monkeypatch, name):
+    """On k-quant blocks the stack's layers run as one C++ call a forward once the cache holds rows
+    (a fresh cache's first chunk starts its layers in the layer loop): the logits and the cache of
+    the layers one call at a time, across crops (a draft's rejected tokens) and the cache's buffers
+    growing past their room."""
+    from transformers import DynamicCache
+
+    monkeypatch.setattr(fused, "CACHE_HEADROOM", 3)
+    model = _q4k(name)
+    calls: list[int] = []
+    per_layer = fused.layer_calls
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return per_layer(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "layer_calls", counted)
+    steps = [list(range(3, 12)), [40], [41, 42, 43, 44], -2, [45], [46, 47, 48, 49, 50], -3, [51, 52]]
+    steps.append([53] * 7)
+    n = model.config.num_hidden_layers
+
+    def run() -> tuple[list[torch.Tensor], DynamicCache]:
+        cache, out = DynamicCache(), []
+        with torch.inference_mode():
+            for step in steps:
+                if isinstance(step, int):
+                    cache.crop(step)
+                else:
+                    out.append(model(torch.tensor([step]), past_key_values=cache, use_cache=True).logits[0])
+        return out, cache
+
+    one_call, cache = run()
+    assert model.model.__dict__["_native_stack"].native is not None
+    assert len(calls) == n  # the first chunk's layer loop only
+    handle = model.model.layers[0].register_forward_hook(lambda *args: None)  # the layer loop throughout
+    try:
+        loop, loop_cache = run()
+    finally:
+        handle.remove()
+    assert len(calls) == n + n * (len(steps) - 2)
+    assert all(torch.equal(a, b) for a, b in zip(one_call, loop, strict=True))
+    assert cache.get_seq_length() == loop_cache.get_seq_length() == 9 + 1 + 4 - 2 + 1 + 5 - 3 + 2 + 7
+    for a, b in zip(cache.layers, loop_cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_a_stack_not_all_on_k_quants_runs_its_layers_one_at_a_time(ext):
+    """One layer off k-quant blocks and the stack has no single call: each layer takes its own path."""
+    model = _q4k("tiny-qwen2")
+    layer = model.model.layers[1]
+    layer.mlp.down_proj = torch.nn.Linear(layer.mlp.down_proj.in_features, layer.mlp.down_proj.out_features)
+    fused.fuse(model)
+    _logits(model, list(range(3, 12)), [1, 2])
+    assert model.model.__dict__["_native_stack"].native is None
+    assert model.model.layers[0].plan().native is not None and layer.plan().native is None
+
+
 def test_a_long_forward_runs_in_chunks_of_rows_with_a_trees_rows_last():
     assert fused.prefill_chunks(10, rows=4) == [(0, 4), (4, 8), (8, 10)]
     assert fused.prefill_chunks(8, rows=4) == [(0, 4), (4, 8)]

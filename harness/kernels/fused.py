@@ -154,6 +154,21 @@ def append_kv(
     ``crop``, ``get_seq_length`` and every reader see the layer they always saw. The values read
     are the same: attention's bits do not change. Any other cache (sliding, quantized, offloaded)
     takes its own ``update``."""
+    layer = _growable(cache, index)
+    if layer is None:
+        return cache.update(keys, values, index)
+    if not layer.is_initialized:
+        layer.lazy_initialization(keys, values)
+    m = keys.shape[-2]
+    buf, n = _room(layer, m, keys, values)
+    buf[0].narrow(-2, n, m).copy_(keys)
+    buf[1].narrow(-2, n, m).copy_(values)
+    return _hold(layer, buf, n + m)
+
+
+def _growable(cache: Any, index: int) -> Any:
+    """Layer ``index`` of ``cache`` when it is a plain ``DynamicLayer`` of a plain ``DynamicCache``,
+    which ``append_kv`` grows in place; None for any other cache or layer."""
     layers = getattr(cache, "layers", None)
     if (
         type(cache) is not DynamicCache
@@ -162,10 +177,17 @@ def append_kv(
         or index >= len(layers)
         or type(layers[index]) is not DynamicLayer
     ):
-        return cache.update(keys, values, index)
-    layer = layers[index]
+        return None
+    return layers[index]
+
+
+def _room(
+    layer: Any, m: int, keys: torch.Tensor, values: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+    """The (initialized) layer's buffers with room for ``m`` more rows, and how many rows it holds;
+    reallocated, its rows copied over, when it holds anything other than their first rows or they
+    are full. ``keys``/``values``: tensors of the cache's layout ([..., rows, dim]) to shape them."""
     old_k, old_v = layer.keys, layer.values
-    m = keys.shape[-2]
     buf = layer.__dict__.get("_buffers_kv")
     views = layer.__dict__.get("_views_kv")
     if (
@@ -174,12 +196,9 @@ def append_kv(
         and old_v is views[1]
         and old_k.shape[-2] + m <= buf[0].shape[-2]
     ):
-        # The layer still holds the views this function left (no crop or reset since): they are the
+        # The layer still holds the views this module left (no crop or reset since): they are the
         # buffers' first n rows, so the checks below would pass; ~40% of its time per call.
-        return _write(layer, buf, old_k.shape[-2], keys, values)
-    if not layer.is_initialized:
-        layer.lazy_initialization(keys, values)
-        old_k, old_v = layer.keys, layer.values
+        return buf, old_k.shape[-2]
     n = old_k.shape[-2] if old_k.dim() == 4 else 0
     if (
         buf is None
@@ -193,18 +212,13 @@ def append_kv(
             buf[0][..., :n, :].copy_(old_k)
             buf[1][..., :n, :].copy_(old_v)
         layer._buffers_kv = buf
-    return _write(layer, buf, n, keys, values)
+    return buf, n
 
 
-def _write(
-    layer: Any, buf: tuple[torch.Tensor, torch.Tensor], n: int, keys: torch.Tensor, values: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows ``keys``/``values`` written after the buffers' first ``n``; the layer then holds the
-    first ``n + m`` as views (remembered, to know them again on the next call)."""
-    m = keys.shape[-2]
-    buf[0].narrow(-2, n, m).copy_(keys)
-    buf[1].narrow(-2, n, m).copy_(values)
-    views = buf[0].narrow(-2, 0, n + m), buf[1].narrow(-2, 0, n + m)
+def _hold(layer: Any, buf: tuple[torch.Tensor, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer holds its buffers' first ``rows`` as its keys and values (views, remembered to know
+    them again on the next call)."""
+    views = buf[0].narrow(-2, 0, rows), buf[1].narrow(-2, 0, rows)
     layer.keys, layer.values = views
     layer._views_kv = views
     return views
@@ -259,11 +273,16 @@ class FusedLayer:
     ) -> torch.Tensor:
         """The fused layer on rows ``x`` [M, width] (float32, one sequence): its output [M, width].
         ``visible``: a token tree's mask over the cache's last entries (``tree_mask``)."""
+        plan = self.plan()
+        run = layer_calls if plan.native is not None else step_calls
+        return run(plan, x, position_embeddings, cache, visible)
+
+    def plan(self) -> _Plan:
+        """What the fused forward reads of this layer, gathered at its first call."""
         plan = self.__dict__.get("_plan")
         if plan is None or plan.owner != id(self):
             plan = self.__dict__["_plan"] = _Plan.of(self)
-        run = layer_calls if plan.native is not None else step_calls
-        return run(plan, x, position_embeddings, cache, visible)
+        return plan
 
 
 class FusedStack:
@@ -311,19 +330,75 @@ class FusedStack:
         cos, sin = self.rotary_emb(hidden, position_ids)
         x = hidden.reshape(m, -1).contiguous()
         masked = 0 if tree_mask is None else tree_mask.shape[0]
+        native = _native_stack(self, layers)
         parts = []
         for i0, i1 in prefill_chunks(m, masked):
             part, tables = x[i0:i1], (cos[:, i0:i1], sin[:, i0:i1])
             mask = tree_mask if i1 == m else None  # a tree's rows are the last chunk's
-            for layer in layers:
-                part = layer.fused_rows(part, tables, past_key_values, mask)
-            parts.append(part)
+            out = None if native is None else _stack_call(native, layers, part, tables, past_key_values, mask)
+            if out is None:
+                for layer in layers:
+                    part = layer.fused_rows(part, tables, past_key_values, mask)
+                out = part
+            parts.append(out)
         x = parts[0] if len(parts) == 1 else torch.cat(parts)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         return BaseModelOutputWithPast(
             last_hidden_state=self.norm(x.view(1, m, -1)),
             past_key_values=past_key_values if use_cache else None,
         )
+
+
+@dataclass(frozen=True)
+class _NativeStack:
+    """The stack's layers as one C++ call (``layer.cpp``'s ``Stack``), with the layer plans it was
+    built from: it is built again when any layer's plan is (a layer fused again)."""
+
+    plans: tuple[_Plan, ...]
+    native: Any
+
+    def __deepcopy__(self, memo: dict) -> None:
+        # A copied stack builds its own from its own layers' plans (see ``_Plan.__deepcopy__``).
+        return None
+
+
+def _native_stack(stack: nn.Module, layers: Sequence[nn.Module]) -> Any:
+    """The C++ stack over ``layers`` when every one runs as two C++ calls (k-quant projections), else
+    None."""
+    plans = tuple(layer.plan() for layer in layers)
+    built = stack.__dict__.get("_native_stack")
+    same = built is not None and len(built.plans) == len(plans)
+    if not (same and all(a is b for a, b in zip(built.plans, plans, strict=True))):
+        native = None
+        if all(plan.native is not None for plan in plans):
+            native = extension().Stack([plan.native for plan in plans])
+        built = stack.__dict__["_native_stack"] = _NativeStack(plans, native)
+    return built.native
+
+
+def _stack_call(
+    native: Any,
+    layers: Sequence[nn.Module],
+    x: torch.Tensor,
+    tables: tuple,
+    cache: Any,
+    visible: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Rows ``x`` through every layer in one C++ call, onto ``cache`` grown in place as ``append_kv``
+    grows it; None (nothing run) unless every layer's cache is a plain one already holding the same
+    number of rows (a fresh cache's first chunk takes the layer loop, which starts its layers)."""
+    grown = [_growable(cache, layer.plan().layer_idx) for layer in layers]
+    if any(layer is None or not layer.is_initialized or layer.keys.dim() != 4 for layer in grown):
+        return None
+    m = x.shape[0]
+    room = [_room(layer, m, layer.keys, layer.values) for layer in grown]
+    n = room[0][1]
+    if any(held != n for _, held in room):
+        return None
+    out = native.forward(x, *tables, [buf[0] for buf, _ in room], [buf[1] for buf, _ in room], n, visible)
+    for layer, (buf, _) in zip(grown, room, strict=True):
+        _hold(layer, buf, n + m)
+    return out
 
 
 # Rows of a long forward (a prompt's prefill) that run through the whole stack at a time, chunk after
