@@ -306,7 +306,9 @@ class FusedStack:
         tree_mask: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
-        layers = self.layers[: self.config.num_hidden_layers]
+        # A tuple, not a slice of the ModuleList: a slice is a new ModuleList, every layer registered
+        # into it again on every forward.
+        layers = tuple(self.layers)[: self.config.num_hidden_layers]
         if not _direct(self, layers, input_ids, inputs_embeds, attention_mask, past_key_values, kwargs):
             if tree_mask is not None:
                 raise HarnessError(
@@ -335,7 +337,7 @@ class FusedStack:
         for i0, i1 in prefill_chunks(m, masked):
             part, tables = x[i0:i1], (cos[:, i0:i1], sin[:, i0:i1])
             mask = tree_mask if i1 == m else None  # a tree's rows are the last chunk's
-            out = None if native is None else _stack_call(native, layers, part, tables, past_key_values, mask)
+            out = None if native.native is None else _stack_call(native, part, tables, past_key_values, mask)
             if out is None:
                 for layer in layers:
                     part = layer.fused_rows(part, tables, past_key_values, mask)
@@ -356,15 +358,16 @@ class _NativeStack:
 
     plans: tuple[_Plan, ...]
     native: Any
+    indices: tuple[int, ...]  # each layer's index in the cache
 
     def __deepcopy__(self, memo: dict) -> None:
         # A copied stack builds its own from its own layers' plans (see ``_Plan.__deepcopy__``).
         return None
 
 
-def _native_stack(stack: nn.Module, layers: Sequence[nn.Module]) -> Any:
-    """The C++ stack over ``layers`` when every one runs as two C++ calls (k-quant projections), else
-    None."""
+def _native_stack(stack: nn.Module, layers: Sequence[nn.Module]) -> _NativeStack:
+    """The stack's layers as one C++ call when every one runs as two C++ calls (k-quant
+    projections); ``native`` None otherwise."""
     plans = tuple(layer.plan() for layer in layers)
     built = stack.__dict__.get("_native_stack")
     same = built is not None and len(built.plans) == len(plans)
@@ -372,31 +375,37 @@ def _native_stack(stack: nn.Module, layers: Sequence[nn.Module]) -> Any:
         native = None
         if all(plan.native is not None for plan in plans):
             native = extension().Stack([plan.native for plan in plans])
-        built = stack.__dict__["_native_stack"] = _NativeStack(plans, native)
-    return built.native
+        built = _NativeStack(plans, native, tuple(plan.layer_idx for plan in plans))
+        stack.__dict__["_native_stack"] = built
+    return built
 
 
 def _stack_call(
-    native: Any,
-    layers: Sequence[nn.Module],
-    x: torch.Tensor,
-    tables: tuple,
-    cache: Any,
-    visible: torch.Tensor | None,
+    native: _NativeStack, x: torch.Tensor, tables: tuple, cache: Any, visible: torch.Tensor | None
 ) -> torch.Tensor | None:
     """Rows ``x`` through every layer in one C++ call, onto ``cache`` grown in place as ``append_kv``
     grows it; None (nothing run) unless every layer's cache is a plain one already holding the same
     number of rows (a fresh cache's first chunk takes the layer loop, which starts its layers)."""
-    grown = [_growable(cache, layer.plan().layer_idx) for layer in layers]
-    if any(layer is None or not layer.is_initialized or layer.keys.dim() != 4 for layer in grown):
+    held = getattr(cache, "layers", None)
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False) or held is None:
+        return None
+    if max(native.indices) >= len(held):
         return None
     m = x.shape[0]
-    room = [_room(layer, m, layer.keys, layer.values) for layer in grown]
-    n = room[0][1]
-    if any(held != n for _, held in room):
-        return None
-    out = native.forward(x, *tables, [buf[0] for buf, _ in room], [buf[1] for buf, _ in room], n, visible)
-    for layer, (buf, _) in zip(grown, room, strict=True):
+    grown, keys, values, n = [], [], [], None
+    for index in native.indices:
+        layer = held[index]
+        if type(layer) is not DynamicLayer or not layer.is_initialized or layer.keys.dim() != 4:
+            return None
+        buf, rows = _room(layer, m, layer.keys, layer.values)
+        if n is not None and rows != n:
+            return None
+        n = rows
+        grown.append((layer, buf))
+        keys.append(buf[0])
+        values.append(buf[1])
+    out = native.native.forward(x, *tables, keys, values, n, visible)
+    for layer, buf in grown:
         _hold(layer, buf, n + m)
     return out
 
