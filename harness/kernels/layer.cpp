@@ -90,13 +90,48 @@ struct Layer {
   Tensor end(const Tensor& x, const Tensor& q, const Tensor& keys, const Tensor& values,
              c10::optional<Tensor> visible) const {
     warm(o);
-    auto attn = o(inv::attention_md(q, keys.select(0, 0), values.select(0, 0), heads, scaling, visible));
+    return rest(x, inv::attention_md(q, keys.select(0, 0), values.select(0, 0), heads, scaling, visible));
+  }
+
+  // ``end`` on the first L rows of cache buffers [1, kv_heads, capacity, dim] (contiguous float32),
+  // read in place: attention_md's call of attend, without its checks and views of the cache (the
+  // stack checked the buffers once), so the same bits. A token tree's mask takes ``end``.
+  Tensor end_on(const Tensor& x, const Tensor& q, const Tensor& kbuf, const Tensor& vbuf, int64_t L,
+                const c10::optional<Tensor>& visible) const {
+    if (visible.has_value()) return end(x, q, kbuf.narrow(2, 0, L), vbuf.narrow(2, 0, L), visible);
+    TORCH_CHECK(q.is_contiguous() && q.size(1) == heads * dim, "q must be contiguous [M, heads * dim]");
+    warm(o);
+    const int64_t m = q.size(0), width = heads * dim;
+    auto out = torch::empty({m, width}, q.options());
+    inv::attend(q.data_ptr<float>(), dim, width, kbuf.data_ptr<float>(), kbuf.stride(1), vbuf.data_ptr<float>(),
+                vbuf.stride(1), out.data_ptr<float>(), dim, width, heads, m, dim, kv_heads, L,
+                static_cast<float>(scaling));
+    return rest(x, out);
+  }
+
+  // After attention: the output projection, residual + norm, gate/up, the gated activation, down,
+  // residual.
+  Tensor rest(const Tensor& x, const Tensor& attended) const {
+    auto attn = o(attended);
     auto xh = inv::add_rms_norm(x, attn[0], post_w, post_eps);
     auto gu = gate_up(xh[1]);
     auto d = down(inv::silu_mul(gu[0], gu[1]));
     return xh[0].add_(d[0]);
   }
 };
+
+// Rows [1, kv_heads, M, dim] (a view with unit stride along dim) written as rows n.. of a cache
+// buffer [1, kv_heads, capacity, dim]: the copy copy_ makes, without its dispatch.
+void write_rows(const Tensor& buf, const Tensor& rows, int64_t n) {
+  TORCH_CHECK(rows.scalar_type() == torch::kFloat32 && rows.stride(3) == 1, "rows must be float32, unit stride along dim");
+  const int64_t kv = rows.size(1), m = rows.size(2), d = rows.size(3);
+  const float* src = rows.data_ptr<float>();
+  float* dst = buf.data_ptr<float>();
+  for (int64_t h = 0; h < kv; ++h)
+    for (int64_t r = 0; r < m; ++r)
+      std::memcpy(dst + h * buf.stride(1) + (n + r) * d, src + h * rows.stride(1) + r * rows.stride(2),
+                  sizeof(float) * d);
+}
 
 // The model's rotary tables [1, M, dim]: their first row block in float32, as the per-step path reads
 // them.
@@ -106,10 +141,10 @@ std::pair<Tensor, Tensor> tables(const Tensor& cos_table, const Tensor& sin_tabl
 }
 
 // The decoder stack's layers, one after the other, with each layer's cache update in between: the
-// calls of the layer-by-layer loop in its order (the same bits). Why: that loop cost ~50 us of Python
-// a layer around its two calls (the cache's checks and views, the calls' arguments), ~1.7 ms of the
-// 1.5B target's ~29 ms one-token step through its 28 layers on a 2-core AMD EPYC Zen 4, while the
-// second core spun waiting.
+// calls of the layer-by-layer loop in its order (the same bits). Why: that loop spent tens of us of
+// Python a layer around its two calls (the cache's checks and views, the calls' arguments) while the
+// second core spun waiting; interleaved in one process on a 2-core AMD EPYC Zen 4, the one call made
+// the 1.5B target's one-token step 3-9% faster and the 0.5B draft's 2-3%.
 struct Stack {
   std::vector<Layer> layers;
 
@@ -122,11 +157,16 @@ struct Stack {
     const auto [cos, sin] = tables(cos_table, sin_table);
     const int64_t m = x.size(0);
     for (size_t i = 0; i < layers.size(); ++i) {
-      TORCH_CHECK(keys[i].size(2) >= n + m && values[i].size(2) >= n + m, "a cache buffer without room");
-      auto qkv = layers[i].begin(x, cos, sin);
-      keys[i].narrow(2, n, m).copy_(qkv[1]);
-      values[i].narrow(2, n, m).copy_(qkv[2]);
-      x = layers[i].end(x, qkv[0], keys[i].narrow(2, 0, n + m), values[i].narrow(2, 0, n + m), visible);
+      const Layer& layer = layers[i];
+      for (const Tensor* buf : {&keys[i], &values[i]})
+        TORCH_CHECK(buf->dim() == 4 && buf->size(0) == 1 && buf->size(1) == layer.kv_heads &&
+                        buf->size(2) >= n + m && buf->size(3) == layer.dim && buf->is_contiguous() &&
+                        buf->scalar_type() == torch::kFloat32,
+                    "a cache buffer must be a contiguous float32 [1, kv_heads, capacity, dim] with room for the rows");
+      auto qkv = layer.begin(x, cos, sin);
+      write_rows(keys[i], qkv[1], n);
+      write_rows(values[i], qkv[2], n);
+      x = layer.end_on(x, qkv[0], keys[i], values[i], n + m, visible);
     }
     return x;
   }
