@@ -469,14 +469,37 @@ def test_a_stack_on_k_quants_is_one_call_a_forward_bit_for_bit(ext, monkeypatch,
         return out, cache
 
     one_call, cache = run()
-    assert model.model.__dict__["_native_stack"].native is not None
+    built = model.model.__dict__["_native_stack"]
+    assert built.native is not None
     assert len(calls) == n  # the first chunk's layer loop only
+    # Which of the stack's two entries each step took, on a second run: the first step after the
+    # prefill gives the layers their buffers; then onto the caches as held where the buffers had
+    # room ([45] and [51, 52], each after a crop), else the buffers grown first (the steps of 4, 5
+    # and 7 rows, past their room of 3).
+    taken: list[str] = []
+
+    class Counted:
+        def forward(self, *args):
+            taken.append("grown")
+            return built.native.forward(*args)
+
+        def forward_held(self, *args):
+            done = built.native.forward_held(*args)
+            taken.append("held" if done is not None else "no room")
+            return done
+
+    model.model.__dict__["_native_stack"] = fused._NativeStack(built.plans, Counted(), built.indices)
+    again, _ = run()
+    assert taken == ["grown", "no room", "grown", "held", "no room", "grown", "held", "no room", "grown"]
+    assert all(torch.equal(a, b) for a, b in zip(one_call, again, strict=True))
+    assert len(calls) == 2 * n  # again, the first chunk's only
+    calls.clear()
     handle = model.model.layers[0].register_forward_hook(lambda *args: None)  # the layer loop throughout
     try:
         loop, loop_cache = run()
     finally:
         handle.remove()
-    assert len(calls) == n + n * (len(steps) - 2)
+    assert len(calls) == n * (len(steps) - 2)
     assert all(torch.equal(a, b) for a, b in zip(one_call, loop, strict=True))
     assert cache.get_seq_length() == loop_cache.get_seq_length() == 9 + 1 + 4 - 2 + 1 + 5 - 3 + 2 + 7
     for a, b in zip(cache.layers, loop_cache.layers, strict=True):

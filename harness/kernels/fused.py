@@ -391,6 +391,26 @@ def _stack_call(
         return None
     if max(native.indices) >= len(held):
         return None
+    layers = [held[index] for index in native.indices]
+    if any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+        return None
+    bufs = [layer.__dict__.get("_buffers_kv") for layer in layers]
+    if None not in bufs:
+        # The usual step: every layer holds the first rows of its buffers, with room.
+        done = native.native.forward_held(
+            x,
+            *tables,
+            [layer.keys for layer in layers],
+            [layer.values for layer in layers],
+            [buf[0] for buf in bufs],
+            [buf[1] for buf in bufs],
+            visible,
+        )
+        if done is not None:
+            out, keys, values = done
+            for layer, k, v in zip(layers, keys, values, strict=True):
+                layer.keys, layer.values = layer._views_kv = k, v
+            return out
     m = x.shape[0]
     grown, keys, values, n = [], [], [], None
     for index in native.indices:
