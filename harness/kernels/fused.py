@@ -166,17 +166,20 @@ def append_kv(
     return _hold(layer, buf, n + m)
 
 
+def _plain_layers(cache: Any) -> list | None:
+    """The layers of ``cache`` when it is a plain ``DynamicCache`` (not offloaded), whose plain
+    ``DynamicLayer``s this module grows in place; None for any other cache."""
+    layers = getattr(cache, "layers", None)
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        return None
+    return layers
+
+
 def _growable(cache: Any, index: int) -> Any:
     """Layer ``index`` of ``cache`` when it is a plain ``DynamicLayer`` of a plain ``DynamicCache``,
     which ``append_kv`` grows in place; None for any other cache or layer."""
-    layers = getattr(cache, "layers", None)
-    if (
-        type(cache) is not DynamicCache
-        or getattr(cache, "offloading", False)
-        or layers is None
-        or index >= len(layers)
-        or type(layers[index]) is not DynamicLayer
-    ):
+    layers = _plain_layers(cache)
+    if layers is None or index >= len(layers) or type(layers[index]) is not DynamicLayer:
         return None
     return layers[index]
 
@@ -218,9 +221,12 @@ def _room(
 def _hold(layer: Any, buf: tuple[torch.Tensor, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer holds its buffers' first ``rows`` as its keys and values (views, remembered to know
     them again on the next call)."""
-    views = buf[0].narrow(-2, 0, rows), buf[1].narrow(-2, 0, rows)
-    layer.keys, layer.values = views
-    layer._views_kv = views
+    return _keep(layer, (buf[0].narrow(-2, 0, rows), buf[1].narrow(-2, 0, rows)))
+
+
+def _keep(layer: Any, views: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer holds ``views`` of its buffers as its keys and values, remembered as this module's."""
+    layer.keys, layer.values = layer._views_kv = views
     return views
 
 
@@ -386,10 +392,8 @@ def _stack_call(
     """Rows ``x`` through every layer in one C++ call, onto ``cache`` grown in place as ``append_kv``
     grows it; None (nothing run) unless every layer's cache is a plain one already holding the same
     number of rows (a fresh cache's first chunk takes the layer loop, which starts its layers)."""
-    held = getattr(cache, "layers", None)
-    if type(cache) is not DynamicCache or getattr(cache, "offloading", False) or held is None:
-        return None
-    if max(native.indices) >= len(held):
+    held = _plain_layers(cache)
+    if held is None or max(native.indices) >= len(held):
         return None
     layers = [held[index] for index in native.indices]
     if any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
@@ -409,13 +413,12 @@ def _stack_call(
         if done is not None:
             out, keys, values = done
             for layer, k, v in zip(layers, keys, values, strict=True):
-                layer.keys, layer.values = layer._views_kv = k, v
+                _keep(layer, (k, v))
             return out
     m = x.shape[0]
     grown, keys, values, n = [], [], [], None
-    for index in native.indices:
-        layer = held[index]
-        if type(layer) is not DynamicLayer or not layer.is_initialized or layer.keys.dim() != 4:
+    for layer in layers:
+        if layer.keys.dim() != 4:
             return None
         buf, rows = _room(layer, m, layer.keys, layer.values)
         if n is not None and rows != n:
