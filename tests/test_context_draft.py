@@ -11,6 +11,7 @@ from harness.base.errors import HarnessError
 from harness.decoding.context import (
     LONGEST_MATCH,
     MIN_MATCH,
+    ChainRecord,
     ContextProposer,
     RoundPlan,
     RowCosts,
@@ -120,6 +121,60 @@ def test_a_kind_of_match_passed_over_is_tried_again():
     assert passed >= 1  # not at once: the misses count for a round or more
 
 
+def _rounds(record: ChainRecord, rounds: int, tokens: int, steps: float, plain_ms: float = 30.0) -> str:
+    """Which of ``rounds`` rounds ran the chain ("c", each emitting ``tokens`` in ``steps`` plain
+    steps' time) or a plain step ("p")."""
+    ran = ""
+    for _ in range(rounds):
+        if record.runs():
+            record.chain_round(tokens, steps * plain_ms)
+            ran += "c"
+        else:
+            record.plain_step(plain_ms)
+            ran += "p"
+    return ran
+
+
+def test_a_chain_that_emits_less_than_plain_steps_gives_way_to_them_and_is_tried_again():
+    record = ChainRecord()
+    # A question about a long document: under two tokens a round that takes 2.5 plain steps' time.
+    ran = _rounds(record, 160, 1, 2.5)
+    sample = ChainRecord.SAMPLE_GAPS[0]
+    assert ran[: sample + 1] == "c" * sample + "p"  # a plain step is timed before any is judged
+    # Judged from then on, the rounds so far with it: the chain gives way after its next round.
+    assert ran[sample + 1 : sample + 3] == "cp"
+    tries = [i for i, r in enumerate(ran) if r == "c"][sample:]
+    gaps = [b - a - 1 for a, b in zip(tries, tries[1:], strict=False) if b - a > 1]
+    wait, longest = ChainRecord.FIRST_WAIT, ChainRecord.LONGEST_WAIT
+    assert gaps[:4] == [wait, 2 * wait, 4 * wait, min(longest, 8 * wait)]  # each failed try waits longer
+    assert set(gaps[4:]) == {longest}
+    # The chain pays again: each try that pays brings the next one sooner, until it runs every round
+    # but for a plain step timed now and then.
+    ran = _rounds(record, 200, 4, 2.2)
+    assert ran[-100:].count("p") <= 100 // ChainRecord.SAMPLE_GAPS[-1] + 1 and "c" * 40 in ran[-100:]
+
+
+def test_a_chain_that_pays_runs_every_round_even_after_a_bad_start():
+    record = ChainRecord()
+    # The speed gate's prompt keeps about 2.7 tokens a round of about 2.2 plain steps' time; three
+    # rounds that kept nothing at its start do not stop it.
+    ran = _rounds(record, 3, 1, 1.6) + _rounds(record, 150, 3, 2.2)
+    gaps = [*ChainRecord.SAMPLE_GAPS, *[ChainRecord.SAMPLE_GAPS[-1]] * 10]
+    timed = "".join("c" * gap + "p" for gap in gaps)[: len(ran)]  # only the plain steps it times
+    assert ran == timed and record.rate > 1.0
+
+
+def test_the_chain_runs_until_a_plain_step_was_timed():
+    record = ChainRecord()
+    assert record.rate is None
+    first = ChainRecord.SAMPLE_GAPS[0]
+    assert _rounds(record, first, 1, 100.0) == "c" * first
+    assert record.wait == 0 and not record.runs()  # now a plain step, to weigh the chain against
+    record.plain_step(30.0)
+    assert record.rate < 1.0 and record.wait == 0  # judged at the next chain round
+    assert _rounds(record, 2, 1, 100.0) == "cp"
+
+
 @pytest.fixture(scope="module", params=["tiny-qwen2", "tiny-llama"])
 def pair(request):
     return load_pair(
@@ -151,6 +206,47 @@ def test_the_output_is_the_targets_own_greedy_output(pair, k, schedule):
         m = generate(pair, prompt, s)
         assert m.output_ids == plain.output_ids
         assert m.from_context is not None and 0 <= m.from_context <= m.accepted <= m.drafted
+
+
+def test_a_plain_step_is_the_median_of_the_latest_timed():
+    record = ChainRecord()
+    for ms in (38.0, 29.0, 30.0):  # the first after chain rounds is slow
+        record.plain_step(ms)
+    assert record.plain_ms == 30.0
+    for ms in (50.0,) * ChainRecord.SAMPLES:  # the host slowed down: the latest count
+        record.plain_step(ms)
+    assert record.plain_ms == 50.0
+
+
+def test_plain_steps_between_chain_rounds_keep_the_targets_output(pair, monkeypatch):
+    """Where the plan takes plain steps (here two of every three rounds the chain would run) on a
+    prompt longer than the draft's window, the draft catches up on the tokens it did not see when
+    next asked, and the output is plain decoding's."""
+    from harness.decoding import trees
+
+    turns = iter([True, False, False] * 100)
+    monkeypatch.setattr(ChainRecord, "runs", lambda self: next(turns))
+    prompt = [3 + (i * 7919) % 200 for i in range(trees.DRAFT_WINDOW + 40)]  # nothing recurs soon
+    plain = generate(pair, prompt, GenerationSettings(max_new_tokens=32, ignore_eos=True))
+    s = GenerationSettings(mode="assisted", max_new_tokens=32, ignore_eos=True, context_draft=8)
+    m = generate(pair, prompt, s)
+    assert m.output_ids == plain.output_ids
+    target = [f for f in m.forwards if f.role == "target"]
+    single = [f for f in target[1:] if f.input_tokens == 1]  # plain steps
+    assert len(single) >= 8, [f.input_tokens for f in target]
+    # Each chain round after plain steps feeds the draft what it did not see in one forward.
+    assert any(f.input_tokens > 2 for f in m.forwards if f.role == "draft" and f.cache_tokens)
+
+
+def test_a_prompt_the_draft_reads_whole_never_takes_a_plain_step_for_the_chain(pair, monkeypatch):
+    """Within the draft's window the chain runs wherever the context proposes nothing, whatever its
+    record reads: its rounds do not depend on the host's speed."""
+    monkeypatch.setattr(ChainRecord, "runs", lambda self: False)
+    for prompt in PROMPTS[1:]:
+        s = GenerationSettings(mode="assisted", max_new_tokens=32, ignore_eos=True, context_draft=8)
+        m = generate(pair, prompt, s)
+        target = [f for f in m.forwards if f.role == "target"]
+        assert all(f.input_tokens > 1 for f in target[:-1]), [f.input_tokens for f in target]
 
 
 def test_the_draft_reads_a_long_prompts_recent_window_only(pair):

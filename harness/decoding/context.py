@@ -18,14 +18,18 @@ Whether a round verifies the context's proposal is then chosen by what it is exp
 ms on this host (``RoundPlan``): the proposal is cut to the length whose expected tokens (Leviathan's
 ``expected_tokens_per_forward`` at the rate context proposals are kept) over the verification's
 measured cost (``RowCosts``) is highest, and verified where that beats a plain step; otherwise the
-draft model's chain runs. None of this touches the output: the target verifies every proposal as it
-verifies the draft model's.
+draft model's chain runs, unless (on a prompt longer than the draft's window, which the loop in
+``trees`` knows) its own rounds have emitted fewer tokens than plain steps would have in their time
+(``ChainRecord``): then plain steps, with a chain round now and then to see whether that changed.
+None of this touches the output: the target verifies every proposal as it verifies the draft
+model's, and a plain step is plain decoding's.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import statistics
+from collections import defaultdict, deque
 from collections.abc import Sequence
 
 from harness.theory.analysis import optimal_k
@@ -155,19 +159,103 @@ class RowCosts:
         return my + slope * (rows - 1 - mx)
 
 
+class ChainRecord:
+    """Whether the draft model's chain emits more tokens in its time than plain steps would: the
+    tokens its recent rounds emitted over their time, against the time of a plain step, both as this
+    loop's rounds take them (wall time, bookkeeping included: a round's cache crops and Python cost
+    a chain round a few ms that the forwards' own times leave out).
+
+    A plain step is timed after ``SAMPLE_GAPS`` chain rounds (4, then 8, 16, 32 and every 48): where
+    the chain pays, a handful of a request's rounds are taken at plain decoding's pace. The step's
+    time is the median of the last ``SAMPLES`` timed: the first plain step after chain rounds read
+    1.25x the next ones on AMD EPYC Zen 4 (37-38 against 29-30 ms at a 1K-token cache), and that
+    alone made a losing chain look like a winning one.
+
+    A chain round emits 1 to K+1 tokens, so a few rounds say little: the record starts from
+    ``PRIOR_ROUNDS`` rounds of ``PRIOR_STEPS`` plain steps' time at ``PRIOR_RATE`` tokens a step (the
+    chain pays, as on most prompts), fades by ``KEEP`` a round (about seven rounds' memory), and turns
+    to plain steps once it reads below one token a step. Then it waits ``FIRST_WAIT`` plain steps
+    before trying the chain again, twice as many after each try that did not pay (up to
+    ``LONGEST_WAIT``) and ``FIRST_WAIT`` again after one that did, as the text the draft foresees may
+    begin or end anywhere in an answer.
+
+    Why: on questions about a 1K-token document, whose answers the draft's short window rarely
+    foresees (under two tokens a round), the chain ran at 0.79-0.83x plain decoding in decoding
+    (interleaved, one process, AMD EPYC Zen 4), and such requests were slower than plain end to
+    end."""
+
+    KEEP = 0.85
+    PRIOR_ROUNDS, PRIOR_STEPS, PRIOR_RATE = 3.0, 2.0, 1.25
+    SAMPLE_GAPS = (4, 8, 16, 32, 48)  # chain rounds before each timed plain step; the last repeats
+    SAMPLES = 5
+    FIRST_WAIT, LONGEST_WAIT = 4, 32
+
+    def __init__(self) -> None:
+        self.tokens = self.ms = 0.0
+        self.samples: deque[float] = deque(maxlen=self.SAMPLES)  # plain steps' times, latest last
+        self.timed = 0  # plain steps timed so far
+        self.since = 0  # chain rounds since the last
+        self.wait = 0  # plain steps before the chain is tried again
+        self.backoff = 0  # the wait after the next round that leaves the record below one
+
+    @property
+    def plain_ms(self) -> float | None:
+        """A plain step's time now (None: none timed yet)."""
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens the chain emits in a plain step's time, as the record reads now (None: no plain step
+        timed yet)."""
+        plain = self.plain_ms
+        if plain is None:
+            return None
+        prior = self.PRIOR_ROUNDS * self.PRIOR_STEPS
+        return (self.tokens + prior * self.PRIOR_RATE) / (self.ms / plain + prior)
+
+    def runs(self) -> bool:
+        """Whether this round runs the chain (else a plain step)."""
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return self.since < self.SAMPLE_GAPS[min(self.timed, len(self.SAMPLE_GAPS) - 1)]
+
+    def plain_step(self, ms: float) -> None:
+        """A plain step took ``ms``."""
+        self.samples.append(ms)
+        self.timed += 1
+        self.since = 0
+
+    def chain_round(self, tokens: int, ms: float) -> None:
+        """A chain round emitted ``tokens`` in ``ms``."""
+        self.since += 1
+        self.tokens = self.KEEP * self.tokens + tokens
+        self.ms = self.KEEP * self.ms + ms
+        rate, plain = self.rate, self.plain_ms
+        if rate is None or plain is None or rate >= 1.0:
+            self.backoff = 0
+            return
+        if tokens * plain >= ms:  # this round paid: the record is on its way back, try again soon
+            self.backoff = self.FIRST_WAIT
+        else:
+            self.backoff = min(self.LONGEST_WAIT, max(self.FIRST_WAIT, 2 * self.backoff))
+        self.wait = self.backoff
+
+
 class RoundPlan:
     """Whether a round verifies the context's proposal, cut to the length expected to gain most per
-    ms on this host, or the draft model's chain.
+    ms on this host, or runs the draft model's chain, or takes a plain step.
 
-    The proposal is held to a plain step's rate, not the chain's as its rounds ran: a chain round
-    emits 1 to K+1 tokens, so its rate over the few rounds a record remembers swings widely, and a
-    plan that also weighed it (and a plain step where neither paid) took plain steps on the speed
-    gate's prompt where the chain pays over a whole request. Measured, the proposals that beat a
-    plain step are the copies', which beat the chain too."""
+    The proposal is held to a plain step's rate, not the chain's: a chain round emits 1 to K+1
+    tokens, so its rate over a few rounds swings widely, and a plan that weighed proposals against it
+    took plain steps on the speed gate's prompt where the chain pays over a whole request. Measured,
+    the proposals that beat a plain step are the copies', which beat the chain too. The chain itself
+    gives way to plain steps only on its own long record (``ChainRecord``)."""
 
     def __init__(self, context: ContextProposer) -> None:
         self.context = context
         self.costs = RowCosts()
+        self.chain = ChainRecord()
 
     def choose(self, found: Sequence[int]) -> list[int]:
         """The context's tokens the round verifies (none: the draft model's chain runs)."""
