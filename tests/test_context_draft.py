@@ -266,7 +266,7 @@ def test_the_draft_reads_a_long_prompts_recent_window_only(pair):
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_an_edit_that_copies_its_code_is_proposed_from_the_context():
+def test_an_edit_that_copies_its_code_is_proposed_from_the_context(pairs):
     """The offline pair asked to rename a class in code it is given: most of the answer is the code
     again, which the context proposes and the target keeps, with the output plain decoding's."""
     import inspect
@@ -275,6 +275,7 @@ def test_an_edit_that_copies_its_code_is_proposed_from_the_context():
     from harness.experiments import equivalence
     from harness.pairs import models
 
+    pairs.require_weights(models.DEFAULT_PAIR)  # a machine without them skips, saying where to get them
     spec = models.get_pair(models.DEFAULT_PAIR)
     pair = engines.load(spec, engines.resolve(spec))
     code = inspect.getsource(equivalence.EqualityRuns)
