@@ -246,6 +246,7 @@ def test_a_prompt_the_draft_reads_whole_never_takes_a_plain_step_for_the_chain(p
         s = GenerationSettings(mode="assisted", max_new_tokens=32, ignore_eos=True, context_draft=8)
         m = generate(pair, prompt, s)
         target = [f for f in m.forwards if f.role == "target"]
+        assert m.drafted > 0 and len(target) >= 4  # rounds were drafted and verified, not one forward
         assert all(f.input_tokens > 1 for f in target[:-1]), [f.input_tokens for f in target]
 
 
