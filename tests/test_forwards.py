@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
+
 import pytest
 from helpers import load_pair
 
@@ -11,13 +14,35 @@ from harness.experiments import forwards
 
 
 def test_measure_times_every_precision_kernels_and_m():
+    read = forwards.bandwidth_reader(size_mib=8)
+    calls = []
+
+    def reading() -> float:
+        calls.append(read())
+        return calls[-1]
+
     rows = forwards.measure(
-        "tiny-qwen2", "target", ["fp32", "w8af32"], ["stock", "invariant"], [1, 3], repetitions=1
+        "tiny-qwen2",
+        "target",
+        ["fp32", "w8af32"],
+        ["stock", "invariant"],
+        [1, 3],
+        repetitions=2,
+        bandwidth=reading,
     )
     assert {(r.precision, r.kernels, r.m) for r in rows} == {
         (p, k, m) for p in ("fp32", "w8af32") for k in ("stock", "invariant") for m in (1, 3)
     }
     assert all(0 < r.ms_min <= r.ms for r in rows)
+    # the bandwidth is read after each of the 3 repetitions (the first one warms up), per model,
+    # and each model's costs keep the median of its own readings after the first
+    assert len(calls) == 4 * 3
+    by_model: dict[tuple[str, str], list] = {}
+    for r in rows:
+        by_model.setdefault((r.precision, r.kernels), []).append(r)
+    for i, mine in enumerate(by_model.values()):
+        kept = calls[3 * i + 1 : 3 * i + 3]
+        assert {r.bound_gbs for r in mine} == {round(statistics.median(kept), 2)}
     text = forwards.table(rows)
     assert "| target" in text and "M=3" in text and text.count("\n") == 5  # header, rule, 4 lines
 
@@ -69,6 +94,11 @@ def test_bytes_read_and_the_bandwidth_bound():
     line = forwards.table(rows, bandwidth_gbs=4.0).splitlines()[-1]
     # 4 MB at 4 GB/s: a 1 ms bound, and M = 1 took 2 ms
     assert [c.strip() for c in line.strip("|").split("|")][-3:] == ["0.004", "1.0", "2.00"]
+    # a line's own bandwidth, read between its forwards, stands for the run's: 4 MB at 8 GB/s
+    own = [dataclasses.replace(r, bound_gbs=8.0) for r in rows]
+    line = forwards.table(own, bandwidth_gbs=4.0).splitlines()[-1]
+    assert [c.strip() for c in line.strip("|").split("|")][-3:] == ["0.004", "0.5", "4.00"]
+    assert "bound" in forwards.table(own)
     assert forwards.read_bandwidth_gbs(size_mib=8, repetitions=1) > 0
 
 
@@ -90,10 +120,13 @@ def test_json_rows_feed_the_results_page(tmp_path, capsys):
     ]
     first = records[0]
     assert first["bandwidth_gbs"] > 0 and first["versions"]["torch"] and first["bytes_read"] > 0
+    # and the bandwidth read between the model's own forwards, the bound's
+    assert first["bound_gbs"] > 0
     assert first["command"].startswith("python -m harness.forwards --model_name tiny-qwen2")
     costs = [forwards.ForwardCost.from_record(r) for r in records]
     drawn = page.results_page(tmp_path / "results")
     assert "#### Forward costs: tiny-qwen2 target" in drawn and first["command"] in drawn
+    assert "each line's bound at its own reading" in drawn
     # The host kind measured (family and model) goes with the figures: one slug spans several.
     assert first["cpu"] == platforms.detect().cpu_id and f"- CPU: {first['cpu']}" in drawn
     assert forwards.table(costs, first["bandwidth_gbs"]) in drawn

@@ -49,6 +49,9 @@ class ForwardCost:
     ms_min: float
     bytes_read: int | None = None  # weights one forward streams (None: not a torch model)
     cache_tokens: int | None = None  # the KV cache's length before the forward
+    # The host's read bandwidth (GB/s) the bound is taken at: read between this model's repetitions
+    # (median), so the bound of the same minutes. None: the run's one reading stands for it.
+    bound_gbs: float | None = None
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ForwardCost:
@@ -79,22 +82,36 @@ def bytes_read(model: torch.nn.Module, m: int) -> int | None:
     return total
 
 
-def read_bandwidth_gbs(size_mib: int = 1024, repetitions: int = 3) -> float:
-    """This host's memory read bandwidth as one-token decoding meets it: a float32 sum over
-    ``size_mib`` MiB on torch's threads, best of ``repetitions`` (GB/s). The buffer is numpy's, so
-    it lies on huge pages where Linux offers them, as the k-quant blocks do (``resident_blocks``)."""
+def bandwidth_reader(size_mib: int = 256) -> Callable[[], float]:
+    """One reading of this host's memory read bandwidth as one-token decoding meets it (GB/s): a
+    float32 sum over ``size_mib`` MiB (well past the last-level cache) on torch's threads. The
+    buffer is numpy's, so it lies on huge pages where Linux offers them, as the k-quant blocks do
+    (``resident_blocks``); it is made and paged in once, so each reading is only the sum."""
     x = torch.from_numpy(np.ones(size_mib * 2**20 // 4, dtype=np.float32))
-    float(x.sum())  # page the tensor in before timing
-    best = float("inf")
-    for _ in range(repetitions):
+    float(x.sum())
+
+    def read() -> float:
         start = time.perf_counter()
         float(x.sum())
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best / 1e9
+        return x.numel() * 4 / (time.perf_counter() - start) / 1e9
+
+    return read
+
+
+def read_bandwidth_gbs(size_mib: int = 1024, repetitions: int = 3) -> float:
+    """This host's memory read bandwidth (GB/s): the best of ``repetitions`` readings over
+    ``size_mib`` MiB (``bandwidth_reader``)."""
+    read = bandwidth_reader(size_mib)
+    return max(read() for _ in range(repetitions))
 
 
 def time_forwards(
-    model: torch.nn.Module, ms: Sequence[int], cache_tokens: int = 200, repetitions: int = 5, seed: int = 0
+    model: torch.nn.Module,
+    ms: Sequence[int],
+    cache_tokens: int = 200,
+    repetitions: int = 5,
+    seed: int = 0,
+    between: Callable[[], None] | None = None,
 ) -> dict[int, tuple[float, float]]:
     """Median and best ms of one forward of M new tokens onto a ``cache_tokens`` KV cache, per M.
 
@@ -103,7 +120,8 @@ def time_forwards(
     a cache that cannot be cropped is rebuilt). The Ms are interleaved within each repetition, as
     the benchmark's arms are: timed one M after another, the first M measured a model still warming
     up (its one-token forward read 1.3x the two-token one) and every M a different phase of a host
-    whose speed drifts. The first repetition warms up and is dropped."""
+    whose speed drifts. The first repetition warms up and is dropped. ``between`` runs after each
+    repetition's forwards, outside the timings (``measure`` reads the host's bandwidth there)."""
     from transformers import DynamicCache
 
     if cache_tokens < 1 or repetitions < 1 or any(m < 1 for m in ms):
@@ -133,6 +151,8 @@ def time_forwards(
                     cache.crop(-m)  # a count to remove, in transformers' 5.x spelling
                 else:
                     cache = None
+            if between is not None:
+                between()
     return {m: (statistics.median(t[1:]), min(t[1:])) for m, t in times.items()}
 
 
@@ -148,10 +168,15 @@ def measure(
     cache_tokens: int = 200,
     repetitions: int = 5,
     on_row: Callable[[ForwardCost], None] | None = None,
+    bandwidth: Callable[[], float] | None = None,
 ) -> list[ForwardCost]:
     """Load the pair's ``role`` model once per (precision, kernels) and time its forwards by M onto
     a ``cache_tokens``-token cache; ``on_row`` sees each cost as soon as it is measured (so a long
-    run keeps what it finished)."""
+    run keeps what it finished). ``bandwidth`` (a ``bandwidth_reader``) is read after each
+    repetition, and each cost keeps the median of those readings: on a host whose read bandwidth
+    moved between ~35 and ~55 GB/s from one process or minute to the next (AMD EPYC Zen 4, 2 cores), a
+    bound read once before the model loaded put a one-token forward at 0.92x a bound it cannot
+    beat."""
     if role not in ("target", "draft"):
         raise HarnessError(f"role must be target or draft, not {role!r}")
     rows = []
@@ -170,8 +195,15 @@ def measure(
             spec = models.get_pair(name)
             pair = engines.load(spec, setup.resolve(spec, **settings), weights_dir=weights_dir)
             model = getattr(pair, role)
-            for m, (med, best) in time_forwards(model, ms, cache_tokens, repetitions).items():
-                rows.append(ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m), cache_tokens))
+            readings: list[float] = []
+            between = None if bandwidth is None else lambda kept=readings: kept.append(bandwidth())
+            timed = time_forwards(model, ms, cache_tokens, repetitions, between=between)
+            # The first repetition warms up and is dropped, its reading with it.
+            gbs = round(statistics.median(readings[1:]), 2) if len(readings) > 1 else None
+            for m, (med, best) in timed.items():
+                rows.append(
+                    ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m), cache_tokens, gbs)
+                )
                 if on_row is not None:
                     on_row(rows[-1])
             del pair, model
@@ -184,14 +216,16 @@ def _ms(value: float) -> str:
 
 def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> str:
     """Markdown: one line per (role, precision, kernels), one column per M (median ms), and the
-    cost of each M relative to M = 1 (what v is for K = M - 1). With the host's read bandwidth,
-    also the weights one token reads, the time reading them takes at that bandwidth (the bound a
-    one-token step cannot beat), and M = 1 over that bound."""
+    cost of each M relative to M = 1 (what v is for K = M - 1). With the host's read bandwidth
+    (a line's own, read between its forwards, else ``bandwidth_gbs``), also the weights one token
+    reads, the time reading them takes at that bandwidth (the bound a one-token step cannot beat),
+    and M = 1 over that bound."""
     from tabulate import tabulate
 
     ms = sorted({r.m for r in rows})
     # A column for the cache's length where the rows span several (the reference's too).
     caches = len({r.cache_tokens for r in rows if r.cache_tokens is not None}) > 1
+    shown = bool(bandwidth_gbs) or any(r.bound_gbs for r in rows)
     lines: dict[tuple[str, str, str, int | None], dict[int, ForwardCost]] = {}
     for r in rows:
         lines.setdefault((r.role, r.precision, r.kernels, r.cache_tokens if caches else None), {})[r.m] = r
@@ -203,16 +237,17 @@ def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> st
             for m in ms
         ]
         bound = []
-        if bandwidth_gbs:
+        if shown:
+            gbs = (by_m[1].bound_gbs if 1 in by_m else None) or bandwidth_gbs
             read = by_m[1].bytes_read if 1 in by_m else None
-            bound_ms = read / bandwidth_gbs / 1e6 if read else None
+            bound_ms = read / gbs / 1e6 if read and gbs else None
             bound = [
                 f"{read / 1e9:.3f}" if read else "-",
                 _ms(bound_ms) if bound_ms else "-",
                 f"{one / bound_ms:.2f}" if one and bound_ms else "-",
             ]
         body.append([role, prec, kern, *([str(cache)] if caches else []), *cells, *bound])
-    extra = ["GB read (M=1)", "bound ms", "M=1 / bound"] if bandwidth_gbs else []
+    extra = ["GB read (M=1)", "bound ms", "M=1 / bound"] if shown else []
     return tabulate(
         body,
         headers=["model", "precision", "kernels", *(["cache"] * caches), *[f"M={m}" for m in ms], *extra],
@@ -270,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
     info = platforms.detect()
-    bandwidth = read_bandwidth_gbs()
+    reader = bandwidth_reader()
+    bandwidth = max(reader() for _ in range(3))  # before anything loads; each model reads its own
     context = {
         "pair": args.model_name,
         "platform": info.name,
@@ -293,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def keep(cost: ForwardCost) -> None:
             if args.json:
-                results.append_row(args.json, {**context, **asdict(cost)})
+                # a cost's own bandwidth, where it has one, stands for the run's
+                results.append_row(
+                    args.json, {**context, **{k: v for k, v in asdict(cost).items() if v is not None}}
+                )
 
         def run(cache_tokens: int) -> list[ForwardCost]:
             return measure(
@@ -307,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 cache_tokens=cache_tokens,
                 repetitions=args.repetitions,
                 on_row=keep,
+                bandwidth=reader,
             )
 
         rows: list[ForwardCost] = []
@@ -330,7 +370,14 @@ def main(argv: list[str] | None = None) -> int:
                     for cost in itertools.chain([first], batches):
                         rows.append(cost)
                         if args.json:
-                            results.append_row(args.json, {**context, **asdict(cost), "llama_cpp": line})
+                            results.append_row(
+                                args.json,
+                                {
+                                    **context,
+                                    **{k: v for k, v in asdict(cost).items() if v is not None},
+                                    "llama_cpp": line,
+                                },
+                            )
                 except HarnessError as exc:  # the harness's rows stand without llama.cpp's batches
                     lines.append(f"llama.cpp's batches of M tokens: not measured ({exc})")
     except HarnessError as exc:
@@ -339,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.model_name} {args.role}: one forward of M tokens onto a {lengths}-token cache, "
         f"median of {args.repetitions} (ms; in brackets: relative to M=1); {info.name}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}; read bandwidth {bandwidth:.1f} GB/s\n"
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}; read bandwidth {bandwidth:.1f} GB/s "
+        "before loading (the bound: each line's own, read between its forwards)\n"
     )
     print(table(rows, bandwidth))
     for line in dict.fromkeys(lines):

@@ -647,6 +647,7 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
     for (command, _), mine in runs.items():
         first = mine[0]
         costs = [forwards.ForwardCost.from_record(r) for r in mine]
+        own = any(c.bound_gbs for c in costs)
         lines += [f"#### Forward costs: {first.get('pair')} {costs[0].role}", ""]
         lines += _header(platform, command, _record_versions(mine), source)
         if first.get("cpu"):
@@ -655,7 +656,8 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
         lines += [
             f"- one forward of M tokens onto a {lengths}-token cache, median of "
             f"{first.get('repetitions')} (ms; in brackets relative to M=1), {first.get('threads')} "
-            f"threads; read bandwidth {first.get('bandwidth_gbs')} GB/s",
+            f"threads; read bandwidth {first.get('bandwidth_gbs')} GB/s at the run's start"
+            + ("; each line's bound at its own reading, taken between its forwards" if own else ""),
             "",
             forwards.table(costs, first.get("bandwidth_gbs")),
             "",
