@@ -251,18 +251,24 @@ def test_a_prompt_the_draft_reads_whole_never_takes_a_plain_step_for_the_chain(p
 
 
 def test_the_draft_reads_a_long_prompts_recent_window_only(pair):
-    """With proposals from the context, the draft model's first forward reads the prompt's last
-    ``DRAFT_WINDOW`` tokens, not the whole prompt, and the output stays plain decoding's."""
+    """With proposals from the context, the draft model's first forward reads a long prompt's last
+    ``DRAFT_READ`` tokens, not the whole prompt, and reads a prompt of up to ``DRAFT_WINDOW``
+    tokens whole; the output stays plain decoding's either way."""
     from harness.decoding import trees
 
-    prompt = [3 + (i * 7919) % 200 for i in range(trees.DRAFT_WINDOW + 90)]  # nothing recurs soon
-    plain = generate(pair, prompt, GenerationSettings(max_new_tokens=24, ignore_eos=True))
+    assert trees.DRAFT_READ <= trees.DRAFT_WINDOW
     s = GenerationSettings(mode="assisted", max_new_tokens=24, ignore_eos=True, context_draft=8)
-    m = generate(pair, prompt, s)
-    assert m.output_ids == plain.output_ids
-    first = next(f for f in m.forwards if f.role == "draft")
-    assert (first.cache_tokens, first.input_tokens) == (0, trees.DRAFT_WINDOW)
-    assert next(f for f in m.forwards if f.role == "target").input_tokens > len(prompt)  # with proposals
+    for length, read in (
+        (trees.DRAFT_WINDOW + 90, trees.DRAFT_READ),
+        (trees.DRAFT_WINDOW, trees.DRAFT_WINDOW),
+    ):
+        prompt = [3 + (i * 7919) % 200 for i in range(length)]  # nothing recurs soon
+        plain = generate(pair, prompt, GenerationSettings(max_new_tokens=24, ignore_eos=True))
+        m = generate(pair, prompt, s)
+        assert m.output_ids == plain.output_ids
+        first = next(f for f in m.forwards if f.role == "draft")
+        assert (first.cache_tokens, first.input_tokens) == (0, read)
+        assert next(f for f in m.forwards if f.role == "target").input_tokens > len(prompt)  # with proposals
 
 
 @pytest.mark.real

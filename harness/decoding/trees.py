@@ -119,14 +119,17 @@ def _cut(tree: Tree, depth: int) -> list[Path]:
     return [p for p in tree.nodes if len(p) <= depth]
 
 
-# With proposals from the context, the most of a prompt the draft model reads before its first
-# proposal: on a CPU the prefill of a long prompt dominates a request, and the draft's own (about a
-# third of the target's for this pair) would come on top of the target's, while a long prompt's
-# copies come from the context. What it reads never changes the output, which the target verifies.
-# 128, not 256: on 8K-token prompts the draft agreed with the target as often after either, and the
-# longer window's prefill (about 0.3 s here) outweighed what a question's 64 tokens gained.
+# With proposals from the context, the draft model reads a prompt longer than DRAFT_WINDOW tokens
+# from its last DRAFT_READ tokens only: on a CPU the prefill of a long prompt dominates a request,
+# and the draft's own (about a third of the target's for this pair) would come on top of the
+# target's, while a long prompt's copies come from the context. What it reads never changes the
+# output, which the target verifies. On 8K-token prompts the draft agreed with the target as often
+# after 128 tokens as after 256; after 64 it kept as much at 1K and 2K, its first read took 87-100 ms
+# against 191-376 for 128, and the requests decoded in 0.81-1.05x the time (AMD EPYC Zen 4,
+# interleaved; docs/FINDINGS.md). Prompts up to DRAFT_WINDOW tokens are read whole.
 # (A tree or chain alone reads the whole prompt, as the tree planner's predictions assume.)
 DRAFT_WINDOW = 128
+DRAFT_READ = 64
 
 
 class _Draft:
@@ -211,12 +214,12 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
     seeded = random.Random(f"{settings.seed}-{prompt_digest(prompt)}") if synthetic is not None else None
     draw = seeded.random if seeded is not None else None
     budget = settings.max_new_tokens
-    draft = _Draft(pair.draft, DRAFT_WINDOW if plan is not None else None)
     # Plain steps in place of a losing chain only where the draft reads a window of the prompt, where
     # it foresees least: on shorter prompts the chain ran 1.06-1.30x plain decoding over the mixed
     # prompts with or without them (interleaved, AMD EPYC Zen 4), and the choice, timed, would make
     # the rounds of the exact acceptance gate's prompt depend on the host's speed.
     windowed = plan is not None and len(prompt) > DRAFT_WINDOW
+    draft = _Draft(pair.draft, DRAFT_READ if windowed else None)
     target_cache = DynamicCache()
     drafted = accepted = from_context = 0
     judged: list[list[bool]] = []
