@@ -329,10 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def keep(cost: ForwardCost) -> None:
             if args.json:
-                # a cost's own bandwidth, where it has one, stands for the run's
-                results.append_row(
-                    args.json, {**context, **{k: v for k, v in asdict(cost).items() if v is not None}}
-                )
+                results.append_row(args.json, {**context, **asdict(cost)})
 
         def run(cache_tokens: int) -> list[ForwardCost]:
             return measure(
@@ -370,14 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                     for cost in itertools.chain([first], batches):
                         rows.append(cost)
                         if args.json:
-                            results.append_row(
-                                args.json,
-                                {
-                                    **context,
-                                    **{k: v for k, v in asdict(cost).items() if v is not None},
-                                    "llama_cpp": line,
-                                },
-                            )
+                            results.append_row(args.json, {**context, **asdict(cost), "llama_cpp": line})
                 except HarnessError as exc:  # the harness's rows stand without llama.cpp's batches
                     lines.append(f"llama.cpp's batches of M tokens: not measured ({exc})")
     except HarnessError as exc:
