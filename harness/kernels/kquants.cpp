@@ -434,27 +434,42 @@ AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
     case 3: FN<3>(__VA_ARGS__); break;      \
     default: FN<4>(__VA_ARGS__); break;     \
   }
+#define KQ_DISPATCH8(FN, rows, ...)         \
+  switch (rows) {                           \
+    case 1: FN<1>(__VA_ARGS__); break;      \
+    case 2: FN<2>(__VA_ARGS__); break;      \
+    case 3: FN<3>(__VA_ARGS__); break;      \
+    case 4: FN<4>(__VA_ARGS__); break;      \
+    case 5: FN<5>(__VA_ARGS__); break;      \
+    case 6: FN<6>(__VA_ARGS__); break;      \
+    case 7: FN<7>(__VA_ARGS__); break;      \
+    default: FN<8>(__VA_ARGS__); break;     \
+  }
 
 template <typename Tag>
 void group_rows(bool avx512, const uint8_t* grp, const Act& a, int64_t m0, int64_t rows, float* y, int64_t N,
                 int64_t n0) {
   if constexpr (std::is_same_v<Tag, Q4KTag>) {
-    if (avx512) { KQ_DISPATCH(q4k_512, rows, grp, a, m0, y, N, n0) }
+    if (avx512) { KQ_DISPATCH8(q4k_512, rows, grp, a, m0, y, N, n0) }
     else { KQ_DISPATCH(q4k_avx2, rows, grp, a, m0, y, N, n0) }
   } else {
-    if (avx512) { KQ_DISPATCH(q6k_512, rows, grp, a, m0, y, N, n0) }
+    if (avx512) { KQ_DISPATCH8(q6k_512, rows, grp, a, m0, y, N, n0) }
     else { KQ_DISPATCH(q6k_avx2, rows, grp, a, m0, y, N, n0) }
   }
 }
 
-constexpr int64_t ROWS = 4;  // activation rows per pass over a group's weights, at most
+// Activation rows per pass over a group's weights, at most: each pass unpacks the group's codes
+// once for all its rows. AVX2 has 16 vector registers, which four rows' sums already fill. With
+// AVX-512's 32, eight rows a pass ran 1.1-1.3x faster than two passes of four at 8 to 16 rows,
+// streaming a 1536 x 8960 weight (AMD EPYC Zen 4, interleaved in one process; the same at 1-4 rows).
+constexpr int64_t ROWS_AVX2 = 4, ROWS_AVX512 = 8;
 
-// The rows of the pass that starts at row `m0`: M split into as few passes of at most ROWS as
+// The rows of the pass that starts at row `m0`: M split into as few passes of at most `most` as
 // possible, as evenly as possible. Five rows as 4 + 1 left a pass of one row, whose two product
 // chains wait on each other's latency: 3 + 2 keep the vector units busy. Each row's sums are its
 // own whatever pass it is in, so the split changes no bits.
-int64_t pass_rows(int64_t M, int64_t m0) {
-  const int64_t n = (M + ROWS - 1) / ROWS, base = M / n, extra = M % n;
+int64_t pass_rows(int64_t M, int64_t m0, int64_t most) {
+  const int64_t n = (M + most - 1) / most, base = M / n, extra = M % n;
   // passes 0..extra-1 hold base + 1 rows, the rest base
   const int64_t big = extra * (base + 1);
   return m0 < big ? base + 1 : base;
@@ -486,7 +501,7 @@ torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t m0 = 0, rows = 0; m0 < M; m0 += rows) {
-        rows = pass_rows(M, m0);
+        rows = pass_rows(M, m0, avx512 ? ROWS_AVX512 : ROWS_AVX2);
         group_rows<Tag>(avx512, w + g * row, a, m0, rows, yp, N, g * G);
       }
   });
@@ -553,7 +568,7 @@ std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<tor
       const uint8_t* w = ws[i];
       float* yp = yps[i];
       for (int64_t m0 = 0, count = 0; m0 < M; m0 += count) {
-        count = pass_rows(M, m0);
+        count = pass_rows(M, m0, avx512 ? ROWS_AVX512 : ROWS_AVX2);
         if (q4[i]) group_rows<Q4KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
         else group_rows<Q6KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
       }
