@@ -77,8 +77,8 @@ def test_decoding_matches_gguf_dequantize(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("force_avx2", [False, True])
-# rows a pass over the weights: one (a decoding step's), then AVX-512 5, 8, 7 + 6; AVX2 1, 3 + 2,
-# 4 + 4, 4 + 3 + 3 + 3
+# rows a pass over the weights for m = 1, 5, 8, 13 (one row: a decoding step's): AVX-512 1, 5, 8,
+# 7 + 6; AVX2 1, 3 + 2, 4 + 4, 4 + 3 + 3 + 3
 @pytest.mark.parametrize("m", [1, 5, 8, 13])
 def test_kernel_equals_reference_bit_for_bit(kind, force_avx2, m):
     raw, lin = layer(kind, 37, 3)
