@@ -5,22 +5,26 @@ loader; a folder found for a registered name must be that model."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import load_pair, pytest_in_process
 
 from harness import cli
 from harness.base.errors import HarnessError
 from harness.pairs import models
 from harness.settings import setup
-from harness.weights import tiny
+from harness.weights import packaged, tiny
 
 # A test of a user's own repository, using the plugin's fixtures (WHICH: the pairs it runs on).
 USER_TEST = Path(__file__).parent / "fixtures" / "user_test.py.txt"
+# The cache as the user's runs find it, read before any test moves HOME.
+USER_CACHE = packaged.cache_root()
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +48,41 @@ def test_a_local_pair_is_described_from_its_configs(folders):
     assert spec.target.vocab_size == json.loads((target / "config.json").read_text())["vocab_size"]
     pair = load_pair(spec)
     assert pair.spec is spec and pair.origins == {"target": str(target), "draft": str(draft)}
+
+
+def _in_a_file_mapping(address: int) -> bool:
+    """Whether ``address`` lies in a mapping of a file (Linux's /proc/self/maps)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= address < hi:
+            return len(fields) >= 6 and fields[4] != "0" and fields[5].startswith("/")
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_a_loaded_models_embedding_rows_are_its_own_memory_not_the_files(folders):
+    # A decoding step reads one embedding row a token: read from the weights file's mapping, a token
+    # met for the first time faulted its page in from disk inside the timed step.
+    from safetensors.torch import load_file
+
+    pair = load_pair(models.local_pair(*folders))
+    for model, folder in ((pair.target, folders[0]), (pair.draft, folders[1])):
+        weight = model.get_input_embeddings().weight
+        assert not _in_a_file_mapping(weight.data_ptr())
+        stored = load_file(folder / "model.safetensors")
+        assert torch.equal(weight, next(t for name, t in stored.items() if "embed_tokens" in name))
+    # A layer of the safetensors file that every forward reads whole is left where it is.
+    layer = next(p for n, p in pair.target.named_parameters() if "layers.0" in n and p.dim() == 2)
+    assert _in_a_file_mapping(layer.data_ptr())
+
+
+def test_an_embedding_an_output_layer_reads_whole_every_forward_stays_where_it_is():
+    model = tiny.build_target("tiny-llama")
+    model.lm_head.weight = model.get_input_embeddings().weight  # tied
+    where = model.lm_head.weight.data_ptr()
+    models.resident_input_embeddings(model)
+    assert model.get_input_embeddings().weight.data_ptr() == where == model.lm_head.weight.data_ptr()
 
 
 @pytest.mark.parametrize(
@@ -115,10 +154,13 @@ def test_help_shows_defaults_and_both_spellings(capsys):
 def test_the_plugin_runs_a_users_tests_on_their_local_pair(pytester, folders, tmp_path):
     target, draft = folders
     (tmp_path / "test_mine.py").write_text(USER_TEST.read_text().replace("WHICH", "tiny=False"))
+    # pytester points HOME at a temporary folder: the user's own cache is named, or the run would
+    # convert the offline pair's weights into an empty one first (about 4 of its 5 minutes).
+    env = {**os.environ, packaged.CACHE_ENV: str(USER_CACHE)}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--real-pairs", "all",
          "--local-pair", f"mine={target},{draft}", "-k", "mine"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "test_assisted_equals_plain[mine] PASSED" in done.stdout
