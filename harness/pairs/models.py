@@ -435,9 +435,16 @@ def _load_hf(path: Path) -> PreTrainedModel:
     return model
 
 
+def _placed(model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """``model`` on ``device``, as it will run there (its precision applied)."""
+    model = devices.place(model, device)
+    resident_input_embeddings(model)
+    return model
+
+
 def resident_input_embeddings(model: torch.nn.Module) -> None:
     """Copy the input embedding's rows from the weights file's mapping into the process's own memory,
-    where no output layer reads the same weight.
+    where the model runs on the CPU and no output layer reads the same weight.
 
     Why: safetensors maps the file, and a decoding step reads one embedding row a token, so a token
     no request had produced before faulted its page in from disk inside the timed step: on a 2-core
@@ -471,11 +478,9 @@ def _apply_precision(
     elif kernels == "invariant":
         model = invariant.apply_precision(model, name)
     else:
-        model = precision.apply_precision(model, name)
-    resident_input_embeddings(model)
-    if name in precision.BLOCK_PRECISIONS or kernels == "invariant":
-        # On the batch-invariant kernels the layers' own glue costs as much as their weights' reads.
-        fused.fuse(model)
+        return precision.apply_precision(model, name)
+    # On the batch-invariant kernels the layers' own glue costs as much as their weights' reads.
+    fused.fuse(model)
     return model
 
 
@@ -601,7 +606,7 @@ def prepare_draft(
     draft = _apply_precision(draft, draft_precision, draft_kernels, source, verify=verify)
     # After the precision change, so the padding hook sits on the final output layer.
     draft = vocab.pad_draft_vocab(draft, target_vocab)
-    return devices.place(draft, devices.check_device(str(device)))
+    return _placed(draft, devices.check_device(str(device)))
 
 
 def ort_settings(run: RunSetup) -> OrtSettings | None:
@@ -718,7 +723,7 @@ def load_pair(
         _pin_generation_config(target, tokenizer)
         name, kernels = run.target.precision, run.target.kernels
         source = block_source(name, spec.target, target_path, verify=verify)
-        target = devices.place(_apply_precision(target, name, kernels, source, verify=verify), t_dev)
+        target = _placed(_apply_precision(target, name, kernels, source, verify=verify), t_dev)
     if draft is not None and run.draft is not None:
         d = run.draft
         draft = prepare_draft(
