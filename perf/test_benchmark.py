@@ -82,10 +82,10 @@ def real_case(pair_name: str, which: str) -> bench.BenchCase:
 
     "registered" gates the pair's default configuration; "fp32" the stock fp32 pair, the plain
     reference with no quantization or hand-written kernel involved; "tree" the registered pair with
-    a token tree (``bench.REAL_TREE``) in the harness's own loop; "context" the registered pair with
-    proposals from the context beside its draft (``bench.REAL_CONTEXT``), in the same loop."""
+    a token tree (``bench.REAL_TREE``) in the harness's own loop; "chain" the registered pair's draft
+    chain alone, without its proposals from the context, in transformers' loop."""
     spec = models.get_pair(pair_name)
-    offline = {"fp32": bench.fp32_case, "tree": bench.tree_case, "context": bench.context_case}
+    offline = {"fp32": bench.fp32_case, "tree": bench.tree_case, "chain": bench.chain_case}
     if which in offline and spec.name == models.DEFAULT_PAIR:
         return offline[which](spec)
     if which != "registered":
@@ -169,7 +169,7 @@ ARMS = pytest.mark.parametrize("arm", baselines.ARMS)
 
 @pytest.mark.pairs(tiny=False)
 @ARMS
-@pytest.mark.parametrize("which", ["registered", "fp32", "tree", "context"])
+@pytest.mark.parametrize("which", ["registered", "fp32", "tree", "chain"])
 def test_benchmark_real(
     pairs, pair_name, which, arm, benchmark, request, platform_name, bench_results, cases
 ):

@@ -239,7 +239,8 @@ def test_the_page_shows_acceptance_per_engine_and_position_with_its_chart(tmp_pa
         line = next((ln for ln in section.splitlines() if f"/ {engine} /" in ln), None)
         assert line is not None, f"no acceptance reference for {engine}"
         rates = line.split("|")[4].strip()
-        assert rates != "not counted" and len(rates.split(" / ")) == 3, line
+        # K=3 positions at least (proposals from the context may run past K)
+        assert rates != "not counted" and len(rates.split(" / ")) >= 3, line
     out = tmp_path / "out"
     page.write_results_page(RESULTS, out=out)
     assert (out / page.ACCEPTANCE_PNG).read_bytes().startswith(b"\x89PNG")

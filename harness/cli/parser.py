@@ -229,7 +229,8 @@ def setting_flags() -> dict[str, tuple[str, dict[str, Any]]]:
                 help="propose from the context (the prompt and the output so far) where it holds the "
                 "continuation, up to N tokens a round, cut to the length expected to gain most per ms at "
                 "this host's measured cost of a row, and from the draft model where no proposal beats a "
-                "plain step; greedy, exact, the harness's own loop on the batch-invariant kernels (0: off)",
+                "plain step; greedy, exact, the harness's own loop on the batch-invariant kernels (0: off; "
+                "default: the pair's, for a greedy chain on those kernels)",
             ),
         ),
         "synthetic_acceptance": (

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from harness.base import platforms, tasks
 from harness.experiments import humaneval, runner
+from harness.kernels import fused
 from harness.pairs.models import LoadedPair
 from harness.settings import acceptance, baselines, setup
 from harness.settings.setup import GenerationSettings
@@ -44,7 +45,14 @@ def tier_settings(pair: LoadedPair, new_tokens: int = TIER_NEW_TOKENS) -> Genera
     registered = pair.spec.decoding
     if k is not None:
         registered = dataclasses.replace(registered, num_assistant_tokens=k, assistant_schedule="constant")
-    return dataclasses.replace(registered, mode="assisted", max_new_tokens=new_tokens, ignore_eos=True)
+    tier = dataclasses.replace(registered, mode="assisted", max_new_tokens=new_tokens, ignore_eos=True)
+    # The pair's proposals from the context need both models on the fused layers: a draft swapped in
+    # for a check (``strategies``: a random one) runs the draft's chain alone.
+    fused_pair = pair.draft is not None and all(
+        isinstance(getattr(m, "model", None), fused.FusedStack) for m in (pair.target, pair.draft)
+    )
+    context = setup.registered_context(registered, pair.target_setup, pair.draft_setup, tier)
+    return dataclasses.replace(tier, context_draft=context if fused_pair else 0)
 
 
 def case_key(pair: LoadedPair, settings: GenerationSettings) -> baselines.CaseKey:

@@ -134,16 +134,11 @@ def tree_case(spec: Any) -> BenchCase:
     return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, draft_tree=REAL_TREE)
 
 
-# Proposals the context case takes from the context, at most, a round (``--context_draft``): the
-# length the published context-drafting sweeps ran.
-REAL_CONTEXT = 16
-
-
-def context_case(spec: Any) -> BenchCase:
-    """The registered configuration with proposals from the context beside the draft's chain
-    (``REAL_CONTEXT`` a round at most, each round's proposal chosen by its expected rate) in the
-    harness's own loop."""
-    return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, context_draft=REAL_CONTEXT)
+def chain_case(spec: Any) -> BenchCase:
+    """The registered configuration without proposals from the context (``context_draft`` 0): the
+    draft model's chain alone, in transformers' loop, which the registered case's gain is read
+    against."""
+    return case(spec, REAL_PROMPT_TOKENS, REAL_NEW_TOKENS, context_draft=0)
 
 
 def fp32_case(spec: Any) -> BenchCase:
@@ -198,6 +193,7 @@ def real_case_command(pair: Any, case_id: str, rounds: int, provider: str) -> st
     if spec.name == models.DEFAULT_PAIR:
         selections[fp32_case(spec).case_id] = f"test_benchmark_real and {spec.name}-fp32"
         selections[tree_case(spec).case_id] = f"test_benchmark_real and {spec.name}-tree"
+        selections[chain_case(spec).case_id] = f"test_benchmark_real and {spec.name}-chain"
     selection = selections.get(case_id)
     if selection is None:
         return None

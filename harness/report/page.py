@@ -735,8 +735,10 @@ def _reference_label(reference: acceptance.Reference) -> str:
         return reference.key
     shape = f"tree {case.draft_tree}" if case.draft_tree else f"K={case.num_assistant_tokens}"
     schedule = f" {case.assistant_schedule}" if case.assistant_schedule else ""
+    context = dict(case.more).get("context_draft")
+    beside = f", context {context}" if context else ""
     precisions = f"{case.target_precision} + {case.draft_precision}"
-    return f"{case.model} / {case.engine} / {precisions} / {shape}{schedule}"
+    return f"{case.model} / {case.engine} / {precisions} / {shape}{schedule}{beside}"
 
 
 def acceptance_section(references: Sequence[acceptance.Reference], source: str) -> list[str]:

@@ -67,8 +67,9 @@ class GenerationSettings:
     # Proposals from the context beside the draft model (``harness.decoding.context``): where the
     # prompt or the output so far holds a continuation of the latest tokens, a round proposes up to
     # this many of them (adapted to how such proposals fare), else the draft model's chain or tree.
-    # Greedy, on the batch-invariant kernels, in the harness's own loop. 0: off.
-    context_draft: int = 0
+    # Greedy, on the batch-invariant kernels, in the harness's own loop. 0: off; None: the pair's
+    # registered value where it applies (``resolve`` settles it: ``registered_context``), else off.
+    context_draft: int | None = None
     # Synthetic acceptance: each proposed token accepted with this probability (a seeded draw, not
     # the target's verdict), so a round's cost is measured at a chosen acceptance apart from the
     # draft's quality (llama.cpp's and SGLang's simulated acceptance). The output is not the
@@ -107,7 +108,7 @@ class GenerationSettings:
             trees.Tree.parse(self.draft_tree)
             if self.do_sample:
                 raise bad("--draft_tree decodes greedily: drop --do_sample, or the tree")
-        if not 0 <= self.context_draft <= 64:
+        if self.context_draft is not None and not 0 <= self.context_draft <= 64:
             raise bad(
                 f"--context_draft must be between 0 (off) and 64 tokens a round (got {self.context_draft})"
             )
@@ -480,7 +481,8 @@ def settle(
     num_assistant_tokens: int | None,
     assistant_schedule: str,
 ) -> RunSetup:
-    """The run of ``spec`` with its target and draft resolved: K left as None is the pair's registered K."""
+    """The run of ``spec`` with its target and draft resolved: K left as None is the pair's registered
+    K, proposals from the context left as None the pair's registered ones where they apply."""
     decoding = replace(
         decoding or GenerationSettings(),
         num_assistant_tokens=spec.decoding.num_assistant_tokens
@@ -488,7 +490,28 @@ def settle(
         else num_assistant_tokens,
         assistant_schedule=assistant_schedule,
     )
+    if decoding.context_draft is None:
+        decoding = replace(decoding, context_draft=registered_context(spec.decoding, target, draft, decoding))
     return RunSetup(spec.name, target, draft, decoding)
+
+
+def registered_context(
+    registered: GenerationSettings, target: Target, draft: Draft | None, decoding: GenerationSettings
+) -> int:
+    """The pair's registered proposals from the context (``registered.context_draft``) for a run
+    where they apply, else 0: greedy chains of a draft model in the harness's own loop, target and
+    draft on the batch-invariant kernels (a token tree, a synthetic verdict, sampling, prompt lookup
+    or another engine's loop keep what they measure without them)."""
+    applies = (
+        decoding.mode == "assisted"
+        and not decoding.do_sample
+        and not decoding.draft_tree
+        and decoding.synthetic_acceptance is None
+        and target.engine == "transformers"
+        and target.backend == "torch"
+        and invariant_pair(target, draft)
+    )
+    return (registered.context_draft or 0) if applies else 0
 
 
 def check_url(url: str) -> str:
