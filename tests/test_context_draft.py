@@ -397,3 +397,44 @@ def test_the_sweep_runs_long_contexts(tmp_path, capsys):
     assert all(r.output_ids == plain_out[r.prompt_tokens] for r in rows)
     page = next((tmp_path).glob("*/sweep-*.md")).read_text()
     assert "--context-tokens 96,160" in page
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ({}, 16),  # a greedy chain on the invariant kernels: the pair's registered proposals
+        ({"context_draft": 0}, 0),  # said off: the draft's chain alone
+        ({"context_draft": 8}, 8),  # said: as said
+        ({"do_sample": True}, 0),
+        ({"draft_tree": "0+1+00"}, 0),
+        ({"synthetic_acceptance": 0.5}, 0),
+        ({"mode": "prompt_lookup"}, 0),
+        ({"mode": "plain"}, 0),
+    ],
+)
+def test_the_offline_pair_proposes_from_the_context_where_its_greedy_chain_can(given, expected):
+    from harness.decoding import engines
+    from harness.pairs import models
+
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    decoding = GenerationSettings(**{"mode": "assisted", **given})
+    assert engines.resolve(spec, decoding=decoding).decoding.context_draft == expected
+
+
+def test_the_registered_proposals_stay_off_where_the_harness_loop_cannot_run_them():
+    from harness.decoding import engines
+    from harness.pairs import models
+
+    spec = models.get_pair(models.DEFAULT_PAIR)
+    chain = GenerationSettings(mode="assisted")
+    for settings in (
+        {"draft_kernels": "stock"},
+        {"target_kernels": "stock", "target_precision": "w8af32"},
+        {"target_backend": "onnxruntime"},
+        {"engine": "llama.cpp"},
+    ):
+        run = engines.resolve(spec, decoding=chain, **settings)
+        assert run.decoding.context_draft == 0, settings
+    # Another pair registers none.
+    tiny = models.get_pair("tiny-llama")
+    assert engines.resolve(tiny, decoding=chain).decoding.context_draft == 0
