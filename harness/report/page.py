@@ -665,6 +665,12 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
     return lines
 
 
+def _context_beside(case: baselines.CaseKey) -> str:
+    """A label's ", context N" where the case proposes from the context (``--context_draft``)."""
+    context = dict(case.more).get("context_draft")
+    return f", context {context}" if context else ""
+
+
 def _case_label(case: baselines.CaseKey) -> str:
     target = case.target_precision + ("" if case.target_kernels == "stock" else f" ({case.target_kernels})")
     if case.engine != "transformers":
@@ -674,9 +680,8 @@ def _case_label(case: baselines.CaseKey) -> str:
         draft += f", vocab {case.draft_vocab}"
     if case.draft_tree is not None:
         return f"{target} / {draft}, tree {case.draft_tree}"
-    context = dict(case.more).get("context_draft")
-    beside = f", context {context}" if context else ""
-    return f"{target} / {draft}, K={case.num_assistant_tokens} {case.assistant_schedule}{beside}"
+    shape = f"K={case.num_assistant_tokens} {case.assistant_schedule}"
+    return f"{target} / {draft}, {shape}{_context_beside(case)}"
 
 
 def baselines_section(platform: str, records: Sequence[baselines.BaselineRecord], source: str) -> list[str]:
@@ -735,10 +740,8 @@ def _reference_label(reference: acceptance.Reference) -> str:
         return reference.key
     shape = f"tree {case.draft_tree}" if case.draft_tree else f"K={case.num_assistant_tokens}"
     schedule = f" {case.assistant_schedule}" if case.assistant_schedule else ""
-    context = dict(case.more).get("context_draft")
-    beside = f", context {context}" if context else ""
     precisions = f"{case.target_precision} + {case.draft_precision}"
-    return f"{case.model} / {case.engine} / {precisions} / {shape}{schedule}{beside}"
+    return f"{case.model} / {case.engine} / {precisions} / {shape}{schedule}{_context_beside(case)}"
 
 
 def acceptance_section(references: Sequence[acceptance.Reference], source: str) -> list[str]:
