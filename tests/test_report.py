@@ -453,3 +453,27 @@ def test_reproduce_command_of_a_served_row_is_one_the_cli_takes():
         speculative_endpoint=args.speculative_endpoint,
     )
     assert run.target.endpoint == row.endpoint and run.draft.endpoint == row.speculative_endpoint
+
+
+def test_the_context_table_reads_decoding_and_end_to_end_apart() -> None:
+    """A long prompt's prefill is most of a request: the table gives the decoding speedup, the
+    requests' whole-time speedup and the lowest prompt's, from the same rows."""
+    from harness.report import page
+
+    def pair(example: int, assisted_ms: float, assisted_prefill: float) -> list[Row]:
+        common = dict(example=example, prompt_tokens=2048, run_id="r", new_tokens=101)
+        return [
+            make_row(mode="plain", time_per_token_ms=40.0, prefill_ms=10_000.0, **common),
+            make_row(mode="assisted", time_per_token_ms=assisted_ms, prefill_ms=assisted_prefill, **common),
+        ]
+
+    # Decoding: 40 ms against 20 and 40 (a mean of 30: 1.33x). End to end: plain 14 s each, assisted
+    # 12 s and 15 s (28 / 27 s = 1.04x; the second prompt 14 / 15 = 0.93x, its prefill the slower).
+    rows = pair(1, 20.0, 10_000.0) + pair(2, 40.0, 11_000.0)
+    point = page._context_points(rows)["transformers"][2048]
+    assert point.decode == pytest.approx(40 / 30)
+    assert point.end_to_end == pytest.approx(28 / 27)
+    assert point.lowest == pytest.approx(14 / 15)
+    section = "\n".join(page.context_section("amd-epyc-2c", rows, "rows.jsonl"))
+    assert "1.33x / 1.04x (lowest 0.93x)" in section
+    assert "--context-tokens 2048 --compare --limit 2 --max_new_tokens 30" in section

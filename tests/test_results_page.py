@@ -267,16 +267,19 @@ def test_the_page_shows_a_serving_engine_under_concurrent_streams(tmp_path):
 
 def test_the_page_shows_speedup_and_acceptance_against_context_length(tmp_path):
     """The committed long-context rows: per context length, each engine's speedup over its own plain
-    decoding and tokens per verification, the commands, and the plot."""
+    decoding in decoding and end to end (and its lowest prompt's), tokens per verification, each
+    engine's own command, and the plot."""
     text = page.results_page(RESULTS)
     section = text.split("#### Context length: qwen2.5-coder-1.5b", 1)[1].split("\n#### ", 1)[0]
-    assert "--context-tokens 1024,4096,8000 --compare" in section and "--engine llama.cpp" in section
-    lengths = [
-        line.split("|")[1].strip() for line in section.splitlines() if re.match(r"\|\s+[0-9]+\s+\|", line)
-    ]
-    assert lengths == ["1024", "4096", "8000"]
+    assert "--context-tokens 1024,2048,4096,8000 --compare --limit 3 --max_new_tokens 128" in section
+    assert "--engine llama.cpp --context-tokens 1024,4096,8000 --compare --limit 1" in section
+    lines = [line for line in section.splitlines() if re.match(r"\|\s+[0-9]+\s+\|", line)]
+    assert [line.split("|")[1].strip() for line in lines] == ["1024", "2048", "4096", "8000"]
     header = next(line for line in section.splitlines() if "context tokens |" in line)
-    assert "transformers" in header and "llama.cpp" in header
+    # The registered configuration proposes from the context: its column says so, and its cells the share.
+    assert "transformers: context (16) + draft" in header and "llama.cpp" in header
+    cell = re.compile(r"[0-9.]+x / [0-9.]+x \(lowest [0-9.]+x\) / [0-9.]+( \([0-9]+% from context\))?")
+    assert all(cell.fullmatch(line.split("|")[2].strip()) and "from context" in line for line in lines)
     out = tmp_path / "out"
     page.write_results_page(RESULTS, out=out)
     assert (out / "amd-epyc-2c-avx512" / page.CONTEXT_PNG).read_bytes().startswith(b"\x89PNG")

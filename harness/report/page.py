@@ -10,7 +10,7 @@ discussed in ``docs/FINDINGS.md``.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,7 +358,7 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
             speedup = statistics.fmean(p.time_per_token_ms for p, _ in both) / statistics.fmean(
                 a.time_per_token_ms for _, a in both
             )
-            per_verify = [a.acceptance_length or a.tokens_per_target_forward for _, a in both]
+            per_verify = [_per_verify(a) for _, a in both]
             share = _context_share([a for _, a in both])
             shares = shares or bool(share)
             cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}{share}"
@@ -401,54 +401,95 @@ def _context_share(rows: Sequence[Row]) -> str:
 CONTEXT_PNG = "context-length.png"
 
 
-def _context_points(rows: Sequence[Row]) -> dict[str, dict[int, tuple[float, float]]]:
-    """Per engine, per context length: (speedup over its plain decoding of the same prompts, tokens
-    per verification), from each run's plain and assisted rows of one prompt."""
+@dataclass(frozen=True)
+class ContextPoint:
+    """One engine at one context length: its assisted rows against its plain rows of the same prompts."""
+
+    decode: float  # speedup in decoding (time per token past the prompt's forward)
+    end_to_end: float  # speedup in the requests' whole time, prefill included
+    lowest: float  # the lowest prompt's end-to-end speedup
+    per_verify: float  # tokens per verification
+    share: str  # " (N% from context)" or ""
+
+
+def _context_points(rows: Sequence[Row]) -> dict[str, dict[int, ContextPoint]]:
+    """Per configuration, per context length, from each run's plain and assisted rows of one prompt."""
     runs: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         runs[row.run_id].append(row)
-    points: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
+    points: dict[str, dict[int, ContextPoint]] = defaultdict(dict)
     for group in runs.values():
         plain = {r.example: r for r in group if r.mode == "plain"}
         assisted = [r for r in group if r.mode == "assisted" and r.example in plain]
         for n in sorted({r.prompt_tokens for r in assisted}):
             both = [(plain[r.example], r) for r in assisted if r.prompt_tokens == n]
-            speedup = statistics.fmean(p.time_per_token_ms for p, _ in both) / statistics.fmean(
-                a.time_per_token_ms for _, a in both
+            points[_context_name(both[0][1])][n] = ContextPoint(
+                decode=statistics.fmean(p.time_per_token_ms for p, _ in both)
+                / statistics.fmean(a.time_per_token_ms for _, a in both),
+                end_to_end=sum(p.total_s for p, _ in both) / sum(a.total_s for _, a in both),
+                lowest=min(p.total_s / a.total_s for p, a in both),
+                per_verify=statistics.fmean(_per_verify(a) for _, a in both),
+                share=_context_share([a for _, a in both]),
             )
-            per_verify = statistics.fmean(a.acceptance_length or a.tokens_per_target_forward for _, a in both)
-            points[_engine(both[0][1])][n] = (speedup, per_verify)
     return points
 
 
+def _per_verify(row: Row) -> float:
+    return row.acceptance_length or row.tokens_per_target_forward
+
+
+def _context_cell(p: ContextPoint) -> str:
+    return f"{p.decode:.2f}x / {p.end_to_end:.2f}x (lowest {p.lowest:.2f}x) / {p.per_verify:.2f}{p.share}"
+
+
+def _context_name(row: Row) -> str:
+    """A column of the context table: the engine, and what proposes where that is more than a chain."""
+    return _configuration(row) if row.context_draft or row.draft_tree else _engine(row)
+
+
 def context_section(platform: str, rows: Sequence[Row], source: str) -> list[str]:
-    """Speedup and acceptance against context length (``--context-tokens``), per engine."""
+    """Speedup and acceptance against context length (``--context-tokens``), per engine: in decoding
+    and end to end (a long prompt's prefill is most of a request on a CPU), with the lowest prompt."""
     points = _context_points(rows)
     if not points:
         return []
     lengths = sorted({n for by_length in points.values() for n in by_length})
     body = [
-        [n, *(f"{by[n][0]:.2f}x / {by[n][1]:.2f}" if n in by else "-" for by in points.values())]
+        [
+            n,
+            *(_context_cell(by[n]) if n in by else "-" for by in points.values()),
+        ]
         for n in lengths
     ]
     table = tabulate(body, headers=["context tokens", *points], tablefmt="github")
     first = rows[0]
-    mine = [r for r in rows if r.mode == "plain" and r.run_id == first.run_id]
-    limit = max(sum(1 for r in mine if r.prompt_tokens == n) for n in lengths)
-    commands = "; ".join(
-        f"`python assisted_generation.py --model_name {first.model}"
-        + (f" --engine {engine}" if engine != "transformers" else "")
-        + f" --context-tokens {','.join(str(n) for n in lengths)} --compare --limit {limit}"
-        f" --max_new_tokens {max(r.new_tokens for r in rows)} --json {source}`"
-        for engine in points
-    )
+    # Rows written before rows named their CPU cannot say which host kind they ran on.
+    unnamed = "; some rows name none" if any(not r.cpu for r in rows) else ""
+    commands = []
+    for engine in dict.fromkeys(_engine(r) for r in rows):
+        mine = [r for r in rows if _engine(r) == engine]
+        plain = [r for r in mine if r.mode == "plain"]
+        limit = max(Counter((r.run_id, r.prompt_tokens) for r in plain).values(), default=0)
+        own = mine[0].engine not in (None, "transformers")
+        commands.append(
+            f"`python assisted_generation.py --model_name {first.model}"
+            + (f" --engine {mine[0].engine}" if own else "")
+            + f" --context-tokens {','.join(str(n) for n in sorted({r.prompt_tokens for r in mine}))}"
+            f" --compare --limit {limit} --max_new_tokens {max(r.max_new_tokens for r in mine)}"
+            f" --json {source}`"
+        )
     return [
         f"#### Context length: {first.model}, speedup over plain decoding / tokens per verification",
         "",
         f"- machine: `{platform}`",
+        *([f"- CPU: {', '.join(cpus)}{unnamed}"] if (cpus := sorted({r.cpu for r in rows if r.cpu})) else []),
         f"- versions: {_versions(rows)}",
-        f"- commands: {commands}",
+        f"- commands: {'; '.join(commands)}",
         f"- rows: `{source}`",
+        "",
+        "Each cell: the speedup in decoding (past the prompt's forward) / end to end, prefill included, over"
+        " the prompts of that length, and the lowest single prompt's end to end / tokens per verification"
+        " (and the share of accepted tokens proposed from the context, where some were).",
         "",
         table,
         "",
@@ -465,10 +506,19 @@ def context_png(platform: str, rows: Sequence[Row]) -> bytes:
     fig = Figure(figsize=(10, 4))
     FigureCanvasAgg(fig)
     speed, accept = fig.subplots(1, 2)
-    for engine, by_length in _context_points(rows).items():
+    for name, by_length in _context_points(rows).items():
         lengths = sorted(by_length)
-        speed.plot(lengths, [by_length[n][0] for n in lengths], marker="o", label=engine)
-        accept.plot(lengths, [by_length[n][1] for n in lengths], marker="o", label=engine)
+        decode = [by_length[n].decode for n in lengths]
+        line = speed.plot(lengths, decode, marker="o", label=f"{name}, decoding")
+        speed.plot(
+            lengths,
+            [by_length[n].end_to_end for n in lengths],
+            marker="s",
+            linestyle="--",
+            color=line[0].get_color(),
+            label=f"{name}, end to end",
+        )
+        accept.plot(lengths, [by_length[n].per_verify for n in lengths], marker="o", label=name)
     speed.axhline(1.0, color="black", linewidth=0.8)
     lengths = sorted({n for by_length in _context_points(rows).values() for n in by_length})
     for ax, label in ((speed, "speedup over plain decoding"), (accept, "tokens per verification")):
