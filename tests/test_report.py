@@ -208,6 +208,19 @@ def test_compare_table_overall_line() -> None:
     assert "no speedup to report" in compare_table([r for r in rows if r.mode == "plain"])
 
 
+def test_compare_table_reads_end_to_end_beside_decoding() -> None:
+    """A request's whole time counts its prefill: an assisted request twice as fast in decoding behind
+    a slower prefill gains less end to end, and the table says so per prompt and overall."""
+    common = dict(new_tokens=101, prompt_tokens=2048)
+    plain = make_row(mode="plain", time_per_token_ms=40.0, prefill_ms=10_000.0, **common)
+    assisted = make_row(mode="assisted", time_per_token_ms=20.0, prefill_ms=11_000.0, **common)
+    text = compare_table([plain, assisted])
+    # Decoding 40 against 20 ms a token: 2.00x. End to end 14 s against 13 s: 1.08x.
+    line = next(row for row in text.splitlines() if row.startswith("|          1 |"))
+    assert "2.00x" in line and "1.08x" in line
+    assert "end to end, prefill included, 1.08x" in text
+
+
 def _cli_parser() -> argparse.ArgumentParser:
     """The flags the seeds' assisted_generation.py takes, as a reader of the command would parse them."""
     p = argparse.ArgumentParser()

@@ -28,11 +28,24 @@ _COMPARE_HEADERS = (
     "Tokens/Sec (plain)",
     "Tokens/Sec (assisted)",
     "Speedup",
+    "End-to-End Speedup",
     "Acceptance",
     "Same Output",
 )
 # "Rate", as in the seed table: there "Accept" counts accepted tokens and "Rate" is their share.
-_COMPARE_SHORT = ("#", "Prompt", "New", "tok/s plain", "tok/s assisted", "Speedup", "Rate", "Same")
+# "End to end": the request's whole time, prefill included (a long prompt's prefill is most of it on a
+# CPU, and an assisted request pays its draft's own read of the prompt there).
+_COMPARE_SHORT = (
+    "#",
+    "Prompt",
+    "New",
+    "tok/s plain",
+    "tok/s assisted",
+    "Speedup",
+    "End to end",
+    "Rate",
+    "Same",
+)
 
 
 # The seeds' column names are long: on a terminal the tables use these short names and numbers
@@ -144,6 +157,9 @@ def compare_rows(rows: Iterable[Row], defaults: Mapping[str, Any] | None = None)
                 "plain_time_per_token_ms": base.time_per_token_ms,
                 "assisted_time_per_token_ms": row.time_per_token_ms,
                 "speedup": speedup if speedup is None or math.isfinite(speedup) else None,
+                "plain_total_s": base.total_s,
+                "assisted_total_s": row.total_s,
+                "end_to_end": base.total_s / row.total_s if _finite_positive(row.total_s) else None,
                 "acceptance_rate": row.acceptance_rate,
                 "identical": list(base.output_ids) == list(row.output_ids),
             }
@@ -246,11 +262,16 @@ def _overall_line(pairs: list[dict[str, Any]]) -> str:
     of_means, geo = overall_speedup(pairs)
     plain = _mean([p["plain_time_per_token_ms"] for p in pairs])
     assisted = _mean([p["assisted_time_per_token_ms"] for p in pairs])
+    totals = [(p["plain_total_s"], p["assisted_total_s"]) for p in pairs]
+    whole = None
+    if all(_finite_positive(t) for pair in totals for t in pair):
+        whole = sum(t for t, _ in totals) / sum(t for _, t in totals)
     return (
         f"Overall ({len(pairs)} prompt{'s' * (len(pairs) != 1)}): speedup of mean time/token "
         f"{_fmt(of_means, '.2f', 'x')} "
         f"({_fmt(plain, '.1f')} ms plain -> {_fmt(assisted, '.1f')} ms assisted); "
-        f"geometric mean of per-prompt speedups {_fmt(geo, '.2f', 'x')}"
+        f"geometric mean of per-prompt speedups {_fmt(geo, '.2f', 'x')}; "
+        f"end to end, prefill included, {_fmt(whole, '.2f', 'x')}"
     )
 
 
@@ -290,6 +311,7 @@ def compare_table(
                 p["plain_tokens_per_s"],
                 p["assisted_tokens_per_s"],
                 None if p["speedup"] is None else f"{p['speedup']:.2f}x",
+                None if p["end_to_end"] is None else f"{p['end_to_end']:.2f}x",
                 p["acceptance_rate"],
                 "yes" if p["identical"] else "no",
             ]
@@ -298,7 +320,7 @@ def compare_table(
         if wide:
             table = tabulate(body, headers=_COMPARE_HEADERS, tablefmt="github", missingval="-")
         else:
-            specs = ("d", "d", "d", ".2f", ".2f", "s", ".2f", "s")
+            specs = ("d", "d", "d", ".2f", ".2f", "s", "s", ".2f", "s")
             short = [[_cell(v, f) for v, f in zip(line, specs, strict=True)] for line in body]
             table = _compact_grid(_COMPARE_SHORT, short)
         rows_of = [r for r in rows_list if r.run_id == group[0]["run_id"]]
