@@ -298,8 +298,7 @@ def sweep_section(platform: str, rows: Sequence[Row], source: str, summary: Swee
     counts += f", {len(plain_rate)} target{'s' * (len(plain_rate) > 1)}"
     lines = [f"#### Sweep: {first.model}, {counts}", ""]
     lines += _header(platform, command, _versions(rows), source)
-    cpus = sorted({r.cpu for r in rows if r.cpu})
-    lines += [f"- CPU: {', '.join(cpus)}"] if cpus else []
+    lines += _cpu_lines(rows)
     lines += ["", table, "", "Plain decoding in the same run: " + "; ".join(plain_lines) + ".", ""]
     lines += category_section(platform, summary)
     if ref is not None:
@@ -355,9 +354,7 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
                     if r.example in plain and _prompt_set(r.prompt_label) == category]  # fmt: skip
             if not both:
                 continue
-            speedup = statistics.fmean(p.time_per_token_ms for p, _ in both) / statistics.fmean(
-                a.time_per_token_ms for _, a in both
-            )
+            speedup = _decode_speedup(both)
             per_verify = [_per_verify(a) for _, a in both]
             share = _context_share([a for _, a in both])
             shares = shares or bool(share)
@@ -424,14 +421,27 @@ def _context_points(rows: Sequence[Row]) -> dict[str, dict[int, ContextPoint]]:
         for n in sorted({r.prompt_tokens for r in assisted}):
             both = [(plain[r.example], r) for r in assisted if r.prompt_tokens == n]
             points[_context_name(both[0][1])][n] = ContextPoint(
-                decode=statistics.fmean(p.time_per_token_ms for p, _ in both)
-                / statistics.fmean(a.time_per_token_ms for _, a in both),
+                decode=_decode_speedup(both),
                 end_to_end=sum(p.total_s for p, _ in both) / sum(a.total_s for _, a in both),
                 lowest=min(p.total_s / a.total_s for p, a in both),
                 per_verify=statistics.fmean(_per_verify(a) for _, a in both),
                 share=_context_share([a for _, a in both]),
             )
     return points
+
+
+def _decode_speedup(both: Sequence[tuple[Row, Row]]) -> float:
+    """(plain, assisted) rows of the same prompts: plain's mean time per token over assisted's."""
+    return statistics.fmean(p.time_per_token_ms for p, _ in both) / statistics.fmean(
+        a.time_per_token_ms for _, a in both
+    )
+
+
+def _cpu_lines(rows: Sequence[Row]) -> list[str]:
+    """The host kinds the rows ran on; rows written before rows named their CPU cannot say theirs."""
+    cpus = sorted({r.cpu for r in rows if r.cpu})
+    unnamed = "; some rows name none" if any(not r.cpu for r in rows) else ""
+    return [f"- CPU: {', '.join(cpus)}{unnamed}"] if cpus else []
 
 
 def _per_verify(row: Row) -> float:
@@ -454,17 +464,9 @@ def context_section(platform: str, rows: Sequence[Row], source: str) -> list[str
     if not points:
         return []
     lengths = sorted({n for by_length in points.values() for n in by_length})
-    body = [
-        [
-            n,
-            *(_context_cell(by[n]) if n in by else "-" for by in points.values()),
-        ]
-        for n in lengths
-    ]
+    body = [[n, *(_context_cell(by[n]) if n in by else "-" for by in points.values())] for n in lengths]
     table = tabulate(body, headers=["context tokens", *points], tablefmt="github")
     first = rows[0]
-    # Rows written before rows named their CPU cannot say which host kind they ran on.
-    unnamed = "; some rows name none" if any(not r.cpu for r in rows) else ""
     commands = []
     for engine in dict.fromkeys(_engine(r) for r in rows):
         mine = [r for r in rows if _engine(r) == engine]
@@ -482,7 +484,7 @@ def context_section(platform: str, rows: Sequence[Row], source: str) -> list[str
         f"#### Context length: {first.model}, speedup over plain decoding / tokens per verification",
         "",
         f"- machine: `{platform}`",
-        *([f"- CPU: {', '.join(cpus)}{unnamed}"] if (cpus := sorted({r.cpu for r in rows if r.cpu})) else []),
+        *_cpu_lines(rows),
         f"- versions: {_versions(rows)}",
         f"- commands: {'; '.join(commands)}",
         f"- rows: `{source}`",
@@ -506,7 +508,8 @@ def context_png(platform: str, rows: Sequence[Row]) -> bytes:
     fig = Figure(figsize=(10, 4))
     FigureCanvasAgg(fig)
     speed, accept = fig.subplots(1, 2)
-    for name, by_length in _context_points(rows).items():
+    points = _context_points(rows)
+    for name, by_length in points.items():
         lengths = sorted(by_length)
         decode = [by_length[n].decode for n in lengths]
         line = speed.plot(lengths, decode, marker="o", label=f"{name}, decoding")
@@ -520,7 +523,7 @@ def context_png(platform: str, rows: Sequence[Row]) -> bytes:
         )
         accept.plot(lengths, [by_length[n].per_verify for n in lengths], marker="o", label=name)
     speed.axhline(1.0, color="black", linewidth=0.8)
-    lengths = sorted({n for by_length in _context_points(rows).values() for n in by_length})
+    lengths = sorted({n for by_length in points.values() for n in by_length})
     for ax, label in ((speed, "speedup over plain decoding"), (accept, "tokens per verification")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
