@@ -39,7 +39,12 @@ bool has_vnni() {
 }
 
 // Weights as the kernels read them: output columns in groups of 16, and for each group and block
-// one record, so a group's weights are one sequential stream:
+// one record, so a group's weights are one sequential stream. A record starts with its scales (and
+// Q4_K's mins) and d (and dmin), then the codes, and a kernel touches its lines in that order, so
+// the hardware prefetchers see one rising stream. With the scales behind the codes, read between
+// them sub-block by sub-block, the stream stepped back 2 KB a sub-block and the prefetchers lost it:
+// on AMD EPYC Zen 4 a one-row product streamed 1.2-1.6x slower than a plain read of its bytes, at
+// 1.05-1.16x with this order (bench of a 233 MB weight, interleaved in one process).
 //   codes: per step of 4 inputs, 16 columns x 4 codes = 64 codes (column c at bytes 4c..4c+3), so one
 //     vpdpbusd multiplies them with 4 broadcast activation codes and each 32-bit lane IS one output
 //     column (no horizontal sums). Q4_K: two steps per 64 bytes (low and high nibbles); Q6_K: per
@@ -51,15 +56,24 @@ bool has_vnni() {
 // .record_subs): the rest would multiply zero padding, adding nothing to any integer sum, so the
 // short record gives the same bits and a 896-wide row reads 3.5 blocks' bytes, not 4.
 constexpr int64_t G = 16;  // columns per group
-// Records ahead that the code loads prefetch: one core's demand reads alone reached ~10 GB/s here,
-// well under what the memory gives a core.
+// Records ahead that the code loads prefetch, in passes of two rows or more: their products are
+// slow enough per byte that the hardware prefetchers alone left the stream short (one row at
+// 1.6x of the memory's pace, four rows at 2.0-2.9x without, on Zen 4). A one-row pass reads
+// faster without: the prefetches take load slots and miss buffers the hardware streams better
+// (0.83-0.89x of its time with them, interleaved).
 constexpr int64_t PREFETCH = 4;
 constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 32;
 
-// A record of S sub-blocks: Q4_K 256 code bytes, 16 scale and 16 min bytes per sub-block, then d and
-// dmin; Q6_K 192 code bytes and 16 scale bytes per sub-block, then d.
+// A record of S sub-blocks: Q4_K 16 scale and 16 min bytes per sub-block, d and dmin, then 256 code
+// bytes per sub-block; Q6_K 16 scale bytes per sub-block, d, then 192 code bytes per sub-block.
 constexpr int64_t q4k_rec(int64_t subs) { return 288 * subs + 64; }
 constexpr int64_t q6k_rec(int64_t subs) { return 208 * subs + 32; }
+// Where each part of a record of S sub-blocks starts.
+constexpr int64_t q4k_mins(int64_t S) { return 16 * S; }
+constexpr int64_t q4k_d(int64_t S) { return 32 * S; }
+constexpr int64_t q4k_codes(int64_t S) { return 32 * S + 64; }
+constexpr int64_t q6k_d(int64_t S) { return 16 * S; }
+constexpr int64_t q6k_codes(int64_t S) { return 16 * S + 32; }
 // Sub-blocks kept for a block holding `values` inputs: whole pairs (scales are stored by pair).
 constexpr int64_t q4k_subs(int64_t values) { return 2 * ((values + 63) / 64); }
 constexpr int64_t q6k_subs(int64_t values) { return 2 * ((values + 31) / 32); }
@@ -179,10 +193,12 @@ struct Q6KTag {};
 
 // The float steps of one block, the same for every block type and, lane for lane, on both
 // instruction sets: v += float(isum) * (ad * d); o += float(imin) * (ad * dmin).
-AVX512 inline void add_block_512(__m512& v, __m512& o, __m512i isum, __m512i imin, float ad_, __m512 d, __m512 dmin) {
-  const __m512 ad = _mm512_set1_ps(ad_);
-  v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ad, d)));
-  o = _mm512_add_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(ad, dmin)));
+// v and o are separate sums, so which of a block's two steps comes first changes no bit.
+AVX512 inline void add_sum_512(__m512& v, __m512i isum, float ad, __m512 d) {
+  v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(_mm512_set1_ps(ad), d)));
+}
+AVX512 inline void add_min_512(__m512& o, __m512i imin, float ad, __m512 dmin) {
+  o = _mm512_add_ps(o, _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(_mm512_set1_ps(ad), dmin)));
 }
 
 // y = v - o for the group's columns that exist (the last group may hold fewer than 16).
@@ -217,14 +233,32 @@ AVX512 inline void store_512(float* row, int64_t N, int64_t n0, __m512 v, __m512
 template <int R, int S>
 AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, __m512 (&v)[R], __m512 (&o)[R]) {
   const __m512i low = _mm512_set1_epi8(0x0F), half = _mm512_set1_epi32(0xFFFF);
+  // The record's head first, in address order (scales, mins, dmin): o's step needs nothing from the
+  // codes, so it is taken here rather than after them. Passes of more than four rows load the scales
+  // where they use them: their registers are the rows' sums' (held, eight rows ran 1.04-1.08x slower).
+  __m256i scales[S / 2];
+  if constexpr (R <= 4)
+    for (int p = 0; p < S / 2; ++p) scales[p] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * p));
+  {
+    __m512i mins[S / 2];
+    for (int p = 0; p < S / 2; ++p)
+      mins[p] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q4k_mins(S) + 32 * p)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q4k_d(S) + 32)));
+    for (int r = 0; r < R; ++r) {
+      __m512i mn = _mm512_setzero_si512();
+      for (int p = 0; p < S / 2; ++p) mn = _mm512_dpwssd_epi32(mn, mins[p], _mm512_set1_epi32(a.pair32(m0 + r, b, p)));
+      add_min_512(o[r], mn, a.d[(m0 + r) * a.nb + b], dmin);
+    }
+  }
+  const uint8_t* codes = rec + q4k_codes(S);
   __m512i tot[R];
   for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_si512();
   for (int j = 0; j < S; ++j) {
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) {
-      _mm_prefetch(reinterpret_cast<const char*>(rec + PREFETCH * Q4K_REC + 64 * (4 * j + t)), _MM_HINT_T0);
-      const __m512i w = _mm512_loadu_si512(rec + 64 * (4 * j + t));
+      if (R > 1) _mm_prefetch(reinterpret_cast<const char*>(codes + PREFETCH * Q4K_REC + 64 * (4 * j + t)), _MM_HINT_T0);
+      const __m512i w = _mm512_loadu_si512(codes + 64 * (4 * j + t));
       const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
       const int64_t k = b * QK + 4 * (8 * j + 2 * t);
       for (int r = 0; r < R; ++r) {
@@ -234,20 +268,15 @@ AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_
       }
     }
     for (int r = 0; r < R; ++r) s[r] = _mm512_add_epi32(s[r], s2[r]);
-    const __m512i pr = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 256 * S + 32 * (j / 2))));
+    __m256i raw;
+    if constexpr (R <= 4) raw = scales[j / 2];
+    else raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * (j / 2)));
+    const __m512i pr = _mm512_cvtepu8_epi16(raw);
     const __m512i sc = j % 2 == 0 ? _mm512_and_si512(pr, half) : _mm512_srli_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
   }
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 288 * S)));
-  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 288 * S + 32)));
-  for (int r = 0; r < R; ++r) {
-    __m512i mn = _mm512_setzero_si512();
-    for (int p = 0; p < S / 2; ++p) {
-      const __m512i pairs = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 272 * S + 32 * p)));
-      mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair32(m0 + r, b, p)));
-    }
-    add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-  }
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q4k_d(S))));
+  for (int r = 0; r < R; ++r) add_sum_512(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
 }
 
 template <int R>
@@ -263,14 +292,26 @@ template <int R, int S>
 AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, __m512 (&v)[R], __m512 (&o)[R]) {
   const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   const __m512 k32 = _mm512_set1_ps(32.0f);
+  // The record's head first, in address order (scales, d), as q4k_block_512.
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q6k_d(S))));
+  for (int r = 0; r < R; ++r) {
+    __m512i mn = _mm512_setzero_si512();
+    for (int p = 0; p < S / 2; ++p) {
+      const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * p)));
+      mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair16(m0 + r, b, p)));
+    }
+    add_min_512(o[r], mn, a.d[(m0 + r) * a.nb + b], _mm512_mul_ps(k32, d));
+  }
+  const uint8_t* codes = rec + q6k_codes(S);
   __m512i tot[R];
   for (int r = 0; r < R; ++r) tot[r] = _mm512_setzero_si512();
   for (int g = 0; g < S; ++g) {
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
-    const uint8_t* sub = rec + 192 * g;
-    for (int l = 0; l < 3; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(sub + PREFETCH * Q6K_REC + 64 * l), _MM_HINT_T0);
+    const uint8_t* sub = codes + 192 * g;
+    if (R > 1)
+      for (int l = 0; l < 3; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(sub + PREFETCH * Q6K_REC + 64 * l), _MM_HINT_T0);
     const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
     const __m512i hb = _mm512_loadu_si512(sub + 128);
     const __m512i W[4] = {
@@ -287,20 +328,11 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
       s2[r] = _mm512_dpbusd_epi32(s2[r], W[3], bcast512(q + 12));
     }
     for (int r = 0; r < R; ++r) s[r] = _mm512_add_epi32(s[r], s2[r]);
-    const __m512i pr = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 192 * S + 32 * (g / 2))));
+    const __m512i pr = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * (g / 2))));
     const __m512i sc = g % 2 == 0 ? _mm512_srai_epi32(_mm512_slli_epi32(pr, 16), 16) : _mm512_srai_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s[r], sc));
   }
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 208 * S)));
-  const __m512 dmin = _mm512_mul_ps(k32, d);
-  for (int r = 0; r < R; ++r) {
-    __m512i mn = _mm512_setzero_si512();
-    for (int p = 0; p < S / 2; ++p) {
-      const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 192 * S + 32 * p)));
-      mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair16(m0 + r, b, p)));
-    }
-    add_block_512(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-  }
+  for (int r = 0; r < R; ++r) add_sum_512(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
 }
 
 template <int R>
@@ -342,7 +374,7 @@ AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t
     __m256i s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
     for (int t = 0; t < 4; ++t) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 64 * (4 * j + t) + 32 * h));
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q4k_codes(S) + 64 * (4 * j + t) + 32 * h));
       const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
       const int64_t k = b * QK + 4 * (8 * j + 2 * t);
       for (int r = 0; r < R; ++r) {
@@ -350,16 +382,16 @@ AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t
         s[r] = dot4(dot4(s[r], lo, load32(q)), hi, load32(q + 4));
       }
     }
-    const __m256i pr = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 256 * S + 32 * (j / 2) + 16 * h)));
+    const __m256i pr = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * (j / 2) + 16 * h)));
     const __m256i sc = j % 2 == 0 ? _mm256_and_si256(pr, half) : _mm256_srli_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
   }
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 288 * S + 16 * h)));
-  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 288 * S + 32 + 16 * h)));
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 16 * h)));
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 32 + 16 * h)));
   for (int r = 0; r < R; ++r) {
     __m256i mn = _mm256_setzero_si256();
     for (int p = 0; p < S / 2; ++p) {
-      const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 272 * S + 32 * p + 16 * h)));
+      const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_mins(S) + 32 * p + 16 * h)));
       mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
     }
     add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
@@ -386,7 +418,7 @@ AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t
   for (int g = 0; g < S; ++g) {
     __m256i s[R];
     for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
-    const uint8_t* sub = rec + 192 * g + 32 * h;
+    const uint8_t* sub = rec + q6k_codes(S) + 192 * g + 32 * h;
     const __m256i n0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub));
     const __m256i n1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 64));
     const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 128));
@@ -398,16 +430,16 @@ AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t
     const int64_t k = b * QK + 16 * g;
     for (int t = 0; t < 4; ++t)
       for (int r = 0; r < R; ++r) s[r] = dot4(s[r], W[t], load32(a.row(m0 + r) + k + 4 * t));
-    const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 192 * S + 32 * (g / 2) + 16 * h)));
+    const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * (g / 2) + 16 * h)));
     const __m256i sc = g % 2 == 0 ? _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16) : _mm256_srai_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
   }
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 208 * S + 16 * h)));
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q6k_d(S) + 16 * h)));
   const __m256 dmin = _mm256_mul_ps(k32, d);
   for (int r = 0; r < R; ++r) {
     __m256i mn = _mm256_setzero_si256();
     for (int p = 0; p < S / 2; ++p) {
-      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 192 * S + 32 * p + 16 * h)));
+      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * p + 16 * h)));
       mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
     }
     add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);

@@ -254,11 +254,12 @@ def row_bytes(kind: str, in_features: int) -> int:
 def pack(codes: Q4KCodes | Q6KCodes, width: int | None = None) -> np.ndarray:
     """Blocks in the kernels' layout: [groups of 16 columns, ``row_bytes``] (see kquants.cpp).
 
-    Per group and block: the codes by steps of 4 inputs, 16 columns x 4 codes per step (Q4_K two steps
+    Per group and block: the scales (and Q4_K's mins) as [pair][column][2]; d (and dmin) as 16
+    float16; then the codes by steps of 4 inputs, 16 columns x 4 codes per step (Q4_K two steps
     per 64 bytes, in the low and high nibbles; Q6_K per 4 steps two such nibble vectors and one of
-    their top two bits); the scales (and Q4_K's mins) as [pair][column][2]; d (and dmin) as 16
-    float16. Columns are padded to 16 with zeros. ``width``: the real inputs of a row whose codes
-    were padded to whole blocks (the last record keeps only ``record_subs`` sub-blocks).
+    their top two bits). The head comes first so that a kernel reads a record front to back.
+    Columns are padded to 16 with zeros. ``width``: the real inputs of a row whose codes were padded
+    to whole blocks (the last record keeps only ``record_subs`` sub-blocks).
     """
     n, k = codes.codes.shape
     nb, groups = k // QK, -(-n // COLUMNS)
@@ -288,8 +289,8 @@ def pack(codes: Q4KCodes | Q6KCodes, width: int | None = None) -> np.ndarray:
         kind = "Q4_K"
         steps = c.reshape(groups, nb, QK // 8, 2, COLUMNS * 4)
         nibbles = (steps[:, :, :, 0] | (steps[:, :, :, 1] << 4)).reshape(groups, nb, -1)
-        parts = [(nibbles, True), (pairs(codes.scales, 8), True), (pairs(codes.mins, 8), True)]
-        parts += [(floats(codes.d), False), (floats(codes.dmin), False)]
+        parts = [(pairs(codes.scales, 8), True), (pairs(codes.mins, 8), True)]
+        parts += [(floats(codes.d), False), (floats(codes.dmin), False), (nibbles, True)]
     else:
         kind = "Q6_K"
         c = c.reshape(groups, nb, QK // 16, 4, COLUMNS * 4)  # [G, nb, sub-block, step, 64]
@@ -302,8 +303,8 @@ def pack(codes: Q4KCodes | Q6KCodes, width: int | None = None) -> np.ndarray:
             ],
             axis=3,
         )
-        parts = [(six.reshape(groups, nb, -1), True), (pairs(codes.scales, 16), True)]
-        parts += [(floats(codes.d), False)]
+        parts = [(pairs(codes.scales, 16), True), (floats(codes.d), False)]
+        parts += [(six.reshape(groups, nb, -1), True)]
     parts = [(p.astype(np.uint8, copy=False), cut) for p, cut in parts]
     whole = np.concatenate([p[:, : nb - 1] for p, _ in parts], axis=2).reshape(groups, -1)
     keep = record_subs(kind, width - (nb - 1) * QK) / (QK // _RECORD[kind][0])
@@ -411,7 +412,7 @@ def read_linear_blocks(gguf_file: str | Path, module_names: list[str], n_layers:
 
 # Bumped whenever pack() or quantize_q4k() changes, so a cache of another layout is rebuilt rather
 # than misread.
-LAYOUT = 6
+LAYOUT = 7
 
 Packed = dict[str, tuple[str, torch.Tensor]]  # module name -> (block type, blocks in pack()'s layout)
 
