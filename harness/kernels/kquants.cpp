@@ -43,8 +43,8 @@ bool has_vnni() {
 // Q4_K's mins) and d (and dmin), then the codes, and a kernel touches its lines in that order, so
 // the hardware prefetchers see one rising stream. With the scales behind the codes, read between
 // them sub-block by sub-block, the stream stepped back 2 KB a sub-block and the prefetchers lost it:
-// on AMD EPYC Zen 4 a one-row product streamed 1.2-1.6x slower than a plain read of its bytes, at
-// 1.05-1.16x with this order (bench of a 233 MB weight, interleaved in one process).
+// on AMD EPYC Zen 4 a one-row Q4_K product took 1.1-1.6x the time of a plain read of its bytes,
+// 1.02-1.17x with this order (a 233 MB weight, interleaved in one process).
 //   codes: per step of 4 inputs, 16 columns x 4 codes = 64 codes (column c at bytes 4c..4c+3), so one
 //     vpdpbusd multiplies them with 4 broadcast activation codes and each 32-bit lane IS one output
 //     column (no horizontal sums). Q4_K: two steps per 64 bytes (low and high nibbles); Q6_K: per
@@ -294,13 +294,14 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
   const __m512 k32 = _mm512_set1_ps(32.0f);
   // The record's head first, in address order (scales, d), as q4k_block_512.
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q6k_d(S))));
+  const __m512 dmin = _mm512_mul_ps(k32, d);
   for (int r = 0; r < R; ++r) {
     __m512i mn = _mm512_setzero_si512();
     for (int p = 0; p < S / 2; ++p) {
       const __m512i pairs = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * p)));
       mn = _mm512_dpwssd_epi32(mn, pairs, _mm512_set1_epi32(a.pair16(m0 + r, b, p)));
     }
-    add_min_512(o[r], mn, a.d[(m0 + r) * a.nb + b], _mm512_mul_ps(k32, d));
+    add_min_512(o[r], mn, a.d[(m0 + r) * a.nb + b], dmin);
   }
   const uint8_t* codes = rec + q6k_codes(S);
   __m512i tot[R];
@@ -358,16 +359,27 @@ AVX2 inline void store8(float* y, int64_t N, int64_t n0, __m256 val) {
   for (int64_t c = 0; c < 8 && n0 + c < N; ++c) y[n0 + c] = tmp[c];
 }
 
-// add_block_512's steps on 8 lanes.
-AVX2 inline void add_block_256(__m256& v, __m256& o, __m256i isum, __m256i imin, float ad_, __m256 d, __m256 dmin) {
-  const __m256 ad = _mm256_set1_ps(ad_);
-  v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(ad, d)));
-  o = _mm256_add_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(ad, dmin)));
+// add_sum_512's and add_min_512's steps on 8 lanes.
+AVX2 inline void add_sum_256(__m256& v, __m256i isum, float ad, __m256 d) {
+  v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(ad), d)));
+}
+AVX2 inline void add_min_256(__m256& o, __m256i imin, float ad, __m256 dmin) {
+  o = _mm256_add_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(_mm256_set1_ps(ad), dmin)));
 }
 
 template <int R, int S>
 AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h, __m256 (&v)[R], __m256 (&o)[R]) {
   const __m256i low = _mm256_set1_epi8(0x0F), half = _mm256_set1_epi32(0xFFFF);
+  // The record's head first (mins, dmin), as q4k_block_512.
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 32 + 16 * h)));
+  for (int r = 0; r < R; ++r) {
+    __m256i mn = _mm256_setzero_si256();
+    for (int p = 0; p < S / 2; ++p) {
+      const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_mins(S) + 32 * p + 16 * h)));
+      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
+    }
+    add_min_256(o[r], mn, a.d[(m0 + r) * a.nb + b], dmin);
+  }
   __m256i tot[R];
   for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
   for (int j = 0; j < S; ++j) {
@@ -387,15 +399,7 @@ AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t
     for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
   }
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 16 * h)));
-  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 32 + 16 * h)));
-  for (int r = 0; r < R; ++r) {
-    __m256i mn = _mm256_setzero_si256();
-    for (int p = 0; p < S / 2; ++p) {
-      const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_mins(S) + 32 * p + 16 * h)));
-      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
-    }
-    add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-  }
+  for (int r = 0; r < R; ++r) add_sum_256(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
 }
 
 template <int R>
@@ -413,6 +417,17 @@ template <int R, int S>
 AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h, __m256 (&v)[R], __m256 (&o)[R]) {
   const __m256 k32 = _mm256_set1_ps(32.0f);
   const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  // The record's head first (scales, d), as q6k_block_512.
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q6k_d(S) + 16 * h)));
+  const __m256 dmin = _mm256_mul_ps(k32, d);
+  for (int r = 0; r < R; ++r) {
+    __m256i mn = _mm256_setzero_si256();
+    for (int p = 0; p < S / 2; ++p) {
+      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * p + 16 * h)));
+      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
+    }
+    add_min_256(o[r], mn, a.d[(m0 + r) * a.nb + b], dmin);
+  }
   __m256i tot[R];
   for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
   for (int g = 0; g < S; ++g) {
@@ -434,16 +449,7 @@ AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t
     const __m256i sc = g % 2 == 0 ? _mm256_srai_epi32(_mm256_slli_epi32(pr, 16), 16) : _mm256_srai_epi32(pr, 16);
     for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_mullo_epi32(s[r], sc));
   }
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q6k_d(S) + 16 * h)));
-  const __m256 dmin = _mm256_mul_ps(k32, d);
-  for (int r = 0; r < R; ++r) {
-    __m256i mn = _mm256_setzero_si256();
-    for (int p = 0; p < S / 2; ++p) {
-      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * p + 16 * h)));
-      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
-    }
-    add_block_256(v[r], o[r], tot[r], mn, a.d[(m0 + r) * a.nb + b], d, dmin);
-  }
+  for (int r = 0; r < R; ++r) add_sum_256(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
 }
 
 template <int R>
