@@ -56,13 +56,27 @@ bool has_vnni() {
 // .record_subs): the rest would multiply zero padding, adding nothing to any integer sum, so the
 // short record gives the same bits and a 896-wide row reads 3.5 blocks' bytes, not 4.
 constexpr int64_t G = 16;  // columns per group
-// Records ahead that the code loads prefetch, in passes of two rows or more: their products are
-// slow enough per byte that the hardware prefetchers alone left the stream short (one row at
-// 1.6x of the memory's pace, four rows at 2.0-2.9x without, on Zen 4). A one-row pass reads
-// faster without: the prefetches take load slots and miss buffers the hardware streams better
-// (0.83-0.89x of its time with them, interleaved).
-constexpr int64_t PREFETCH = 4;
+// Passes of two rows or more prefetch each line they load PREFETCH records ahead into L1, and
+// passes of three or more PREFETCH_FAR records ahead into the outer caches as well. Their products
+// are slow enough per byte that the hardware prefetchers alone left the stream short (four rows at
+// 2.0-2.9x of the memory's pace without, on AMD EPYC Zen 4), and with the near prefetch alone a
+// pass took about its products' time (weights hot) plus the read's, as if the two did not overlap:
+// the far one keeps lines on their way while the products run. Interleaved on a 116 MB weight, the
+// far one took Q4_K 3-8 rows to 0.77-0.96x of their time, Q6_K 4 rows to 0.75x and 8 to 0.84x;
+// the target's whole forward of 4 rows from 50-57 ms to 40-43 (one row 35-43), of 8 rows 0.77x.
+// Two rows gained nothing from it (0.92-1.19x). A one-row pass reads faster with neither: the
+// prefetches take load slots and miss buffers the hardware streams better (without them, 0.83-0.89x
+// of its time with the near one and ~0.67x of its time with the far one).
+constexpr int64_t PREFETCH = 4, PREFETCH_FAR = 8;
 constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 32;
+
+// The prefetches of the line a pass of R rows loads at `p`, in records of `rec` bytes. (A plain
+// inline helper, not marked for the kernels' instruction set, lost its prefetches in GCC's build.)
+template <int R>
+AVX512 ALWAYS_INLINE void prefetch_line(const uint8_t* p, int64_t rec) {
+  if constexpr (R > 1) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH * rec), _MM_HINT_T0);
+  if constexpr (R > 2) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_FAR * rec), _MM_HINT_T2);
+}
 
 // A record of S sub-blocks: Q4_K 16 scale and 16 min bytes per sub-block, d and dmin, then 256 code
 // bytes per sub-block; Q6_K 16 scale bytes per sub-block, d, then 192 code bytes per sub-block.
@@ -257,7 +271,7 @@ AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) {
-      if (R > 1) _mm_prefetch(reinterpret_cast<const char*>(codes + PREFETCH * Q4K_REC + 64 * (4 * j + t)), _MM_HINT_T0);
+      prefetch_line<R>(codes + 64 * (4 * j + t), Q4K_REC);
       const __m512i w = _mm512_loadu_si512(codes + 64 * (4 * j + t));
       const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
       const int64_t k = b * QK + 4 * (8 * j + 2 * t);
@@ -310,9 +324,7 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
     const uint8_t* sub = codes + 192 * g;
-    if (R > 1)
-      for (int l = 0; l < 3; ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(sub + PREFETCH * Q6K_REC + 64 * l), _MM_HINT_T0);
+    for (int l = 0; l < 3; ++l) prefetch_line<R>(sub + 64 * l, Q6K_REC);
     const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
     const __m512i hb = _mm512_loadu_si512(sub + 128);
     const __m512i W[4] = {
