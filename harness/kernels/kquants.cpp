@@ -56,17 +56,19 @@ bool has_vnni() {
 // .record_subs): the rest would multiply zero padding, adding nothing to any integer sum, so the
 // short record gives the same bits and a 896-wide row reads 3.5 blocks' bytes, not 4.
 constexpr int64_t G = 16;  // columns per group
-// Passes of two rows or more prefetch each line they load PREFETCH records ahead into L1, and
-// passes of three or more PREFETCH_FAR records ahead into the outer caches as well. Their products
-// are slow enough per byte that the hardware prefetchers alone left the stream short (four rows at
-// 2.0-2.9x of the memory's pace without, on AMD EPYC Zen 4), and with the near prefetch alone a
-// pass took about its products' time (weights hot) plus the read's, as if the two did not overlap:
-// the far one keeps lines on their way while the products run. Interleaved on a 116 MB weight, the
-// far one took Q4_K 3-8 rows to 0.77-0.96x of their time, Q6_K 4 rows to 0.75x and 8 to 0.84x;
-// the target's whole forward of 4 rows from 50-57 ms to 40-43 (one row 35-43), of 8 rows 0.77x.
-// Two rows gained nothing from it (0.92-1.19x). A one-row pass reads faster with neither: the
-// prefetches take load slots and miss buffers the hardware streams better (without them, 0.83-0.89x
-// of its time with the near one and ~0.67x of its time with the far one).
+// Passes of two rows or more prefetch each line they load twice: PREFETCH records ahead into L1 and
+// PREFETCH_FAR records ahead into the outer caches. Their products are slow enough per byte that
+// the hardware prefetchers alone left the stream short (four rows at 2.0-2.9x of the memory's pace
+// without, on AMD EPYC Zen 4), and with the near prefetch alone a pass took about its products'
+// time (weights hot) plus the read's, as if the two did not overlap: the far one keeps lines on
+// their way while the products run. Interleaved on a 116 MB weight, the far one took Q4_K 3-8 rows
+// to 0.77-0.96x of their time, Q6_K 4 rows to 0.75x and 8 to 0.84x; the target's whole forward of
+// 4 rows from 50-57 ms to 40-43 (one row 35-43), of 8 rows 0.77x. Two rows read 0.69-1.19x with it
+// across the host's memory phases (better in three runs of five), and without it the target's
+// two-row forward cost 1.3-1.6x its three-row one in the same run; with it, 0.98-1.02x. A one-row
+// pass reads faster with neither: the prefetches take load slots and miss buffers the hardware
+// streams better (without them, 0.83-0.89x of its time with the near one, ~0.67x of its time with
+// the far one; with both, 0.89-1.31x, mostly slower).
 constexpr int64_t PREFETCH = 4, PREFETCH_FAR = 8;
 constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 32;
 
@@ -74,8 +76,10 @@ constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 3
 // inline helper, not marked for the kernels' instruction set, lost its prefetches in GCC's build.)
 template <int R>
 AVX512 ALWAYS_INLINE void prefetch_line(const uint8_t* p, int64_t rec) {
-  if constexpr (R > 1) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH * rec), _MM_HINT_T0);
-  if constexpr (R > 2) _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_FAR * rec), _MM_HINT_T2);
+  if constexpr (R > 1) {
+    _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH * rec), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + PREFETCH_FAR * rec), _MM_HINT_T2);
+  }
 }
 
 // A record of S sub-blocks: Q4_K 16 scale and 16 min bytes per sub-block, d and dmin, then 256 code
