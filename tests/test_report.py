@@ -490,3 +490,21 @@ def test_the_context_table_reads_decoding_and_end_to_end_apart() -> None:
     section = "\n".join(page.context_section("amd-epyc-2c", rows, "rows.jsonl"))
     assert "1.33x / 1.04x (lowest 0.93x)" in section
     assert "--context-tokens 2048 --compare --limit 2 --max_new_tokens 30" in section
+
+
+def test_the_context_table_pairs_each_length_apart_in_runs_of_one_setting() -> None:
+    """Two runs of the same settings (one id) at different lengths number their prompts from 1
+    each: a 1024-token prompt's assisted row is read against its own plain row, not the 2048 one's."""
+    from harness.report import page
+
+    def pair(tokens: int, plain_prefill: float, assisted_prefill: float) -> list[Row]:
+        common = dict(example=1, prompt_tokens=tokens, run_id="r", new_tokens=101, time_per_token_ms=40.0)
+        return [
+            make_row(mode="plain", prefill_ms=plain_prefill, **common),
+            make_row(mode="assisted", prefill_ms=assisted_prefill, **common),
+        ]
+
+    # Each length's own pair: end to end 1.0x at both; crossed, 1024 would read (16 + 4) / (4 + 4) = 2.5x.
+    points = page._context_points(pair(1024, 4_000.0, 4_000.0) + pair(2048, 16_000.0, 16_000.0))["transformers"]
+    assert points[1024].end_to_end == pytest.approx(1.0)
+    assert points[2048].end_to_end == pytest.approx(1.0)
