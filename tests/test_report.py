@@ -505,6 +505,7 @@ def test_the_context_table_pairs_each_length_apart_in_runs_of_one_setting() -> N
         ]
 
     # Each length's own pair: end to end 1.0x at both; crossed, 1024 would read (16 + 4) / (4 + 4) = 2.5x.
-    points = page._context_points(pair(1024, 4_000.0, 4_000.0) + pair(2048, 16_000.0, 16_000.0))["transformers"]
+    rows = pair(1024, 4_000.0, 4_000.0) + pair(2048, 16_000.0, 16_000.0)
+    points = page._context_points(rows)["transformers"]
     assert points[1024].end_to_end == pytest.approx(1.0)
     assert points[2048].end_to_end == pytest.approx(1.0)
