@@ -416,12 +416,12 @@ def _context_points(rows: Sequence[Row]) -> dict[str, dict[int, ContextPoint]]:
         runs[row.run_id].append(row)
     points: dict[str, dict[int, ContextPoint]] = defaultdict(dict)
     for group in runs.values():
-        # A run's id names its settings, not its prompts: runs of the same settings at other lengths
-        # share it and number their prompts from 1 again, so a prompt is its number and its length.
-        plain = {(r.example, r.prompt_tokens): r for r in group if r.mode == "plain"}
-        assisted = [r for r in group if r.mode == "assisted" and (r.example, r.prompt_tokens) in plain]
+        # Paired as every report pairs a baseline: a run's id names its settings, not its prompts, so
+        # runs of the same settings at other lengths share it and number their prompts from 1 again.
+        plain = {setup.pairing_key(r): r for r in group if r.mode == "plain"}
+        assisted = [r for r in group if r.mode == "assisted" and setup.pairing_key(r) in plain]
         for n in sorted({r.prompt_tokens for r in assisted}):
-            both = [(plain[r.example, n], r) for r in assisted if r.prompt_tokens == n]
+            both = [(plain[setup.pairing_key(r)], r) for r in assisted if r.prompt_tokens == n]
             points[_context_name(both[0][1])][n] = ContextPoint(
                 decode=_decode_speedup(both),
                 end_to_end=sum(p.total_s for p, _ in both) / sum(a.total_s for _, a in both),
