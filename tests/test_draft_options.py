@@ -41,6 +41,24 @@ def test_restricted_draft_never_scores_a_dropped_token():
     assert int(logits[-1].argmax()) < 50
 
 
+def test_compact_logits_rank_the_kept_tokens_as_the_full_logits_do():
+    pair = load_pair("tiny-llama")
+    draft = vocab.restrict_draft_vocab(pair.draft, 40, specials_from=500)
+    with torch.inference_mode():
+        full = draft(torch.tensor([IDS])).logits[0]
+        with vocab.compact_logits(draft) as ids:
+            small = draft(torch.tensor([IDS])).logits[0]
+        again = draft(torch.tensor([IDS])).logits[0]
+    size = int(pair.target.config.vocab_size)
+    assert ids.tolist() == [*range(40), *range(500, size)]
+    assert small.shape[-1] == len(ids) and torch.equal(full[:, ids], small)
+    assert torch.equal(ids[small.topk(5, dim=-1).indices], full.topk(5, dim=-1).indices)
+    assert torch.equal(ids[small.argmax(dim=-1)], full.argmax(dim=-1))
+    assert torch.equal(again, full)  # full logits again once the block ends
+    with vocab.compact_logits(load_pair("tiny-llama").draft) as none:
+        assert none is None  # a draft scoring the whole vocabulary is left as it is
+
+
 def test_special_tokens_stay_proposable():
     pair = load_pair("tiny-llama")
     draft = vocab.restrict_draft_vocab(pair.draft, 40, specials_from=500)

@@ -8,6 +8,9 @@ it does not know: padding changes neither the draft's choices nor the target's o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from transformers import PreTrainedModel
 
@@ -79,13 +82,40 @@ class VocabSubsetHead(torch.nn.Module):
         self.prefix = prefix
         self.tail_start = tail_start
         self.full_size = full_size
+        # The token id of each kept row, in the rows' (increasing) order.
+        self.token_ids = torch.cat([torch.arange(prefix), torch.arange(tail_start, full_size)])
+        self.compact = False  # set by ``compact_logits``: return the kept rows' scores alone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         small = self.inner(x)
+        if self.compact:
+            return small
         out = small.new_full((*small.shape[:-1], self.full_size), torch.finfo(small.dtype).min)
         out[..., : self.prefix] = small[..., : self.prefix]
         out[..., self.tail_start :] = small[..., self.prefix :]
         return out
+
+
+@contextmanager
+def compact_logits(draft: PreTrainedModel) -> Iterator[torch.Tensor | None]:
+    """While active, a draft whose output layer scores a subset (``VocabSubsetHead``) returns the
+    subset's scores alone; yields the token id of each of their columns (None: the draft scores the
+    whole vocabulary, and its logits are as always).
+
+    Why: a loop that only ranks the draft's scores (argmax, top-k, the top token's probability) read
+    the full 151,936-wide logits three times per draft step, ~0.8 ms of a 0.5B draft's ~9 ms step
+    on AMD EPYC Zen 4, where the ~16K kept scores take a tenth of it. The ranking is the same (the
+    full logits hold the kept scores in the same order, the rest at the lowest finite value, never
+    the top), and so is a softmax up to its sum's rounding: each of the rest adds exactly 0."""
+    head = draft.get_output_embeddings()
+    if not isinstance(head, VocabSubsetHead):
+        yield None
+        return
+    head.compact = True
+    try:
+        yield head.token_ids
+    finally:
+        head.compact = False
 
 
 def restrict_draft_vocab(

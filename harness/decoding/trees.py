@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from harness.base import vocab
 from harness.base.errors import HarnessError
 from harness.decoding.context import ContextProposer, RoundPlan
 from harness.kernels import fused
@@ -147,6 +148,13 @@ class _Draft:
         """Each node's token for the sequence ``seq`` (the prefix and the round's last token). A chain
         stops at the first token the draft gives less than ``threshold`` of its probability (that
         token still proposed), as transformers' dynamic schedule stops its drafts; a tree is whole."""
+        with vocab.compact_logits(self.model) as ids:
+            return self._propose(seq, nodes, threshold, ids)
+
+    def _propose(
+        self, seq: list[int], nodes: list[Path], threshold: float, ids: torch.Tensor | None
+    ) -> dict[Path, int]:
+        """``propose`` with the draft's scores in columns of token ids ``ids`` (None: every id)."""
         if self.cache.get_seq_length() == 0 and self.window is not None:
             self.start = max(0, len(seq) - self.window)
         seen = self.start + self.cache.get_seq_length()
@@ -160,6 +168,8 @@ class _Draft:
             ranks = 1 + max(p[-1] for p in nodes if len(p) == depth + 1)
             top = torch.topk(logits, ranks, dim=-1).indices
             top[:, 0] = logits.argmax(dim=-1)  # ties: rank 0 is what greedy drafting takes
+            if ids is not None:
+                top = ids[top]
             for i, parent in enumerate(parents):
                 for p in nodes:
                     if len(p) == depth + 1 and p[:-1] == parent:
