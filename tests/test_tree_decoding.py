@@ -98,6 +98,28 @@ def test_a_mask_of_the_nodes_rows_alone_keeps_the_rows_before_it_causal(pending)
     assert torch.equal(ours[:pending], ext.attention_md(q, k, v, heads, 0.25)[:pending])
 
 
+def test_a_chains_mask_runs_unmasked_with_the_same_bits(pair):
+    """A chain's mask is causal attention's, so the forward runs without it; the masked path gives the
+    same logits, and a tree's mask is kept."""
+    chain = ((0,), (0, 0), (0, 0, 0))
+    assert trees._causal(trees.verify_mask(chain)) and trees._causal(trees.tree_mask(((0, 0),), chain[:2]))
+    assert not trees._causal(trees.verify_mask(((0,), (1,), (0, 0))))
+    prompt, tokens = PROMPTS[0], [41, 42, 43, 44]
+    logits = {}
+    for masked in (True, False):
+        cache = trees.DynamicCache()
+        with torch.inference_mode():
+            trees._forward(pair.target, prompt, cache, range(len(prompt)), None, keep=1)
+            logits[masked] = pair.target(
+                input_ids=torch.tensor([tokens]),
+                position_ids=torch.tensor([list(range(len(prompt), len(prompt) + 4))]),
+                past_key_values=cache,
+                use_cache=True,
+                tree_mask=trees.verify_mask(chain) if masked else None,
+            ).logits
+    assert torch.equal(logits[True], logits[False])
+
+
 def test_the_attention_mask_is_checked():
     ext = invariant.extension()
     q, k = torch.randn(2, 8), torch.randn(1, 5, 8)

@@ -104,10 +104,20 @@ def _forward(
         position_ids=torch.tensor([list(positions)], dtype=torch.long),
         past_key_values=cache,
         use_cache=True,
-        tree_mask=mask,
+        tree_mask=None if mask is None or _causal(mask) else mask,
         logits_to_keep=keep,
     )
     return out.logits[0].float()
+
+
+def _causal(mask: torch.Tensor) -> bool:
+    """Whether a mask over the cache's last entries shows each row what causal attention does (a
+    chain's, as the chain of K and every proposal from the context are): then the forward is run
+    unmasked, with the same bits (attention sums the same keys in the same order either way) and
+    without the masked path's per-row key lists, 0.8 ms of a 4-row verification of the 1.5B target
+    and 0.2 ms of a draft step of the 0.5B (AMD EPYC Zen 4, interleaved, logits equal)."""
+    rows, width = mask.shape
+    return bool(torch.equal(mask, torch.ones(rows, width, dtype=torch.bool).tril(width - rows)))
 
 
 def _mask_of(ids: set[int], width: int) -> torch.Tensor:
