@@ -38,6 +38,34 @@ def test_the_place_whose_match_runs_furthest_back_is_taken():
     assert _proposer(seq).propose(room=1) == [100]
 
 
+def test_the_continuation_after_a_drafts_unverified_tokens_is_proposed():
+    seq = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 50, 51, 1, 2]
+    proposer = _proposer(seq)
+    assert proposer.propose(room=4, after=[3]) == [4, 5, 6, 7]  # [2, 3] + the match, as if emitted
+    assert proposer.propose(room=4, after=[99]) == []
+    assert proposer.seq == seq  # the draft's tokens are not taken into the sequence
+
+
+def test_a_chain_is_continued_from_a_copy_only_where_its_rows_pay():
+    copy = list(range(20, 40))
+    plan = RoundPlan(_proposer([*copy, 0, *copy[:12]]))
+    for rows in (1, 5, 9, 17, 2):
+        plan.observe(rows, 30.0 + 0.3 * (rows - 1))
+    for _ in range(4):
+        plan.chain_kept(3, 3)
+    assert plan.extension([32, 33, 34], room=8) == [*copy[15:], 0, 20, 21]  # a copy, rows nearly free
+    assert plan.extension([32, 33, 99], room=8) == []  # the chain's guesses left the copy
+    short = RoundPlan(_proposer([5, 6, 7, 8, 9, 10, 0, 0, 5]))  # a phrase, not a copy: left alone
+    short.observe(1, 30.0)
+    assert short.extension([6, 7], room=8) == []
+    dear = RoundPlan(_proposer([*copy, 0, *copy[:12]]))
+    for rows in (1, 5, 9, 17, 2):
+        dear.observe(rows, 30.0 + 20.0 * (rows - 1))
+    for _ in range(8):
+        dear.chain_kept(3, 0)  # chains kept whole rarely: their continuation seldom counts
+    assert dear.extension([32, 33, 34], room=8) == []
+
+
 def test_nothing_is_proposed_without_an_earlier_match():
     assert _proposer([1, 2, 3, 4, 5, 6]).propose(room=8) == []
     assert _proposer([1, 2]).propose(room=8) == []
@@ -206,6 +234,22 @@ def test_the_output_is_the_targets_own_greedy_output(pair, k, schedule):
         m = generate(pair, prompt, s)
         assert m.output_ids == plain.output_ids
         assert m.from_context is not None and 0 <= m.from_context <= m.accepted <= m.drafted
+
+
+def test_a_chain_continued_from_the_context_keeps_the_targets_output(pair, monkeypatch):
+    """Every chain the context can continue is continued (as far as the room allows): the rounds'
+    books count what the context's tokens added, and the output is plain decoding's."""
+    monkeypatch.setattr(RoundPlan, "choose", lambda self, found: [])  # the chain every round
+    monkeypatch.setattr(RoundPlan, "extension", lambda self, chain, room: self.context.propose(room, chain))
+    extended = 0
+    for prompt in PROMPTS:
+        plain = generate(pair, prompt, GenerationSettings(max_new_tokens=48, ignore_eos=True))
+        s = GenerationSettings(mode="assisted", max_new_tokens=48, ignore_eos=True, context_draft=8)
+        m = generate(pair, prompt, s)
+        assert m.output_ids == plain.output_ids
+        assert 0 <= m.from_context <= m.accepted <= m.drafted
+        extended += sum(f.input_tokens > 4 for f in m.forwards if f.role == "target" and f.cache_tokens)
+    assert extended > 0  # some verification held more than the chain of 3 and its pending token
 
 
 def test_a_plain_step_is_the_median_of_the_latest_timed():

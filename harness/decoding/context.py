@@ -21,6 +21,13 @@ measured cost (``RowCosts``) is highest, and verified where that beats a plain s
 draft model's chain runs, unless (on a prompt longer than the draft's window, which the loop in
 ``trees`` knows) its own rounds have emitted fewer tokens than plain steps would have in their time
 (``ChainRecord``): then plain steps, with a chain round now and then to see whether that changed.
+A draft model's chain is itself continued from the context where the sequence with the chain's
+tokens matches a copy (a match running ``RUNS[0]`` tokens or more back): a copy whose first tokens
+only the draft foresaw goes on in the same verification, its rows cut by the same expected gain per
+ms, counted only as often as recent chains were kept whole. (Phrases are left out: their
+continuations after a guess were mostly missed, and proposing them made the exact acceptance gate's
+rounds depend on the host's timing.)
+
 None of this touches the output: the target verifies every proposal as it verifies the draft
 model's, and a plain step is plain decoding's.
 """
@@ -76,18 +83,20 @@ class ContextProposer:
             if i + 1 >= MIN_MATCH:
                 self.ends[tuple(self.seq[i + 1 - MIN_MATCH : i + 1])].append(i)
 
-    def propose(self, room: int) -> list[int]:
+    def propose(self, room: int, after: Sequence[int] = ()) -> list[int]:
         """Up to ``min(room, length)`` tokens that followed the best earlier place the sequence's
-        last tokens occurred (none: the context holds no continuation)."""
-        n = len(self.seq)
+        last tokens occurred (none: the context holds no continuation); with ``after``, the place of
+        the sequence followed by those tokens (a draft's chain, not yet verified)."""
+        seq = self.seq if not after else [*self.seq, *after]
+        n = len(seq)
         if n < MIN_MATCH + 1 or room < 1:
             return []
         best, best_run = None, 0
-        for end in reversed(self.ends.get(tuple(self.seq[n - MIN_MATCH :]), ())):
+        for end in reversed(self.ends.get(tuple(seq[n - MIN_MATCH :]), ())):
             if end >= n - 1:
                 continue  # the sequence's own end
             run = MIN_MATCH
-            while run < LONGEST_MATCH and end - run >= 0 and self.seq[end - run] == self.seq[n - 1 - run]:
+            while run < LONGEST_MATCH and end - run >= 0 and seq[end - run] == seq[n - 1 - run]:
                 run += 1
             if run > best_run:
                 best, best_run = end, run
@@ -252,10 +261,13 @@ class RoundPlan:
     the proposals that beat a plain step are the copies', which beat the chain too. The chain itself
     gives way to plain steps only on its own long record (``ChainRecord``)."""
 
+    WHOLE_KEEP = 0.8  # weight the share of chains kept whole keeps a round
+
     def __init__(self, context: ContextProposer) -> None:
         self.context = context
         self.costs = RowCosts()
         self.chain = ChainRecord()
+        self.whole = 0.5  # the share of recent draft chains kept whole
 
     def choose(self, found: Sequence[int]) -> list[int]:
         """The context's tokens the round verifies (none: the draft model's chain runs)."""
@@ -274,6 +286,29 @@ class RoundPlan:
             return list(found[:n])
         self.context.passed_over()
         return []
+
+    def extension(self, chain: Sequence[int], room: int) -> list[int]:
+        """What the context continues a draft's ``chain`` with, cut to the length expected to gain
+        most (none: nothing that pays): its tokens count only where the whole chain is kept, at the
+        rate recent chains were (``whole``), and each costs its row of the verification."""
+        found = self.context.propose(room, after=chain)
+        one = self.costs.ms(1)
+        if not found or one is None or self.context.run < RUNS[0]:
+            return []
+        rate, base = self.context.keep_rate, self.costs.ms(1 + len(chain))
+        best, best_gain, expected = 0, 0.0, 0.0
+        for n in range(1, len(found) + 1):
+            expected += rate**n
+            gain = self.whole * expected * one - (self.costs.ms(1 + len(chain) + n) - base)
+            if gain > best_gain:
+                best, best_gain = n, gain
+        if best == 0:
+            self.context.passed_over()
+        return list(found[:best])
+
+    def chain_kept(self, proposed: int, kept: int) -> None:
+        """A draft's chain of ``proposed`` tokens had ``kept`` kept."""
+        self.whole = self.WHOLE_KEEP * self.whole + (1 - self.WHOLE_KEEP) * (kept == proposed)
 
     def observe(self, rows: int, ms: float) -> None:
         """A round's verification of ``rows`` rows took ``ms``."""

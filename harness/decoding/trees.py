@@ -266,12 +266,20 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 found = plan.choose(plan.context.propose(room))
                 chain = chain and not found and (not windowed or plan.chain.runs())
             mark = len(log.forwards)
+            extended = 0
             if found:  # the context's continuation, as a chain: no draft forward this round
                 nodes = [(0,) * (i + 1) for i in range(len(found))]
                 tokens = dict(zip(nodes, found, strict=True))
             elif chain:
                 tokens = draft.propose(seq, _cut(tree, room), threshold)
                 nodes = [p for p in _cut(tree, room) if p in tokens]
+                if plan is not None and nodes and not settings.draft_tree:
+                    # A copy that starts with the draft's guesses goes on from the context.
+                    more = plan.extension([tokens[p] for p in nodes], room - len(nodes))
+                    for t in more:
+                        nodes.append((0,) * (len(nodes) + 1))
+                        tokens[nodes[-1]] = t
+                    extended = len(more)
             else:  # the budget's last token, or a plain step where the chain has not paid
                 tokens, nodes = {}, []
             seen = target_cache.get_seq_length()
@@ -315,6 +323,12 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 if found:
                     plan.context.verified(len(nodes), len(path))
                     from_context += len(path)
+                elif chain and nodes:
+                    drafted_here = len(nodes) - extended
+                    plan.chain_kept(drafted_here, min(len(path), drafted_here))
+                    if extended:
+                        plan.context.verified(extended, max(0, len(path) - drafted_here))
+                        from_context += max(0, len(path) - drafted_here)
                 if seen > 0:  # a prompt's forward says nothing of a round's cost
                     verified = log.forwards[-1]
                     plan.observe(verified.input_tokens, verified.ms)
