@@ -24,9 +24,9 @@ draft model's chain runs, unless (on a prompt longer than the draft's window, wh
 A draft model's chain is itself continued from the context where the sequence with the chain's
 tokens matches a copy (a match running ``RUNS[0]`` tokens or more back): a copy whose first tokens
 only the draft foresaw goes on in the same verification, its rows cut by the same expected gain per
-ms, counted only as often as recent chains were kept whole. (Phrases are left out: their
-continuations after a guess were mostly missed, and proposing them made the exact acceptance gate's
-rounds depend on the host's timing.)
+ms, counted only as often as recent chains were kept whole. (Phrases are left out: continuing from
+them gained no more on copying prompts, and made the exact acceptance gate's rounds depend on the
+host's timing.)
 
 None of this touches the output: the target verifies every proposal as it verifies the draft
 model's, and a plain step is plain decoding's.
