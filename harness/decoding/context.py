@@ -87,16 +87,18 @@ class ContextProposer:
         """Up to ``min(room, length)`` tokens that followed the best earlier place the sequence's
         last tokens occurred (none: the context holds no continuation); with ``after``, the place of
         the sequence followed by those tokens (a draft's chain, not yet verified)."""
-        seq = self.seq if not after else [*self.seq, *after]
-        n = len(seq)
+        n = len(self.seq) + len(after)
         if n < MIN_MATCH + 1 or room < 1:
             return []
+        # The sequence's last tokens, as far back as a match is compared (the index holds the rest).
+        recent = [*self.seq[-LONGEST_MATCH:], *after]
+        last = len(recent) - 1
         best, best_run = None, 0
-        for end in reversed(self.ends.get(tuple(seq[n - MIN_MATCH :]), ())):
+        for end in reversed(self.ends.get(tuple(recent[-MIN_MATCH:]), ())):
             if end >= n - 1:
                 continue  # the sequence's own end
             run = MIN_MATCH
-            while run < LONGEST_MATCH and end - run >= 0 and seq[end - run] == seq[n - 1 - run]:
+            while run < LONGEST_MATCH and end - run >= 0 and self.seq[end - run] == recent[last - run]:
                 run += 1
             if run > best_run:
                 best, best_run = end, run

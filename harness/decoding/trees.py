@@ -323,12 +323,13 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 if found:
                     plan.context.verified(len(nodes), len(path))
                     from_context += len(path)
-                elif chain and nodes:
+                elif chain and nodes and not settings.draft_tree:
                     drafted_here = len(nodes) - extended
                     plan.chain_kept(drafted_here, min(len(path), drafted_here))
                     if extended:
-                        plan.context.verified(extended, max(0, len(path) - drafted_here))
-                        from_context += max(0, len(path) - drafted_here)
+                        continued = max(0, len(path) - drafted_here)  # the context's tokens kept
+                        plan.context.verified(extended, continued)
+                        from_context += continued
                 if seen > 0:  # a prompt's forward says nothing of a round's cost
                     verified = log.forwards[-1]
                     plan.observe(verified.input_tokens, verified.ms)
