@@ -549,8 +549,9 @@ void check_blocks(const torch::Tensor& blocks, int64_t groups, int64_t row) {
 // late, no longer holds the others at the region's end. Each group is still computed whole by one
 // thread, in the same order, so which thread takes it changes no bit. With at::parallel_for's even
 // split, the second core of a 2-core AMD EPYC Zen 4 spent about a third of a draft step waiting;
-// interleaved in one process, the 1.5B target's one-token forward took 0.945-0.973x the time, the
-// 0.5B draft's 0.973-0.991x, a four-row verification 0.991-0.997x. (Group counts stay far below 2^32.)
+// alternated forward by forward in one process (two runs of 80 each), the 1.5B target's one-token
+// forward took 0.964-0.969x the time, the 0.5B draft's 0.943-0.973x, a four-row verification
+// 0.981-0.991x. (Group counts stay far below 2^32.)
 constexpr int64_t OWN_STEP = 4, STEAL_STEP = 2;
 
 struct alignas(64) Share {  // a line each: the owners claim without invalidating each other
