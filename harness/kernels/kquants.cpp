@@ -17,10 +17,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <memory>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -560,6 +560,20 @@ struct alignas(64) Share {  // a line each: the owners claim without invalidatin
 
 inline uint64_t span_of(uint64_t lo, uint64_t hi) { return lo | (hi << 32); }
 
+// The next groups [a, b) of a share: from its front (its owner's) or its back (another thread's);
+// false once the share is empty.
+inline bool claim(Share& share, bool front, int64_t& a, int64_t& b) {
+  uint64_t now = share.span.load(std::memory_order_relaxed), next;
+  do {
+    const int64_t lo = static_cast<int64_t>(now & 0xFFFFFFFFu), hi = static_cast<int64_t>(now >> 32);
+    if (lo >= hi) return false;
+    a = front ? lo : std::max(lo, hi - STEAL_STEP);
+    b = front ? std::min(hi, lo + OWN_STEP) : hi;
+    next = front ? span_of(b, hi) : span_of(lo, a);
+  } while (!share.span.compare_exchange_weak(now, next, std::memory_order_relaxed));
+  return true;
+}
+
 template <typename F>
 void balanced_for(int64_t total, const F& body) {
   const int64_t n = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), total));
@@ -570,32 +584,9 @@ void balanced_for(int64_t total, const F& body) {
   std::unique_ptr<Share[]> shares(new Share[n]);
   for (int64_t t = 0; t < n; ++t) shares[t].span.store(span_of(t * total / n, (t + 1) * total / n));
   at::parallel_for(0, n, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t k = 0; k < n; ++k) {
-        Share& share = shares[(t + k) % n];
-        const bool own = k == 0;
-        for (;;) {
-          uint64_t now = share.span.load(std::memory_order_relaxed), next;
-          int64_t lo, hi, a, b;
-          do {
-            lo = static_cast<int64_t>(now & 0xFFFFFFFFu);
-            hi = static_cast<int64_t>(now >> 32);
-            if (lo >= hi) break;
-            if (own) {
-              a = lo;
-              b = std::min(hi, lo + OWN_STEP);
-              next = span_of(b, hi);
-            } else {
-              b = hi;
-              a = std::max(lo, hi - STEAL_STEP);
-              next = span_of(lo, a);
-            }
-          } while (!share.span.compare_exchange_weak(now, next, std::memory_order_relaxed));
-          if (lo >= hi) break;
-          body(a, b);
-        }
-      }
-    }
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t k = 0; k < n; ++k)  // its own share first (k = 0), then the others'
+        for (int64_t a, b; claim(shares[(t + k) % n], k == 0, a, b);) body(a, b);
   });
 }
 
