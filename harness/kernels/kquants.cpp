@@ -305,13 +305,12 @@ AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_
 // waited on them: one row over every layer's down projections took 0.86-0.91x the time with it
 // (AMD EPYC Zen 4, alternated call by call in one process), gate/up (a few KB of codes, kept in L1)
 // the same. Passes of more rows are bound by their products: four rows read the same either way.
+// Called for every block but the row's last, so block b + 1 is in the row.
 template <int R>
 AVX512 ALWAYS_INLINE void prefetch_act(const Act& a, int64_t m0, int64_t b) {
   if constexpr (R == 1) {
-    if (b + 1 < a.nb) {
-      const char* q = reinterpret_cast<const char*>(a.row(m0) + (b + 1) * QK);
-      for (int l = 0; l < 4; ++l) _mm_prefetch(q + 64 * l, _MM_HINT_T0);
-    }
+    const char* q = reinterpret_cast<const char*>(a.row(m0) + (b + 1) * QK);
+    for (int l = 0; l < 4; ++l) _mm_prefetch(q + 64 * l, _MM_HINT_T0);
   }
 }
 
