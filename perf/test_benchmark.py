@@ -391,10 +391,10 @@ def run_real_case(
 REAL_SLOWDOWN_ENV = "ASSISTED_GENERATION_REAL_SLOWDOWN"
 
 SLOWDOWN_CASES = [
-    # Tiny: cheap rounds, so 45 of them average out a shared machine's noise (calibrated with 30: 8
-    # of 8 trials caught the slowdown at p < 0.001, 0 of 8 unchanged reruns flagged, at load average
-    # 1-3; on a host whose speed moved 15-33% within minutes, 30 rounds once read p = 0.011 for the
-    # slowed arm, short of alpha = 0.01).
+    # Tiny: cheap rounds, so 45 of them average out a shared machine's noise. At 30 rounds, 8 of 8
+    # trials caught the slowdown at p < 0.001 and 0 of 8 unchanged reruns flagged (load average
+    # 1-3), but on a host whose speed moves 15-33% within minutes 30 rounds can read p = 0.011 for
+    # the slowed arm, short of alpha = 0.01.
     pytest.param("tiny-llama", 64, 32, 45, id="tiny-llama"),
     # Real: a short case measured in 8 rounds, as real runs vary by ~9% from round to round on an
     # idle machine. It needs that idle machine: with another model running beside it, 2-thread runs
