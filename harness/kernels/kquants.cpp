@@ -68,21 +68,23 @@ constexpr int64_t G = 16;  // columns per group
 // 4 rows from 50-57 ms to 40-43 (one row 35-43), of 8 rows 0.77x. Two rows read 0.69-1.19x with it
 // across the host's memory phases (better in three runs of five), and without it the target's
 // two-row forward cost 1.3-1.6x its three-row one in the same run; with it, 0.98-1.02x. A one-row
-// pass reads faster with neither: the prefetches take load slots and miss buffers the hardware
+// AVX-512 pass reads faster with neither: the prefetches take load slots and miss buffers the hardware
 // streams better (without them, 0.83-0.89x of its time with the near one, ~0.67x of its time with
 // the far one; with both, 0.89-1.31x, mostly slower).
 constexpr int64_t PREFETCH = 4, PREFETCH_FAR = 8;
 constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 32;
 
-// The prefetches of the line a pass of R rows loads at `p`, in records of `rec` bytes: a macro, so
+// The prefetches of the line a pass loads at `p`, in records of `rec` bytes, where `on`: a macro, so
 // that both instruction sets' kernels take it inline (a plain inline helper, not marked for the
-// kernels' instruction set, lost its prefetches in GCC's build). The AVX2 passes take it too: on AMD
-// EPYC Zen 3 (family 25 model 1, no AVX-512), the MLP's weights of the 1.5B target streamed, four
-// rows took 0.85x and eight 0.80x the time with it (Q6_K four rows 0.82x), one row 0.98-1.04x,
-// interleaved in one process.
-#define PREFETCH_LINE(R, p, rec)                                                              \
+// kernels' instruction set, lost its prefetches in GCC's build). The AVX-512 passes prefetch from two
+// rows up (above). The AVX2 passes prefetch at every row count: on AMD EPYC Zen 3 (family 25 model 1,
+// no AVX-512), the MLP's weights of the 1.5B target streamed, four rows took 0.85x and eight 0.80x
+// the time with it (Q6_K four rows 0.82x), interleaved in one process; one row, which then read each
+// record in two passes of a half, 0.98-1.04x, and once it read each line whole in one pass
+// (`halves_avx2`), 0.93-0.96x (Q4_K) and 0.85-0.91x (Q6_K).
+#define PREFETCH_LINE(on, p, rec)                                                             \
   do {                                                                                        \
-    if constexpr ((R) > 1) {                                                                  \
+    if constexpr (on) {                                                                       \
       _mm_prefetch(reinterpret_cast<const char*>((p) + PREFETCH * (rec)), _MM_HINT_T0);      \
       _mm_prefetch(reinterpret_cast<const char*>((p) + PREFETCH_FAR * (rec)), _MM_HINT_T2);  \
     }                                                                                         \
@@ -281,7 +283,7 @@ AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) {
-      PREFETCH_LINE(R, codes + 64 * (4 * j + t), Q4K_REC);
+      PREFETCH_LINE(R > 1, codes + 64 * (4 * j + t), Q4K_REC);
       const __m512i w = _mm512_loadu_si512(codes + 64 * (4 * j + t));
       const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
       const int64_t k = b * QK + 4 * (8 * j + 2 * t);
@@ -352,7 +354,7 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
     const uint8_t* sub = codes + 192 * g;
-    for (int l = 0; l < 3; ++l) PREFETCH_LINE(R, sub + 64 * l, Q6K_REC);
+    for (int l = 0; l < 3; ++l) PREFETCH_LINE(R > 1, sub + 64 * l, Q6K_REC);
     const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
     const __m512i hb = _mm512_loadu_si512(sub + 128);
     const __m512i W[4] = {
@@ -422,107 +424,143 @@ AVX2 inline __m256i scale_pairs(__m256i widened, bool odd) {
 // multiplies and no vpmulld (llama.cpp's AVX2 k-quant products fold the scale in the same way). On
 // AMD EPYC Zen 3 a one-row Q4_K product on a weight held in cache took half the time, and streamed
 // from memory (the MLP's weights of the 1.5B target) 0.93x at one row and 0.94-0.96x at 2-8 rows.
+// Halves of a record (8 columns each) a pass of R rows takes at once. One row takes both: each
+// 64-byte line is used whole as it arrives and the next group's stream starts as soon as this one's
+// ends, where a half per pass read the group's lines twice, the second pass from L2 with the memory
+// idle. On AMD EPYC Zen 3 (family 25 model 1), interleaved in one process over the 1.5B target's MLP
+// weights streamed, one row took 0.90-0.91x the time (Q4_K) and 0.82-0.83x (Q6_K); on one weight
+// held in cache 51 -> 60 GB/s (Q4_K) and 45 -> 56 (Q6_K). More rows take one half a pass: their sums
+// fill the 16 registers.
+constexpr int halves_avx2(int R) { return R == 1 ? 2 : 1; }
+
 template <int R, int S>
-AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h, __m256 (&v)[R], __m256 (&o)[R]) {
+AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h0, __m256 (&v)[2][R], __m256 (&o)[2][R]) {
+  constexpr int H = halves_avx2(R);
   const __m256i low = _mm256_set1_epi8(0x0F);
   // The record's head first (mins, dmin), as q4k_block_512.
-  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 32 + 16 * h)));
-  for (int r = 0; r < R; ++r) {
-    __m256i mn = _mm256_setzero_si256();
-    for (int p = 0; p < S / 2; ++p) {
-      const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_mins(S) + 32 * p + 16 * h)));
-      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
+  for (int hh = 0; hh < H; ++hh) {
+    const int h = h0 + hh;
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 32 + 16 * h)));
+    for (int r = 0; r < R; ++r) {
+      __m256i mn = _mm256_setzero_si256();
+      for (int p = 0; p < S / 2; ++p) {
+        const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_mins(S) + 32 * p + 16 * h)));
+        mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair32(m0 + r, b, p))));
+      }
+      add_min_256(o[h][r], mn, a.d[(m0 + r) * a.nb + b], dmin);
     }
-    add_min_256(o[r], mn, a.d[(m0 + r) * a.nb + b], dmin);
   }
-  __m256i tot[R];
-  for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
+  __m256i tot[H][R];
+  for (int hh = 0; hh < H; ++hh)
+    for (int r = 0; r < R; ++r) tot[hh][r] = _mm256_setzero_si256();
   for (int j = 0; j < S; ++j) {
-    __m256i s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_si256();
+    __m256i s[H][R];
+    for (int hh = 0; hh < H; ++hh)
+      for (int r = 0; r < R; ++r) s[hh][r] = _mm256_setzero_si256();
     for (int t = 0; t < 4; ++t) {
-      if (h == 0) PREFETCH_LINE(R, rec + q4k_codes(S) + 64 * (4 * j + t), Q4K_REC);  // each line once
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q4k_codes(S) + 64 * (4 * j + t) + 32 * h));
-      const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+      if (h0 == 0) PREFETCH_LINE(true, rec + q4k_codes(S) + 64 * (4 * j + t), Q4K_REC);  // each line once
       const int64_t k = b * QK + 4 * (8 * j + 2 * t);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = a.row(m0 + r) + k;
-        s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load32(q))));
-        s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load32(q + 4))));
+      for (int hh = 0; hh < H; ++hh) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + q4k_codes(S) + 64 * (4 * j + t) + 32 * (h0 + hh)));
+        const __m256i lo = _mm256_and_si256(w, low), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* q = a.row(m0 + r) + k;
+          s[hh][r] = _mm256_add_epi16(s[hh][r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load32(q))));
+          s[hh][r] = _mm256_add_epi16(s[hh][r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load32(q + 4))));
+        }
       }
     }
-    const __m256i pr = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * (j / 2) + 16 * h)));
-    const __m256i sc = scale_pairs(pr, j % 2 == 1);
-    for (int r = 0; r < R; ++r) tot[r] = _mm256_add_epi32(tot[r], _mm256_madd_epi16(s[r], sc));
+    for (int hh = 0; hh < H; ++hh) {
+      const __m256i pr = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * (j / 2) + 16 * (h0 + hh))));
+      const __m256i sc = scale_pairs(pr, j % 2 == 1);
+      for (int r = 0; r < R; ++r) tot[hh][r] = _mm256_add_epi32(tot[hh][r], _mm256_madd_epi16(s[hh][r], sc));
+    }
   }
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 16 * h)));
-  for (int r = 0; r < R; ++r) add_sum_256(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
+  for (int hh = 0; hh < H; ++hh) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q4k_d(S) + 16 * (h0 + hh))));
+    for (int r = 0; r < R; ++r) add_sum_256(v[h0 + hh][r], tot[hh][r], a.d[(m0 + r) * a.nb + b], d);
+  }
 }
 
 template <int R>
 AVX2 void q4k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  for (int h = 0; h < 2; ++h) {
-    __m256 v[R], o[R];
-    for (int r = 0; r < R; ++r) v[r] = o[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b + 1 < a.nb; ++b) q4k_block_avx2<R, 8>(grp + b * Q4K_REC, a, m0, b, h, v, o);
-    Q4K_LAST(q4k_block_avx2, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, h, v, o)
-    for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[r], o[r]));
+  constexpr int H = halves_avx2(R);
+  for (int h0 = 0; h0 < 2; h0 += H) {
+    __m256 v[2][R], o[2][R];  // halves h0 .. h0 + H - 1 only
+    for (int h = h0; h < h0 + H; ++h)
+      for (int r = 0; r < R; ++r) v[h][r] = o[h][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b + 1 < a.nb; ++b) q4k_block_avx2<R, 8>(grp + b * Q4K_REC, a, m0, b, h0, v, o);
+    Q4K_LAST(q4k_block_avx2, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, h0, v, o)
+    for (int h = h0; h < h0 + H; ++h)
+      for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[h][r], o[h][r]));
   }
 }
 
 template <int R, int S>
-AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h, __m256 (&v)[R], __m256 (&o)[R]) {
+AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h0, __m256 (&v)[2][R], __m256 (&o)[2][R]) {
+  constexpr int H = halves_avx2(R);
   const __m256 k32 = _mm256_set1_ps(32.0f);
   const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   // The record's head first (scales, d), as q6k_block_512.
-  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q6k_d(S) + 16 * h)));
-  const __m256 dmin = _mm256_mul_ps(k32, d);
-  for (int r = 0; r < R; ++r) {
-    __m256i mn = _mm256_setzero_si256();
-    for (int p = 0; p < S / 2; ++p) {
-      const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * p + 16 * h)));
-      mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
-    }
-    add_min_256(o[r], mn, a.d[(m0 + r) * a.nb + b], dmin);
-  }
-  __m256i tot[R];
-  for (int r = 0; r < R; ++r) tot[r] = _mm256_setzero_si256();
-  for (int g = 0; g < S; ++g) {
-    const uint8_t* sub = rec + q6k_codes(S) + 192 * g + 32 * h;
-    if (h == 0)
-      for (int l = 0; l < 3; ++l) PREFETCH_LINE(R, sub + 64 * l, Q6K_REC);
-    const __m256i n0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub));
-    const __m256i n1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 64));
-    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 128));
-    const __m256i W[4] = {
-        _mm256_or_si256(_mm256_and_si256(n0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top)),
-        _mm256_or_si256(_mm256_and_si256(n1, low), _mm256_and_si256(hb, top)),
-        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), low), _mm256_and_si256(_mm256_srli_epi16(hb, 2), top))};
-    const int64_t k = b * QK + 16 * g;
-    // Two steps' int16 pairs summed before vpmaddwd with the scale (at most 2 x 2 x 63 x 127 =
-    // 32004: no saturation), as q4k_block_avx2 does over its sub-block's eight.
-    const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * (g / 2) + 16 * h)));
-    const __m256i sc = scale_pairs(pr, g % 2 == 1);
-    for (int t = 0; t < 4; t += 2)
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = a.row(m0 + r) + k + 4 * t;
-        const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(W[t], _mm256_set1_epi32(load32(q))),
-                                             _mm256_maddubs_epi16(W[t + 1], _mm256_set1_epi32(load32(q + 4))));
-        tot[r] = _mm256_add_epi32(tot[r], _mm256_madd_epi16(two, sc));
+  for (int hh = 0; hh < H; ++hh) {
+    const int h = h0 + hh;
+    const __m256 dmin = _mm256_mul_ps(k32, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q6k_d(S) + 16 * h))));
+    for (int r = 0; r < R; ++r) {
+      __m256i mn = _mm256_setzero_si256();
+      for (int p = 0; p < S / 2; ++p) {
+        const __m256i pairs = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * p + 16 * h)));
+        mn = _mm256_add_epi32(mn, _mm256_madd_epi16(pairs, _mm256_set1_epi32(a.pair16(m0 + r, b, p))));
       }
+      add_min_256(o[h][r], mn, a.d[(m0 + r) * a.nb + b], dmin);
+    }
   }
-  for (int r = 0; r < R; ++r) add_sum_256(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
+  __m256i tot[H][R];
+  for (int hh = 0; hh < H; ++hh)
+    for (int r = 0; r < R; ++r) tot[hh][r] = _mm256_setzero_si256();
+  for (int g = 0; g < S; ++g) {
+    if (h0 == 0)
+      for (int l = 0; l < 3; ++l) PREFETCH_LINE(true, rec + q6k_codes(S) + 192 * g + 64 * l, Q6K_REC);
+    const int64_t k = b * QK + 16 * g;
+    for (int hh = 0; hh < H; ++hh) {
+      const uint8_t* sub = rec + q6k_codes(S) + 192 * g + 32 * (h0 + hh);
+      const __m256i n0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub));
+      const __m256i n1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 64));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sub + 128));
+      const __m256i W[4] = {
+          _mm256_or_si256(_mm256_and_si256(n0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), top)),
+          _mm256_or_si256(_mm256_and_si256(n1, low), _mm256_and_si256(hb, top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), low), _mm256_and_si256(_mm256_srli_epi16(hb, 2), top))};
+      // Two steps' int16 pairs summed before vpmaddwd with the scale (at most 2 x 2 x 63 x 127 =
+      // 32004: no saturation), as q4k_block_avx2 does over its sub-block's eight.
+      const __m256i pr = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 * (g / 2) + 16 * (h0 + hh))));
+      const __m256i sc = scale_pairs(pr, g % 2 == 1);
+      for (int t = 0; t < 4; t += 2)
+        for (int r = 0; r < R; ++r) {
+          const int8_t* q = a.row(m0 + r) + k + 4 * t;
+          const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(W[t], _mm256_set1_epi32(load32(q))),
+                                               _mm256_maddubs_epi16(W[t + 1], _mm256_set1_epi32(load32(q + 4))));
+          tot[hh][r] = _mm256_add_epi32(tot[hh][r], _mm256_madd_epi16(two, sc));
+        }
+    }
+  }
+  for (int hh = 0; hh < H; ++hh) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + q6k_d(S) + 16 * (h0 + hh))));
+    for (int r = 0; r < R; ++r) add_sum_256(v[h0 + hh][r], tot[hh][r], a.d[(m0 + r) * a.nb + b], d);
+  }
 }
 
 template <int R>
 AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  for (int h = 0; h < 2; ++h) {
-    __m256 v[R], o[R];
-    for (int r = 0; r < R; ++r) v[r] = o[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b + 1 < a.nb; ++b) q6k_block_avx2<R, 16>(grp + b * Q6K_REC, a, m0, b, h, v, o);
-    Q6K_LAST(q6k_block_avx2, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, h, v, o)
-    for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[r], o[r]));
+  constexpr int H = halves_avx2(R);
+  for (int h0 = 0; h0 < 2; h0 += H) {
+    __m256 v[2][R], o[2][R];  // halves h0 .. h0 + H - 1 only
+    for (int h = h0; h < h0 + H; ++h)
+      for (int r = 0; r < R; ++r) v[h][r] = o[h][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b + 1 < a.nb; ++b) q6k_block_avx2<R, 16>(grp + b * Q6K_REC, a, m0, b, h0, v, o);
+    Q6K_LAST(q6k_block_avx2, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, h0, v, o)
+    for (int h = h0; h < h0 + H; ++h)
+      for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[h][r], o[h][r]));
   }
 }
 
