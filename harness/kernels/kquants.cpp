@@ -424,18 +424,22 @@ AVX2 inline __m256i scale_pairs(__m256i widened, bool odd) {
 // multiplies and no vpmulld (llama.cpp's AVX2 k-quant products fold the scale in the same way). On
 // AMD EPYC Zen 3 a one-row Q4_K product on a weight held in cache took half the time, and streamed
 // from memory (the MLP's weights of the 1.5B target) 0.93x at one row and 0.94-0.96x at 2-8 rows.
-// Halves of a record (8 columns each) a pass of R rows takes at once. One row takes both: each
-// 64-byte line is used whole as it arrives and the next group's stream starts as soon as this one's
-// ends, where a half per pass read the group's lines twice, the second pass from L2 with the memory
-// idle. On AMD EPYC Zen 3 (family 25 model 1), interleaved in one process over the 1.5B target's MLP
-// weights streamed, one row took 0.90-0.91x the time (Q4_K) and 0.82-0.83x (Q6_K); on one weight
-// held in cache 51 -> 60 GB/s (Q4_K) and 45 -> 56 (Q6_K). More rows take one half a pass: their sums
-// fill the 16 registers.
-constexpr int halves_avx2(int R) { return R == 1 ? 2 : 1; }
+// Halves of a record (8 columns each) a pass of R rows takes at once. Taking both, a pass uses each
+// 64-byte line whole as it arrives and the next group's stream starts as soon as this one's ends,
+// where a half per pass read the group's lines twice, the second pass from L2 with the memory idle.
+// Past two rows both halves' sums no longer fit the 16 registers, and the spills cost where the
+// products bound the pass: Q4_K four rows a pass read 0.94-0.97x the time in a pass of its own but
+// 1.23x at eight rows (two passes, the second from cache), so Q4_K passes of four take a half each;
+// Q6_K, whose products cost more bytes each, reads faster with both at every count. On AMD EPYC Zen 3
+// (family 25 model 1), interleaved in one process over the 1.5B target's MLP weights streamed,
+// against a half a pass: one row Q4_K 0.90-0.91x the time and Q6_K 0.82-0.83x (weights held in
+// cache: 51 -> 60 and 45 -> 56 GB/s); two rows 0.73-0.85x and 0.79-0.96x; three 0.83x and 0.71x;
+// Q6_K four rows 0.80-0.85x and eight 0.87x.
+template <bool Q4> constexpr int halves_avx2(int R) { return Q4 && R > 3 ? 1 : 2; }
 
 template <int R, int S>
 AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h0, __m256 (&v)[2][R], __m256 (&o)[2][R]) {
-  constexpr int H = halves_avx2(R);
+  constexpr int H = halves_avx2<true>(R);
   const __m256i low = _mm256_set1_epi8(0x0F);
   // The record's head first (mins, dmin), as q4k_block_512.
   for (int hh = 0; hh < H; ++hh) {
@@ -484,7 +488,7 @@ AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t
 
 template <int R>
 AVX2 void q4k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  constexpr int H = halves_avx2(R);
+  constexpr int H = halves_avx2<true>(R);
   for (int h0 = 0; h0 < 2; h0 += H) {
     __m256 v[2][R], o[2][R];  // halves h0 .. h0 + H - 1 only
     for (int h = h0; h < h0 + H; ++h)
@@ -498,7 +502,7 @@ AVX2 void q4k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
 
 template <int R, int S>
 AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h0, __m256 (&v)[2][R], __m256 (&o)[2][R]) {
-  constexpr int H = halves_avx2(R);
+  constexpr int H = halves_avx2<false>(R);
   const __m256 k32 = _mm256_set1_ps(32.0f);
   const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
   // The record's head first (scales, d), as q6k_block_512.
@@ -552,7 +556,7 @@ AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t
 
 template <int R>
 AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  constexpr int H = halves_avx2(R);
+  constexpr int H = halves_avx2<false>(R);
   for (int h0 = 0; h0 < 2; h0 += H) {
     __m256 v[2][R], o[2][R];  // halves h0 .. h0 + H - 1 only
     for (int h = h0; h < h0 + H; ++h)
