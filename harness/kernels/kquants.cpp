@@ -417,6 +417,19 @@ AVX2 inline __m256i scale_pairs(__m256i widened, bool odd) {
   return _mm256_shuffle_epi8(widened, odd ? odd_mask : even_mask);
 }
 
+// Halves of a record (8 columns each) a pass of R rows takes at once. Taking both, a pass uses each
+// 64-byte line whole as it arrives and the next group's stream starts as soon as this one's ends,
+// where a half per pass read the group's lines twice, the second pass from L2 with the memory idle.
+// Past two rows both halves' sums no longer fit the 16 registers, and the spills cost where the
+// products bound the pass: Q4_K four rows a pass read 0.94-0.97x the time in a pass of its own but
+// 1.23x at eight rows (two passes, the second from cache), so Q4_K passes of four take a half each;
+// Q6_K read faster with both at every count. On AMD EPYC Zen 3
+// (family 25 model 1), interleaved in one process over the 1.5B target's MLP weights streamed,
+// against a half a pass: one row Q4_K 0.90-0.91x the time and Q6_K 0.82-0.83x (weights held in
+// cache: 51 -> 60 and 45 -> 56 GB/s); two rows 0.73-0.85x and 0.79-0.96x; three 0.83x and 0.71x;
+// Q6_K four rows 0.80-0.85x and eight 0.87x.
+template <bool Q4> constexpr int halves_avx2(int R) { return Q4 && R > 3 ? 1 : 2; }
+
 // Without VNNI a product of four codes is vpmaddubsw (two pairs to int16) and vpmaddwd (to int32).
 // The int16 pairs of a Q4_K sub-block's eight steps are summed as int16 first (at most 8 x 2 x 15 x
 // 127 = 30480, so no step saturates), and one vpmaddwd with the sub-block's scale takes them to
@@ -424,18 +437,6 @@ AVX2 inline __m256i scale_pairs(__m256i widened, bool odd) {
 // multiplies and no vpmulld (llama.cpp's AVX2 k-quant products fold the scale in the same way). On
 // AMD EPYC Zen 3 a one-row Q4_K product on a weight held in cache took half the time, and streamed
 // from memory (the MLP's weights of the 1.5B target) 0.93x at one row and 0.94-0.96x at 2-8 rows.
-// Halves of a record (8 columns each) a pass of R rows takes at once. Taking both, a pass uses each
-// 64-byte line whole as it arrives and the next group's stream starts as soon as this one's ends,
-// where a half per pass read the group's lines twice, the second pass from L2 with the memory idle.
-// Past two rows both halves' sums no longer fit the 16 registers, and the spills cost where the
-// products bound the pass: Q4_K four rows a pass read 0.94-0.97x the time in a pass of its own but
-// 1.23x at eight rows (two passes, the second from cache), so Q4_K passes of four take a half each;
-// Q6_K, whose products cost more bytes each, reads faster with both at every count. On AMD EPYC Zen 3
-// (family 25 model 1), interleaved in one process over the 1.5B target's MLP weights streamed,
-// against a half a pass: one row Q4_K 0.90-0.91x the time and Q6_K 0.82-0.83x (weights held in
-// cache: 51 -> 60 and 45 -> 56 GB/s); two rows 0.73-0.85x and 0.79-0.96x; three 0.83x and 0.71x;
-// Q6_K four rows 0.80-0.85x and eight 0.87x.
-template <bool Q4> constexpr int halves_avx2(int R) { return Q4 && R > 3 ? 1 : 2; }
 
 template <int R, int S>
 AVX2 ALWAYS_INLINE void q4k_block_avx2(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, int h0, __m256 (&v)[2][R], __m256 (&o)[2][R]) {
