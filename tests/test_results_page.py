@@ -270,7 +270,15 @@ def test_the_page_shows_speedup_and_acceptance_against_context_length(tmp_path):
     decoding in decoding and end to end (and its lowest prompt's), tokens per verification, each
     engine's own command, and the plot."""
     text = page.results_page(RESULTS)
-    section = text.split("#### Context length: qwen2.5-coder-1.5b", 1)[1].split("\n#### ", 1)[0]
+    sections = {
+        part.split("- rows: `", 1)[1].split("`", 1)[0]: part.split("\n#### ", 1)[0]
+        for part in text.split("#### Context length: qwen2.5-coder-1.5b")[1:]
+    }
+    # Each rows file gets its own section, headed by the machine its rows ran on.
+    mine = "results/rows/context/qwen2.5-coder-1.5b-default-amd-epyc-2c.jsonl"
+    assert "- machine: `amd-epyc-2c`" in sections[mine]
+    section = sections["results/rows/context/qwen2.5-coder-1.5b-amd-epyc-2c-avx512.jsonl"]
+    assert "- machine: `amd-epyc-2c-avx512`" in section
     assert "--context-tokens 1024,2048,4096,8000 --compare --limit 3 --max_new_tokens 128" in section
     assert "--engine llama.cpp --context-tokens 1024,4096,8000 --compare --limit 1" in section
     lines = [line for line in section.splitlines() if re.match(r"\|\s+[0-9]+\s+\|", line)]
