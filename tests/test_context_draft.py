@@ -138,55 +138,6 @@ def test_a_context_proposal_is_cut_where_its_rows_cost_more_than_they_are_expect
     assert _plan(30.0, 0.3, misses=16).choose(found)  # where a row is nearly free, it still pays
 
 
-def _chain_plan(one_ms: float, row_ms: float, draft_ms: float, kept: int, proposed: int) -> RoundPlan:
-    """A plan whose verifications cost ``one_ms`` plus ``row_ms`` a row past the first, whose draft
-    steps take ``draft_ms``, and whose draft chains had ``kept`` of ``proposed`` kept, round after round."""
-    plan = RoundPlan(_proposer([1, 2, 3]))
-    for rows in (1, 2, 3, 4, 2):
-        plan.observe(rows, one_ms + row_ms * (rows - 1))
-    for _ in range(30):
-        plan.chain_kept(proposed, kept)
-        plan.draft_step(draft_ms)
-    return plan
-
-
-def test_a_chains_depth_is_the_one_expected_to_gain_most_per_ms():
-    assert RoundPlan(_proposer([1, 2, 3])).chain_depth(3) == 3  # nothing timed yet: the registered K
-    kept_whole = _chain_plan(30.0, 0.5, 3.0, kept=3, proposed=3)
-    assert kept_whole.chain_depth(3) == 3 and kept_whole.chain_depth(5) == 5
-    # Half a chain's tokens kept, a draft step a third of a target's, each row a tenth: three
-    # tokens' rows and draft steps cost more than the third is expected to gain.
-    doubtful = _chain_plan(30.0, 3.0, 10.0, kept=1, proposed=2)
-    depth = doubtful.chain_depth(3)
-    assert 1 <= depth < 3
-    # Leviathan's speedup at that depth beats every other the plan could have chosen.
-    from harness.theory.analysis import leviathan_speedup_verify
-
-    alpha = doubtful.chain_hits / (doubtful.chain_hits + doubtful.chain_misses)
-    speed = [leviathan_speedup_verify(alpha, k, 10.0 / 30.0, (30.0 + 3.0 * k) / 30.0) for k in (1, 2, 3)]
-    assert speed[depth - 1] == pytest.approx(max(speed), rel=1e-3)
-    # Nothing kept: no depth pays, and the chain still proposes one (plain steps are ChainRecord's).
-    assert _chain_plan(30.0, 3.0, 10.0, kept=0, proposed=3).chain_depth(3) == 1
-    assert doubtful.chain_depth(1) == 1
-
-
-def test_a_long_prompts_chain_proposes_no_deeper_than_its_plan_says(pair, monkeypatch):
-    """On a prompt longer than the draft's window each chain round proposes at most the plan's depth
-    (here one token), and the output is plain decoding's."""
-    from harness.decoding import trees
-
-    monkeypatch.setattr(RoundPlan, "chain_depth", lambda self, k: 1)
-    monkeypatch.setattr(RoundPlan, "choose", lambda self, found: [])  # the chain every round
-    monkeypatch.setattr(RoundPlan, "extension", lambda self, chain, room: [])
-    prompt = [3 + (i * 7919) % 200 for i in range(trees.DRAFT_WINDOW + 40)]  # nothing recurs soon
-    plain = generate(pair, prompt, GenerationSettings(max_new_tokens=32, ignore_eos=True))
-    s = GenerationSettings(mode="assisted", max_new_tokens=32, ignore_eos=True, context_draft=8)
-    m = generate(pair, prompt, s)
-    assert m.output_ids == plain.output_ids
-    rounds = [f.input_tokens for f in m.forwards if f.role == "target" and f.cache_tokens]
-    assert m.drafted > 0 and max(rounds) == 2, rounds  # the pending token and one proposal at most
-
-
 def test_a_kind_of_match_passed_over_is_tried_again():
     # A copy may begin where proposals from such matches kept failing: passed over, their record
     # fades toward the prior until a proposal pays again.
