@@ -11,6 +11,7 @@ from harness.base.errors import HarnessError
 from harness.decoding.context import (
     LONGEST_MATCH,
     MIN_MATCH,
+    RUNS,
     ChainRecord,
     ContextProposer,
     RoundPlan,
@@ -99,6 +100,22 @@ def test_a_copys_long_match_and_a_reused_phrases_short_one_are_judged_apart():
     assert proposer.keep_rate < 0.75
 
 
+def test_a_longer_match_is_trusted_at_least_as_far_as_a_shorter_one_has_earned():
+    # A copy that starts after a renamed name: its match runs a few tokens back, then further each
+    # round, reaching a kind of match whose own record is still the prior.
+    copy = list(range(50)) + [900, 901] + list(range(25, 30))
+    proposer = _proposer(copy)
+    assert proposer.propose(room=8) == list(range(30, 38)) and proposer.run < RUNS[0]
+    assert proposer.keep_rate == pytest.approx(0.75)  # nothing judged yet: the prior
+    for _ in range(3):
+        proposer.verified(8, 8)
+    short = proposer.keep_rate
+    assert short > 0.9
+    proposer.extend([*copy, *range(30, 38)])  # kept: the match now runs back past the edit's end
+    assert proposer.propose(room=8) == list(range(38, 46)) and proposer.run >= RUNS[0]
+    assert proposer.keep_rate == pytest.approx(short)  # not the longer kind's own prior
+
+
 def test_a_forwards_cost_by_rows_is_fitted_to_what_the_rounds_measured():
     costs = RowCosts()
     assert costs.ms(1) is None
@@ -136,6 +153,55 @@ def test_a_context_proposal_is_cut_where_its_rows_cost_more_than_they_are_expect
     assert doubtful.context.keep_rate < 0.3
     assert doubtful.choose(found) == []  # the draft model's chain runs instead
     assert _plan(30.0, 0.3, misses=16).choose(found)  # where a row is nearly free, it still pays
+
+
+def _chain_plan(one_ms: float, row_ms: float, draft_ms: float, kept: int, proposed: int) -> RoundPlan:
+    """A plan whose verifications cost ``one_ms`` plus ``row_ms`` a row past the first, whose draft
+    steps take ``draft_ms``, and whose draft chains had ``kept`` of ``proposed`` kept, round after round."""
+    plan = RoundPlan(_proposer([1, 2, 3]))
+    for rows in (1, 2, 3, 4, 2):
+        plan.observe(rows, one_ms + row_ms * (rows - 1))
+    for _ in range(30):
+        plan.chain_kept(proposed, kept)
+        plan.draft_step(draft_ms)
+    return plan
+
+
+def test_a_chains_depth_is_the_one_expected_to_gain_most_per_ms():
+    assert RoundPlan(_proposer([1, 2, 3])).chain_depth(3) == 3  # nothing timed yet: the registered K
+    kept_whole = _chain_plan(30.0, 0.5, 3.0, kept=3, proposed=3)
+    assert kept_whole.chain_depth(3) == 3 and kept_whole.chain_depth(5) == 5
+    # Half a chain's tokens kept, a draft step a third of a target's, each row a tenth: three
+    # tokens' rows and draft steps cost more than the third is expected to gain.
+    doubtful = _chain_plan(30.0, 3.0, 10.0, kept=1, proposed=2)
+    depth = doubtful.chain_depth(3)
+    assert 1 <= depth < 3
+    # Leviathan's speedup at that depth beats every other the plan could have chosen.
+    from harness.theory.analysis import leviathan_speedup_verify
+
+    alpha = doubtful.chain_hits / (doubtful.chain_hits + doubtful.chain_misses)
+    speed = [leviathan_speedup_verify(alpha, k, 10.0 / 30.0, (30.0 + 3.0 * k) / 30.0) for k in (1, 2, 3)]
+    assert speed[depth - 1] == pytest.approx(max(speed), rel=1e-3)
+    # Nothing kept: no depth pays, and the chain still proposes one (plain steps are ChainRecord's).
+    assert _chain_plan(30.0, 3.0, 10.0, kept=0, proposed=3).chain_depth(3) == 1
+    assert doubtful.chain_depth(1) == 1
+
+
+def test_a_long_prompts_chain_proposes_no_deeper_than_its_plan_says(pair, monkeypatch):
+    """On a prompt longer than the draft's window each chain round proposes at most the plan's depth
+    (here one token), and the output is plain decoding's."""
+    from harness.decoding import trees
+
+    monkeypatch.setattr(RoundPlan, "chain_depth", lambda self, k: 1)
+    monkeypatch.setattr(RoundPlan, "choose", lambda self, found: [])  # the chain every round
+    monkeypatch.setattr(RoundPlan, "extension", lambda self, chain, room: [])
+    prompt = [3 + (i * 7919) % 200 for i in range(trees.DRAFT_WINDOW + 40)]  # nothing recurs soon
+    plain = generate(pair, prompt, GenerationSettings(max_new_tokens=32, ignore_eos=True))
+    s = GenerationSettings(mode="assisted", max_new_tokens=32, ignore_eos=True, context_draft=8)
+    m = generate(pair, prompt, s)
+    assert m.output_ids == plain.output_ids
+    rounds = [f.input_tokens for f in m.forwards if f.role == "target" and f.cache_tokens]
+    assert m.drafted > 0 and max(rounds) == 2, rounds  # the pending token and one proposal at most
 
 
 def test_a_kind_of_match_passed_over_is_tried_again():

@@ -21,6 +21,8 @@ measured cost (``RowCosts``) is highest, and verified where that beats a plain s
 draft model's chain runs, unless (on a prompt longer than the draft's window, which the loop in
 ``trees`` knows) its own rounds have emitted fewer tokens than plain steps would have in their time
 (``ChainRecord``): then plain steps, with a chain round now and then to see whether that changed.
+On such a prompt the chain's depth is chosen by the same measure (``RoundPlan.chain_depth``): the
+depth up to K with the most expected tokens per ms at the rate its tokens are kept.
 A draft model's chain is itself continued from the context where the sequence with the chain's
 tokens matches a copy (a match running ``RUNS[0]`` tokens or more back): a copy whose first tokens
 only the draft foresaw goes on in the same verification, its rows cut by the same expected gain per
@@ -54,7 +56,8 @@ PRIOR_KEPT, PRIOR_MISSED = 1.5, 0.5
 # Matches are judged apart by how far back they run (shorter than the first, up to the second, the
 # longest compared): inside a copy the match runs the whole way back and the next token nearly always
 # follows, while a phrase the text reuses matches a few tokens and often parts at once, and one rate
-# for both would cut a copy's proposals short or verify a phrase's guesses at length.
+# for both would cut a copy's proposals short or verify a phrase's guesses at length. A longer match
+# is judged at no less than a shorter one has earned (``ContextProposer.keep_rate``).
 RUNS = (8, LONGEST_MATCH)
 
 
@@ -128,8 +131,16 @@ class ContextProposer:
     def keep_rate(self) -> float:
         """How likely a token of the last proposal is kept, given the one before it was: the
         geometric rate that recent proposals from as long a match kept and missed (with
-        ``PRIOR_KEPT``, ``PRIOR_MISSED``)."""
-        i = _kind(self.run)
+        ``PRIOR_KEPT``, ``PRIOR_MISSED``), or that those from a shorter match did where that is
+        higher.
+
+        Why the shorter kinds': a longer match predicts at least as well, and a copy that starts
+        after an edit (a renamed name) reaches each longer kind as it goes on, where that kind's
+        record may still be its prior. With each kind on its own, a rename's copy on a 705-token
+        prompt fell from proposals of eight to one at the step to the longest kind."""
+        return max(self._rate(i) for i in range(_kind(self.run) + 1))
+
+    def _rate(self, i: int) -> float:
         kept = self.kept[i] + PRIOR_KEPT
         return kept / (kept + self.missed[i] + PRIOR_MISSED)
 
@@ -264,12 +275,18 @@ class RoundPlan:
     gives way to plain steps only on its own long record (``ChainRecord``)."""
 
     WHOLE_KEEP = 0.8  # weight the share of chains kept whole keeps a round
+    # The chain's depth on a long prompt: the draft's tokens kept and missed, each round's weighing
+    # CHAIN_KEEP of the last (about ten rounds' memory), from a prior of CHAIN_PRIOR (kept, missed).
+    CHAIN_KEEP = 0.9
+    CHAIN_PRIOR = (2.0, 1.0)
 
     def __init__(self, context: ContextProposer) -> None:
         self.context = context
         self.costs = RowCosts()
         self.chain = ChainRecord()
         self.whole = 0.5  # the share of recent draft chains kept whole
+        self.chain_hits, self.chain_misses = self.CHAIN_PRIOR
+        self.draft_ms: float | None = None  # a draft step's time now (None: none timed yet)
 
     def choose(self, found: Sequence[int]) -> list[int]:
         """The context's tokens the round verifies (none: the draft model's chain runs)."""
@@ -311,6 +328,32 @@ class RoundPlan:
     def chain_kept(self, proposed: int, kept: int) -> None:
         """A draft's chain of ``proposed`` tokens had ``kept`` kept."""
         self.whole = self.WHOLE_KEEP * self.whole + (1 - self.WHOLE_KEEP) * (kept == proposed)
+        # Each token up to the first miss was judged: ``kept`` hits, then a miss unless all were kept.
+        self.chain_hits = self.CHAIN_KEEP * self.chain_hits + kept
+        self.chain_misses = self.CHAIN_KEEP * self.chain_misses + (kept < proposed)
+
+    def draft_step(self, ms: float) -> None:
+        """A draft forward of one token took ``ms`` (the latest weigh as a row cost's do)."""
+        keep = RowCosts.KEEP
+        self.draft_ms = ms if self.draft_ms is None else keep * self.draft_ms + (1 - keep) * ms
+
+    def chain_depth(self, k: int) -> int:
+        """How many of up to ``k`` tokens the draft's chain proposes: the depth with the most
+        expected tokens per ms (Leviathan's speedup at the rate the chain's tokens are kept, a draft
+        step's measured cost and the verification's fitted cost), at least one (whether a chain runs
+        at all is ``ChainRecord``'s to say). ``k`` until a draft step and a verification are timed.
+
+        Why: on long prompts a row of the verification costs more (each attends to the whole cache)
+        and the draft, reading a window, foresees less. On a question about a 1K-token document
+        (AMD EPYC Zen 3, interleaved, one process) the chain of up to 3 ran at 1.03x plain decoding
+        after the prefill over ten runs, the chosen depth (mostly one) at 1.12x over seven
+        (docs/FINDINGS.md)."""
+        one = self.costs.ms(1)
+        if self.draft_ms is None or one is None or k <= 1:
+            return k
+        alpha = self.chain_hits / (self.chain_hits + self.chain_misses)
+        costs = self.costs
+        return max(1, optimal_k(alpha, self.draft_ms / one, lambda n: costs.ms(1 + n) / one, k_max=k))
 
     def observe(self, rows: int, ms: float) -> None:
         """A round's verification of ``rows`` rows took ``ms``."""

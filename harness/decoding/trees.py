@@ -271,8 +271,11 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 nodes = [(0,) * (i + 1) for i in range(len(found))]
                 tokens = dict(zip(nodes, found, strict=True))
             elif chain:
-                tokens = draft.propose(seq, _cut(tree, room), threshold)
-                nodes = [p for p in _cut(tree, room) if p in tokens]
+                depth = room
+                if windowed and not settings.draft_tree:
+                    depth = min(room, plan.chain_depth(settings.num_assistant_tokens))
+                tokens = draft.propose(seq, _cut(tree, depth), threshold)
+                nodes = [p for p in _cut(tree, depth) if p in tokens]
                 if plan is not None and nodes and not settings.draft_tree:
                     # A copy that starts with the draft's guesses goes on from the context.
                     more = plan.extension([tokens[p] for p in nodes], room - len(nodes))
@@ -345,9 +348,11 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             if windowed and seen > 0 and not found:
                 ms = (time.perf_counter() - began) * 1000.0
                 if chain:  # the draft's first read of its window is the request's, not a round's
-                    window = sum(
-                        f.ms for f in log.forwards[mark:] if f.role == "draft" and not f.cache_tokens
-                    )
+                    drafts = [f for f in log.forwards[mark:] if f.role == "draft"]
+                    window = sum(f.ms for f in drafts if not f.cache_tokens)
+                    for f in drafts:
+                        if f.cache_tokens and f.input_tokens == 1:
+                            plan.draft_step(f.ms)
                     plan.chain.chain_round(len(path) + 1, ms - window)
                 else:
                     plan.chain.plain_step(ms)
