@@ -578,6 +578,12 @@ torch::Tensor linear_i8a8(torch::Tensor x, torch::Tensor w, torch::Tensor wscale
 // output the target's own, bit for bit.
 
 constexpr int GROUP = 6;             // rows a thread computes together (values: 2 ymm accumulators each)
+// Keys ahead whose rows a pass over consecutive keys asks the memory for before it reads them. A
+// thread walks its head's keys and values row by row, and on its own the hardware kept about 12
+// GB/s of them coming: with the request 8 rows ahead, one row's attention over 28 layers took
+// 0.86-0.87x the time at 1K and 2K tokens, four rows' 0.95-0.98x (AMD EPYC Zen 3, interleaved, 21
+// runs each, the same bits). A request changes no arithmetic.
+constexpr int64_t KEY_AHEAD = 8;
 constexpr int64_t KEY_TILE = 64;     // keys whose rows stay in L1 while each chunk of rows reads them
 constexpr int64_t SHARED_ROWS = 16;  // up to this many query rows (M), each key and value row is read once for all
 
@@ -592,6 +598,8 @@ void group_scores(const float* const* q, float* const* p, const float* kh, const
   const int64_t D8 = D / 8;
   for (int64_t t = t0; t < t1; ++t) {
     const float* kr = kh + key_at(keys, base, t) * D;
+    if (keys == nullptr)  // consecutive keys: the rows ahead are known
+      for (int64_t e = 0; e < D; e += 16) _mm_prefetch(reinterpret_cast<const char*>(kr + KEY_AHEAD * D + e), _MM_HINT_T0);
     __m256 a[S];
     for (int r = 0; r < S; ++r) a[r] = _mm256_setzero_ps();
     for (int64_t c = 0; c < D8; ++c) {
@@ -669,6 +677,7 @@ void group_values(const float* const* p, float* const* o, const float* vh, const
     }
     for (int64_t t = t0; t < t1; ++t) {
       const float* vr = vh + key_at(keys, base, t) * D + d;
+      if (keys == nullptr) _mm_prefetch(reinterpret_cast<const char*>(vr + KEY_AHEAD * D), _MM_HINT_T0);
       const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
       for (int r = 0; r < S; ++r) {
         const __m256 w = _mm256_broadcast_ss(p[r] + t);
