@@ -33,6 +33,13 @@ bool has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+// The address `bytes` past `p`, for a prefetch only: it may lie past the end of the buffer (a
+// prefetch never faults), where pointer arithmetic past the end would be undefined, so it is
+// computed as an integer.
+inline const char* ahead(const void* p, int64_t bytes) {
+  return reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes));
+}
+
 inline float hsum8(__m256 v) {
   // Fixed pairwise order: (0+4, 1+5, 2+6, 3+7), then (a+c, b+d), then (e+f).
   __m128 lo = _mm256_castps256_ps128(v);
@@ -454,8 +461,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_cell(const I8A8
   for (int64_t k4 = 0; k4 < stride; ++k4) {
     __m512i b[GB];
     for (int g = 0; g < GB; ++g) {
-      // Past the end of a group's stream this touches the next group's: harmless, never read as data.
-      _mm_prefetch(reinterpret_cast<const char*>(wg[g] + (k4 + I8A8_PREFETCH) * 64), _MM_HINT_T0);
+      // Past the end of a group's stream this touches the next group's (or past the buffer): never read.
+      _mm_prefetch(ahead(wg[g], (k4 + I8A8_PREFETCH) * 64), _MM_HINT_T0);
       b[g] = _mm512_loadu_si512(wg[g] + k4 * 64);
     }
     for (int r = 0; r < R; ++r) {
@@ -607,7 +614,7 @@ void group_scores(const float* const* q, float* const* p, const float* kh, const
   for (int64_t t = t0; t < t1; ++t) {
     const float* kr = kh + key_at(keys, base, t) * D;
     if (keys == nullptr)  // consecutive keys: the rows ahead are known
-      for (int64_t e = 0; e < D; e += 16) _mm_prefetch(reinterpret_cast<const char*>(kr + KEY_AHEAD * D + e), _MM_HINT_T0);
+      for (int64_t e = 0; e < D; e += 16) _mm_prefetch(ahead(kr, sizeof(float) * (KEY_AHEAD * D + e)), _MM_HINT_T0);
     __m256 a[S];
     ROWS_UNROLLED
     for (int r = 0; r < S; ++r) a[r] = _mm256_setzero_ps();
@@ -689,7 +696,7 @@ void group_values(const float* const* p, float* const* o, const float* vh, const
     }
     for (int64_t t = t0; t < t1; ++t) {
       const float* vr = vh + key_at(keys, base, t) * D + d;
-      if (keys == nullptr) _mm_prefetch(reinterpret_cast<const char*>(vr + KEY_AHEAD * D), _MM_HINT_T0);
+      if (keys == nullptr) _mm_prefetch(ahead(vr, sizeof(float) * KEY_AHEAD * D), _MM_HINT_T0);
       const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
       ROWS_UNROLLED
       for (int r = 0; r < S; ++r) {

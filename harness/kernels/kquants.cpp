@@ -82,12 +82,16 @@ constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 3
 // the time with it (Q6_K four rows 0.82x), interleaved in one process; one row, which then read each
 // record in two passes of a half, 0.98-1.04x, and once it read each line whole in one pass
 // (`halves_avx2`), 0.93-0.96x (Q4_K) and 0.85-0.91x (Q6_K).
-#define PREFETCH_LINE(on, p, rec)                                                             \
-  do {                                                                                        \
-    if constexpr (on) {                                                                       \
-      _mm_prefetch(reinterpret_cast<const char*>((p) + PREFETCH * (rec)), _MM_HINT_T0);      \
-      _mm_prefetch(reinterpret_cast<const char*>((p) + PREFETCH_FAR * (rec)), _MM_HINT_T2);  \
-    }                                                                                         \
+// The addresses are computed as integers: ahead of a group's last records they lie past the end of
+// the weights (a prefetch never faults), where pointer arithmetic would be undefined.
+#define PREFETCH_AT(p, bytes, hint) \
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + (bytes)), hint)
+#define PREFETCH_LINE(on, p, rec)                        \
+  do {                                                   \
+    if constexpr (on) {                                  \
+      PREFETCH_AT(p, PREFETCH * (rec), _MM_HINT_T0);     \
+      PREFETCH_AT(p, PREFETCH_FAR * (rec), _MM_HINT_T2); \
+    }                                                    \
   } while (0)
 
 // A record of S sub-blocks: Q4_K 16 scale and 16 min bytes per sub-block, d and dmin, then 256 code
