@@ -383,14 +383,23 @@ def test_the_draft_reads_a_long_prompts_recent_window_only(pair):
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_an_edit_that_copies_its_code_is_proposed_from_the_context(pairs):
+def test_an_edit_that_copies_its_code_is_proposed_from_the_context(pairs, monkeypatch):
     """The offline pair asked to rename a class in code it is given: most of the answer is the code
-    again, which the context proposes and the target keeps, with the output plain decoding's."""
+    again, which the context proposes and the target keeps, with the output plain decoding's.
+
+    The plan cuts each proposal to the length the host's own verifications make pay, so on a host
+    whose extra rows are dear, or in a slow phase of one, it verified the copy a token or two at a
+    time (17 verifications for 48 tokens). The proposer and the verification are what this test
+    holds, not the host's phase: each verification is booked as one of a host whose extra rows cost
+    a tenth of a step (``RowCosts`` has its own tests)."""
     import inspect
 
     from harness.decoding import engines
     from harness.experiments import equivalence
     from harness.pairs import models
+
+    booked = RowCosts.observe
+    monkeypatch.setattr(RowCosts, "observe", lambda costs, rows, _ms: booked(costs, rows, 30.0 + 3.0 * rows))
 
     pairs.require_weights(models.DEFAULT_PAIR)  # a machine without them skips, saying where to get them
     spec = models.get_pair(models.DEFAULT_PAIR)
