@@ -994,35 +994,31 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
       for (int64_t u = 0; u < Hkv * splits; ++u) {  // values: each unit's blocks of D, key tile by key tile
         const int64_t g = u / splits, b0 = (u % splits) * nblocks / splits, b1 = (u % splits + 1) * nblocks / splits;
         const float* vh = vp + g * v_h;
-        for (int64_t b = b0; b < b1; ++b) {
-          const auto [d, width] = blocks[b];
-          for (int64_t i = 0; i < M; ++i)
-            for (const Chunk& c : chunks[g * M + i])
-              for (int r = 0; r < c.n; ++r) std::fill(c.o[r] + d, c.o[r] + d + width, 0.0f);
-        }
+        // f(chunk, its query row, d, width) for every chunk of head g's rows and block of this unit.
+        auto each = [&](auto&& f) {
+          for (int64_t b = b0; b < b1; ++b)
+            for (int64_t i = 0; i < M; ++i)
+              for (const Chunk& c : chunks[g * M + i]) f(c, i, blocks[b].first, blocks[b].second);
+        };
+        each([](const Chunk& c, int64_t, int64_t d, int width) {
+          for (int r = 0; r < c.n; ++r) std::fill(c.o[r] + d, c.o[r] + d + width, 0.0f);
+        });
         const int64_t e0 = blocks[b0].first, e1 = blocks[b1 - 1].first + blocks[b1 - 1].second;
         touch_rows(vh, 0, std::min(common, KEY_TILE), D, e0, e1);
         for (int64_t t0 = 0; t0 < common; t0 += KEY_TILE) {
           // The next tile's value rows read line by line before this tile's blocks walk theirs.
           touch_rows(vh, t0 + KEY_TILE, std::min(common, t0 + 2 * KEY_TILE), D, e0, e1);
-          for (int64_t b = b0; b < b1; ++b) {
-            const auto [d, width] = blocks[b];
-            for (int64_t i = 0; i < M; ++i)
-              for (const Chunk& c : chunks[g * M + i])
-                c.values(vh, nullptr, 0, t0, std::min(common, t0 + KEY_TILE), D, d, width);
+          each([&](const Chunk& c, int64_t, int64_t d, int width) {
+            c.values(vh, nullptr, 0, t0, std::min(common, t0 + KEY_TILE), D, d, width);
+          });
+        }
+        each([&](const Chunk& c, int64_t i, int64_t d, int width) {
+          c.values(vh, tail_keys(i), common, common, seen[i], D, d, width);
+          for (int r = 0; r < c.n; ++r) {
+            const float sum = sums[(c.p[r] - P) / L];
+            for (int64_t e = d; e < d + width; ++e) c.o[r][e] /= sum;
           }
-        }
-        for (int64_t b = b0; b < b1; ++b) {
-          const auto [d, width] = blocks[b];
-          for (int64_t i = 0; i < M; ++i)
-            for (const Chunk& c : chunks[g * M + i]) {
-              c.values(vh, tail_keys(i), common, common, seen[i], D, d, width);
-              for (int r = 0; r < c.n; ++r) {
-                const float sum = sums[(c.p[r] - P) / L];
-                for (int64_t e = d; e < d + width; ++e) c.o[r][e] /= sum;
-              }
-            }
-        }
+        });
       }
     }
     return;
