@@ -291,3 +291,18 @@ def test_the_page_shows_speedup_and_acceptance_against_context_length(tmp_path):
     out = tmp_path / "out"
     page.write_results_page(RESULTS, out=out)
     assert (out / "amd-epyc-2c-avx512" / page.CONTEXT_PNG).read_bytes().startswith(b"\x89PNG")
+
+
+def test_each_category_table_tells_its_configurations_apart():
+    """A sweep of one engine's configurations that differ in a setting alone (the chain's K, with the
+    same proposals from the context) heads each category column with its configuration's label, so a
+    reader can tell which column is which, in the order of the sweep's own table."""
+    text = page.results_page(RESULTS)
+    tables = [part.split("\n\n", 2)[1] for part in text.split("Per task category (")[1:]]
+    assert tables
+    for table in tables:
+        header = [c.strip() for c in table.splitlines()[0].split("|")[2:-1]]
+        assert len(set(header)) == len(header), header
+    depth = next(t for t in tables if "-K1-" in t)
+    header = [c.strip() for c in depth.splitlines()[0].split("|")[2:-1]]
+    assert [h.split("-K", 1)[1][0] for h in header] == ["1", "2", "3"]
