@@ -509,3 +509,30 @@ def test_the_context_table_pairs_each_length_apart_in_runs_of_one_setting() -> N
     points = page._context_points(rows)["transformers"]
     assert points[1024].end_to_end == pytest.approx(1.0)
     assert points[2048].end_to_end == pytest.approx(1.0)
+
+
+def test_the_context_table_keeps_configurations_alike_but_for_k_apart() -> None:
+    """Two configurations of one engine that differ only in K, in one rows file, are two columns
+    named by their labels; neither overwrites the other's points."""
+    from harness.report import page
+
+    def pair(run: str, k: int, assisted_ms: float) -> list[Row]:
+        common = dict(example=1, prompt_tokens=2048, run_id=run, new_tokens=101)
+        return [
+            make_row(mode="plain", time_per_token_ms=40.0, **common),
+            make_row(
+                mode="assisted",
+                time_per_token_ms=assisted_ms,
+                num_assistant_tokens=k,
+                context_draft=16,
+                **common,
+            ),
+        ]
+
+    rows = pair("k1", 1, 20.0) + pair("k3", 3, 32.0)
+    points = page._context_points(rows)
+    assert len(points) == 2
+    by_k = {name.split("-K")[1][0]: by_length[2048].decode for name, by_length in points.items()}
+    assert by_k == {"1": pytest.approx(2.0), "3": pytest.approx(1.25)}
+    section = "\n".join(page.context_section("amd-epyc-2c", rows, "rows.jsonl"))
+    assert "2.00x" in section and "1.25x" in section

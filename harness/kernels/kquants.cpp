@@ -421,17 +421,22 @@ AVX2 inline __m256i scale_pairs(__m256i widened, bool odd) {
   return _mm256_shuffle_epi8(widened, odd ? odd_mask : even_mask);
 }
 
-// Halves of a record (8 columns each) a pass of R rows takes at once. Taking both, a pass uses each
-// 64-byte line whole as it arrives and the next group's stream starts as soon as this one's ends,
-// where a half per pass read the group's lines twice, the second pass from L2 with the memory idle.
-// Past two rows both halves' sums no longer fit the 16 registers, and the spills cost where the
-// products bound the pass: Q4_K four rows a pass read 0.94-0.97x the time in a pass of its own but
-// 1.23x at eight rows (two passes, the second from cache), so Q4_K passes of four take a half each;
-// Q6_K read faster with both at every count. On AMD EPYC Zen 3 (family 25 model 1), interleaved in
-// one process over the 1.5B target's MLP weights streamed, against a half a pass: one row Q4_K
-// 0.90-0.91x the time and Q6_K 0.82-0.83x (weights held in cache: 51 -> 60 and 45 -> 56 GB/s); two
-// rows 0.73-0.85x and 0.79-0.96x; three 0.83x and 0.71x; Q6_K four rows 0.80-0.85x and eight 0.87x.
-template <bool Q4> constexpr int halves_avx2(int R) { return Q4 && R > 3 ? 1 : 2; }
+// Halves of a record (8 columns each) a pass of R rows takes at once (group_avx2 walks a group block
+// by block, each block's halves this many at a time). Taking both, a pass uses each 64-byte line
+// whole as it arrives; a half per pass over the whole group had read the group's lines twice, the
+// second pass from L2 with the memory idle. On AMD EPYC Zen 3 (family 25 model 1), over the 1.5B
+// target's MLP weights streamed, interleaved in one process, both at once against a half per pass:
+// one row Q4_K 0.90-0.91x the time and Q6_K 0.82-0.83x (weights held in cache: 51 -> 60 and 45 -> 56
+// GB/s); two rows 0.73-0.85x and 0.79-0.96x; three 0.83x and 0.71x; Q6_K four rows 0.80-0.85x and
+// eight 0.87x.
+// Past two rows both halves' sums no longer fit the 16 registers, and where the products bound the
+// pass the spills cost: Q4_K passes of three or four rows take a half at a time, block by block, so
+// a record's second half comes from L1 right after its first while the memory streams the records
+// ahead. Every projection of the same target streamed, interleaved in one process, the same bits:
+// four rows 0.87-0.90x the time of a half per pass over the whole group, eight 0.94-0.95x; three rows
+// 0.96-0.98x the time of both halves at once. Two rows read 1.05x a half at a time, and Q6_K's four
+// 1.02x, so they keep both.
+template <bool Q4> constexpr int halves_avx2(int R) { return Q4 && R > 2 ? 1 : 2; }
 
 // Without VNNI a product of four codes is vpmaddubsw (two pairs to int16) and vpmaddwd (to int32).
 // The int16 pairs of a Q4_K sub-block's eight steps are summed as int16 first (at most 8 x 2 x 15 x
@@ -544,24 +549,29 @@ AVX2 ALWAYS_INLINE void q6k_block_avx2(const uint8_t* rec, const Act& a, int64_t
   }
 }
 
-// A group's columns for rows m0 .. m0 + R - 1, in passes of `halves_avx2` halves each.
+// A group's columns for rows m0 .. m0 + R - 1: block by block, each block's halves `halves_avx2` at
+// a time. Each half's float sums are added block after block in the same order whichever way the
+// halves are walked, so the same bits.
 template <bool Q4, int R>
 AVX2 void group_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
   constexpr int H = halves_avx2<Q4>(R);
+  __m256 v[2][R], o[2][R];
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < R; ++r) v[h][r] = o[h][r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b + 1 < a.nb; ++b)
+    for (int h0 = 0; h0 < 2; h0 += H) {
+      if constexpr (Q4) q4k_block_avx2<R, 8>(grp + b * Q4K_REC, a, m0, b, h0, v, o);
+      else q6k_block_avx2<R, 16>(grp + b * Q6K_REC, a, m0, b, h0, v, o);
+    }
   for (int h0 = 0; h0 < 2; h0 += H) {
-    __m256 v[2][R], o[2][R];  // halves h0 .. h0 + H - 1 only
-    for (int h = h0; h < h0 + H; ++h)
-      for (int r = 0; r < R; ++r) v[h][r] = o[h][r] = _mm256_setzero_ps();
     if constexpr (Q4) {
-      for (int64_t b = 0; b + 1 < a.nb; ++b) q4k_block_avx2<R, 8>(grp + b * Q4K_REC, a, m0, b, h0, v, o);
       Q4K_LAST(q4k_block_avx2, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, h0, v, o)
     } else {
-      for (int64_t b = 0; b + 1 < a.nb; ++b) q6k_block_avx2<R, 16>(grp + b * Q6K_REC, a, m0, b, h0, v, o);
       Q6K_LAST(q6k_block_avx2, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, h0, v, o)
     }
-    for (int h = h0; h < h0 + H; ++h)
-      for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[h][r], o[h][r]));
   }
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < R; ++r) store8(y + (m0 + r) * N, N, n0 + 8 * h, _mm256_sub_ps(v[h][r], o[h][r]));
 }
 template <int R>
 AVX2 void q4k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -360,11 +360,7 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
             shares = shares or bool(share)
             cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}{share}"
         columns.append((arm, assisted[0], cells))
-    headers = [_engine(row) for _, row, _ in columns]
-    if len(set(headers)) < len(headers):  # one engine in several configurations: say which is which
-        headers = [_configuration(row) for _, row, _ in columns]
-    if len(set(headers)) < len(headers):  # alike but for a setting (K, say): the configurations' labels
-        headers = [arm for arm, _, _ in columns]
+    headers = _column_names([row for _, row, _ in columns])
     body = [[c, *(cells.get(c, "-") for _, _, cells in columns)] for c in found]
     table = tabulate(body, headers=["category", *headers], tablefmt="github")
     return [
@@ -386,6 +382,17 @@ def _configuration(row: Row) -> str:
     if row.draft_tree:
         return f"{_engine(row)}: tree {row.draft_tree}"
     return f"{_engine(row)}: chain"
+
+
+def _column_names(firsts: Sequence[Row], first: Callable[[Row], str] = _engine) -> list[str]:
+    """One table's column names, a configuration each (given by one of its rows): ``first``'s names
+    where they tell the configurations apart; else what proposes the tokens (one engine in several
+    configurations); else the configurations' labels (alike but for a setting, K say)."""
+    for name in (first, _configuration):
+        names = [name(row) for row in firsts]
+        if len(set(names)) == len(names):
+            return names
+    return [_config_of(row).label for row in firsts]
 
 
 def _context_share(rows: Sequence[Row]) -> str:
@@ -412,11 +419,13 @@ class ContextPoint:
 
 
 def _context_points(rows: Sequence[Row]) -> dict[str, dict[int, ContextPoint]]:
-    """Per configuration, per context length, from each run's plain and assisted rows of one prompt."""
+    """Per configuration (by its column's name), per context length, from each run's plain and
+    assisted rows of one prompt. Runs of one configuration fill one column."""
     runs: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         runs[row.run_id].append(row)
     points: dict[str, dict[int, ContextPoint]] = defaultdict(dict)
+    firsts: dict[str, Row] = {}  # a configuration's label -> a row of it
     for group in runs.values():
         # Paired as every report pairs a baseline: a run's id names its settings, not its prompts, so
         # runs of the same settings at other lengths share it and number their prompts from 1 again.
@@ -424,14 +433,17 @@ def _context_points(rows: Sequence[Row]) -> dict[str, dict[int, ContextPoint]]:
         assisted = [r for r in group if r.mode == "assisted" and setup.pairing_key(r) in plain]
         for n in sorted({r.prompt_tokens for r in assisted}):
             both = [(plain[setup.pairing_key(r)], r) for r in assisted if r.prompt_tokens == n]
-            points[_context_name(both[0][1])][n] = ContextPoint(
+            label = _config_of(both[0][1]).label
+            firsts.setdefault(label, both[0][1])
+            points[label][n] = ContextPoint(
                 decode=_decode_speedup(both),
                 end_to_end=sum(p.total_s for p, _ in both) / sum(a.total_s for _, a in both),
                 lowest=min(p.total_s / a.total_s for p, a in both),
                 per_verify=statistics.fmean(_per_verify(a) for _, a in both),
                 share=_context_share([a for _, a in both]),
             )
-    return points
+    names = _column_names(list(firsts.values()), _context_name)
+    return {name: points[label] for name, label in zip(names, firsts, strict=True)}
 
 
 def _decode_speedup(both: Sequence[tuple[Row, Row]]) -> float:
