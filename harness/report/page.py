@@ -340,7 +340,7 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
     plain_arms = {arm for arm, group in summary.chosen.items() if group[0].mode == "plain"}
     plain_of_run = {r.run_id: arm for arm in plain_arms for r in summary.chosen[arm]}
     found = [c for c in names if any(_prompt_set(r.prompt_label) == c for r in rows)]
-    columns: list[tuple[str, Row, dict[str, str]]] = []  # a configuration: its label, first row, cells
+    columns: list[tuple[Row, dict[str, str]]] = []  # a configuration's first row, its cells
     shares = False  # whether any cell gives the share of tokens from the context
     for arm in sorted(set(summary.chosen) - plain_arms):
         assisted = summary.chosen[arm]
@@ -359,9 +359,9 @@ def category_section(platform: str, summary: SweepSummary) -> list[str]:
             share = _context_share([a for _, a in both])
             shares = shares or bool(share)
             cells[category] = f"{speedup:.2f}x / {statistics.fmean(per_verify):.2f}{share}"
-        columns.append((arm, assisted[0], cells))
-    headers = _column_names([row for _, row, _ in columns])
-    body = [[c, *(cells.get(c, "-") for _, _, cells in columns)] for c in found]
+        columns.append((assisted[0], cells))
+    headers = _column_names([row for row, _ in columns])
+    body = [[c, *(cells.get(c, "-") for _, cells in columns)] for c in found]
     table = tabulate(body, headers=["category", *headers], tablefmt="github")
     return [
         f"Per task category (speedup over the same engine's plain decoding / tokens per verification"
