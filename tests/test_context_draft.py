@@ -187,6 +187,59 @@ def test_a_chains_depth_is_the_one_expected_to_gain_most_per_ms():
     assert doubtful.chain_depth(1) == 1
 
 
+def test_a_chain_proposes_one_token_while_the_request_copies_its_context():
+    plan = RoundPlan(_proposer([1, 2, 3]))
+    assert plan.depth(3, windowed=False) == 3  # nothing copied yet: the registered K
+    plan.round_kept(1)  # one token kept: a coincidence as often as a copy
+    assert plan.depth(3, windowed=False) == 3
+    plan.round_kept(2)
+    assert plan.depth(3, windowed=False) == 1 and plan.depth(3, windowed=True) == 1
+    for _ in range(RoundPlan.COPY_ROUNDS):
+        plan.round_kept(0)
+        assert plan.depth(3, windowed=False) == 1
+    plan.round_kept(0)  # COPY_ROUNDS + 1 rounds without a token from the context
+    assert plan.depth(3, windowed=False) == 3
+    assert plan.depth(3, windowed=True) == plan.chain_depth(3)
+    plan.round_kept(RoundPlan.COPY_TOKENS)
+    assert plan.depth(3, windowed=False) == 1
+
+
+def test_the_loop_drafts_as_deep_as_the_plan_says_and_keeps_the_targets_output(pair, monkeypatch):
+    """Every chain round drafts the depth the plan gave it: one token after a round kept tokens
+    from the context (here accepted by a seeded draw, as the tiny targets copy nothing), else K."""
+    from harness.decoding import trees
+
+    depths: list[int] = []
+    drafted: list[int] = []
+    plan_depth, propose = RoundPlan.depth, trees._Draft.propose
+
+    def depth(self, k, windowed):
+        depths.append(plan_depth(self, k, windowed))
+        return depths[-1]
+
+    def draft(self, seq, nodes, threshold=0.0):
+        drafted.append(max(len(p) for p in nodes))
+        return propose(self, seq, nodes, threshold)
+
+    monkeypatch.setattr(RoundPlan, "depth", depth)
+    monkeypatch.setattr(trees._Draft, "propose", draft)
+    s = GenerationSettings(
+        mode="assisted",
+        max_new_tokens=64,
+        ignore_eos=True,
+        num_assistant_tokens=3,
+        context_draft=8,
+        synthetic_acceptance=0.9,
+    )
+    m = generate(pair, PROMPTS[0], s)
+    assert m.from_context > 0
+    assert 1 in depths and 3 in depths
+    # The budget's room cuts the last rounds' chains shorter, never a chain of one.
+    assert len(drafted) == len(depths) and all(d <= p for d, p in zip(drafted, depths, strict=True))
+    assert all(d == p for d, p in zip(drafted, depths, strict=True) if p == 1)
+    assert drafted[: len(drafted) // 2] == depths[: len(depths) // 2]
+
+
 def test_a_long_prompts_chain_proposes_no_deeper_than_its_plan_says(pair, monkeypatch):
     """On a prompt longer than the draft's window each chain round proposes at most the plan's depth
     (here one token), and the output is plain decoding's."""

@@ -22,7 +22,10 @@ draft model's chain runs, unless (on a prompt longer than the draft's window, wh
 ``trees`` knows) its own rounds have emitted fewer tokens than plain steps would have in their time
 (``ChainRecord``): then plain steps, with a chain round now and then to see whether that changed.
 On such a prompt the chain's depth is chosen by the same measure (``RoundPlan.chain_depth``): the
-depth up to K with the most expected tokens per ms at the rate its tokens are kept.
+depth up to K with the most expected tokens per ms at the rate its tokens are kept. While a request
+copies its context (a recent round kept two or more of its tokens) the chain proposes one token a
+round, so that the context, not the draft, proposes the copy's continuation as soon as it matches
+again.
 A draft model's chain is itself continued from the context where the sequence with the chain's
 tokens matches a copy (a match running ``RUNS[0]`` tokens or more back): a copy whose first tokens
 only the draft foresaw goes on in the same verification, its rows cut by the same expected gain per
@@ -279,6 +282,11 @@ class RoundPlan:
     # CHAIN_KEEP of the last (about ten rounds' memory), from a prior of CHAIN_PRIOR (kept, missed).
     CHAIN_KEEP = 0.9
     CHAIN_PRIOR = (2.0, 1.0)
+    # A request copies its context for COPY_ROUNDS rounds after one that kept COPY_TOKENS or more of
+    # the context's tokens; meanwhile the draft's chain proposes a single token (``depth``). One token
+    # kept is often a coincidence (the mixed prompts keep one now and then), a copy keeps more.
+    COPY_ROUNDS = 16
+    COPY_TOKENS = 2
 
     def __init__(self, context: ContextProposer) -> None:
         self.context = context
@@ -287,6 +295,7 @@ class RoundPlan:
         self.whole = 0.5  # the share of recent draft chains kept whole
         self.chain_hits, self.chain_misses = self.CHAIN_PRIOR
         self.draft_ms: float | None = None  # a draft step's time now (None: none timed yet)
+        self.since_copy = self.COPY_ROUNDS + 1  # rounds since one kept a token from the context
 
     def choose(self, found: Sequence[int]) -> list[int]:
         """The context's tokens the round verifies (none: the draft model's chain runs)."""
@@ -336,6 +345,27 @@ class RoundPlan:
         """A draft forward of one token took ``ms`` (the latest weigh as a row cost's do)."""
         keep = RowCosts.KEEP
         self.draft_ms = ms if self.draft_ms is None else keep * self.draft_ms + (1 - keep) * ms
+
+    def round_kept(self, from_context: int) -> None:
+        """A round ended with ``from_context`` of its emitted tokens proposed by the context."""
+        self.since_copy = 0 if from_context >= self.COPY_TOKENS else self.since_copy + 1
+
+    def depth(self, k: int, windowed: bool) -> int:
+        """How many of up to ``k`` tokens the draft's chain proposes this round: one while the
+        request copies its context (``COPY_ROUNDS``, ``COPY_TOKENS``), else ``chain_depth`` on a
+        prompt longer than the draft's window and ``k`` on one it reads whole.
+
+        Why one while copying: a chain of one leaves the next round to the context, which proposes
+        a copy's continuation as soon as the latest tokens match it again, with no draft step, where
+        a chain of K spends K draft steps and a K+1-row verification on tokens the context would
+        have given. It is decided by the tokens alone, not by timings, so a prompt that copies
+        nothing (the exact acceptance gate's) drafts as it did. Interleaved with the chain of K = 3
+        over the 36 copying prompts (AMD EPYC Zen 3, one process, every output identical) it
+        decoded at 1.64x plain against 1.51x, as fast as a chain of one throughout (1.65x); on the
+        mixed prompts, where K = 3 is the better chain on most hosts, it is level (docs/FINDINGS.md)."""
+        if self.since_copy <= self.COPY_ROUNDS:
+            return 1
+        return self.chain_depth(k) if windowed else k
 
     def chain_depth(self, k: int) -> int:
         """How many of up to ``k`` tokens the draft's chain proposes: the depth with the most

@@ -272,8 +272,8 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
                 tokens = dict(zip(nodes, found, strict=True))
             elif chain:
                 depth = room
-                if windowed and not settings.draft_tree:
-                    depth = min(room, plan.chain_depth(settings.num_assistant_tokens))
+                if plan is not None and not settings.draft_tree:
+                    depth = min(room, plan.depth(settings.num_assistant_tokens, windowed))
                 tokens = draft.propose(seq, _cut(tree, depth), threshold)
                 nodes = [p for p in _cut(tree, depth) if p in tokens]
                 if plan is not None and nodes and not settings.draft_tree:
@@ -323,16 +323,18 @@ def decode(pair: LoadedPair, prompt_ids: Sequence[int], settings: GenerationSett
             drafted += len(nodes)
             accepted += len(path)
             if plan is not None:
+                copied = 0
                 if found:
                     plan.context.verified(len(nodes), len(path))
-                    from_context += len(path)
+                    copied = len(path)
                 elif chain and nodes and not settings.draft_tree:
                     drafted_here = len(nodes) - extended
                     plan.chain_kept(drafted_here, min(len(path), drafted_here))
                     if extended:
-                        continued = max(0, len(path) - drafted_here)  # the context's tokens kept
-                        plan.context.verified(extended, continued)
-                        from_context += continued
+                        copied = max(0, len(path) - drafted_here)  # the context's tokens kept
+                        plan.context.verified(extended, copied)
+                from_context += copied
+                plan.round_kept(copied)
                 if seen > 0:  # a prompt's forward says nothing of a round's cost
                     verified = log.forwards[-1]
                     plan.observe(verified.input_tokens, verified.ms)
