@@ -295,7 +295,7 @@ class RoundPlan:
         self.whole = 0.5  # the share of recent draft chains kept whole
         self.chain_hits, self.chain_misses = self.CHAIN_PRIOR
         self.draft_ms: float | None = None  # a draft step's time now (None: none timed yet)
-        self.since_copy = self.COPY_ROUNDS + 1  # rounds since one kept a token from the context
+        self.since_copy = self.COPY_ROUNDS + 1  # rounds since one kept a copy (``round_kept``)
 
     def choose(self, found: Sequence[int]) -> list[int]:
         """The context's tokens the round verifies (none: the draft model's chain runs)."""
