@@ -197,14 +197,14 @@ def test_a_chain_proposes_one_token_while_the_request_copies_its_context():
     for _ in range(RoundPlan.COPY_ROUNDS):
         plan.round_kept(0)
         assert plan.depth(3, windowed=False) == 1
-    plan.round_kept(0)  # COPY_ROUNDS + 1 rounds without a token from the context
+    plan.round_kept(0)  # COPY_ROUNDS + 1 rounds without a copy
     assert plan.depth(3, windowed=False) == 3
     assert plan.depth(3, windowed=True) == plan.chain_depth(3)
     plan.round_kept(RoundPlan.COPY_TOKENS)
     assert plan.depth(3, windowed=False) == 1
 
 
-def test_the_loop_drafts_as_deep_as_the_plan_says_and_keeps_the_targets_output(pair, monkeypatch):
+def test_the_loop_drafts_as_deep_as_the_plan_says(pair, monkeypatch):
     """Every chain round drafts the depth the plan gave it: one token after a round kept tokens
     from the context (here accepted by a seeded draw, as the tiny targets copy nothing), else K."""
     from harness.decoding import trees

@@ -362,7 +362,7 @@ class RoundPlan:
         nothing (the exact acceptance gate's) drafts as it did. Interleaved with the chain of K = 3
         over the 36 copying prompts (AMD EPYC Zen 3, one process, every output identical) it
         decoded at 1.64x plain against 1.51x, as fast as a chain of one throughout (1.65x); on the
-        mixed prompts, where K = 3 is the better chain on most hosts, it is level (docs/FINDINGS.md)."""
+        mixed prompts, where K = 3 is registered, it is level (docs/FINDINGS.md)."""
         if self.since_copy <= self.COPY_ROUNDS:
             return 1
         return self.chain_depth(k) if windowed else k
