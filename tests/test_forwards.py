@@ -167,3 +167,39 @@ def test_several_cache_lengths_are_timed_in_turn(tmp_path, capsys):
     assert "cache" in header and [line.split("|")[4].strip() for line in lines] == ["8", "40"]
     # One length: no column (the table reads as it did).
     assert "cache" not in forwards.table([forwards.ForwardCost.from_record(records[0])]).splitlines()[0]
+
+
+def test_the_bound_counts_the_kv_cache_the_forward_reads(tmp_path):
+    """What a forward reads includes the keys and values it attends over: measured from the cache
+    itself at each length (every layer's keys and values, one row per token, in the cache's dtype),
+    so a long cache's bound is not the weights' alone. Rows recorded without it keep the weights'."""
+    from harness.report import page
+    from harness.settings import results
+
+    rows_file = tmp_path / "results" / "some-machine" / "forwards" / "tiny.jsonl"
+    argv = ["--model_name", "tiny-qwen2", "--precisions", "fp32", "--kernels", "stock", "--m", "1,3"]
+    argv += ["--cache_tokens", "8,40", "--repetitions", "1", "--json", str(rows_file)]
+    assert forwards.main(argv) == 0
+    config = load_pair("tiny-qwen2", with_draft=False).target.config
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = config.num_hidden_layers * 2 * config.num_key_value_heads * dim * 4  # float32
+    costs = [forwards.ForwardCost.from_record(r) for r in results.read_records(rows_file)]
+    assert [(c.cache_tokens, c.m, c.cache_bytes) for c in costs] == [
+        (n, m, per_token * (n + m)) for n in (8, 40) for m in (1, 3)
+    ]
+    assert all(c.bytes_total == c.bytes_read + c.cache_bytes for c in costs)
+    # The table's read column at each length: the weights and that length's cache.
+    lines = forwards.table(costs, bandwidth_gbs=1.0).splitlines()[2:]
+    read = [float(line.strip("|").split("|")[-3]) for line in lines]
+    assert read == [round(c.bytes_total / 1e9, 3) for c in costs if c.m == 1]
+    longer, shorter = (c.bytes_total for c in costs[2::-2])
+    assert longer - shorter == per_token * 32
+    # A row recorded before the cache was measured: its bound is the weights' alone, and says so.
+    record = results.read_records(rows_file)[0]
+    old = {k: v for k, v in record.items() if k != "cache_bytes"}
+    assert forwards.ForwardCost.from_record(old).bytes_total == record["bytes_read"]
+    drawn = page.results_page(tmp_path / "results")
+    assert "counts the KV cache" in drawn
+    old_file = tmp_path / "results" / "some-machine" / "forwards" / "old.jsonl"
+    results.append_row(old_file, {**old, "timestamp": "t0"})
+    assert "the weights alone" in page.results_page(tmp_path / "results")

@@ -52,16 +52,34 @@ class ForwardCost:
     # The host's read bandwidth (GB/s) the bound is taken at: read between this model's repetitions
     # (median), so the bound of the same minutes. None: the run's one reading stands for it.
     bound_gbs: float | None = None
+    # Keys and values the forward attends over (the cache and its own rows, as the model holds them;
+    # None: not measured, as in rows recorded before it was). Part of what the forward must read: at
+    # 4,096 tokens the 1.5B target's float32 cache is about a quarter of its weights' bytes.
+    cache_bytes: int | None = None
+
+    @property
+    def bytes_total(self) -> int | None:
+        """Everything the forward reads: its weights and, where measured, its cache."""
+        return None if self.bytes_read is None else self.bytes_read + (self.cache_bytes or 0)
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ForwardCost:
         return cls(**{f.name: record.get(f.name) for f in fields(cls)})
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One M's forwards as ``time_forwards`` timed them."""
+
+    median: float  # ms
+    best: float  # ms
+    cache_bytes: int | None  # keys and values the forward attended over (``cache_bytes``)
+
+
 def bytes_read(model: torch.nn.Module, m: int) -> int | None:
     """Bytes of weights one forward of ``m`` tokens reads: every parameter and buffer once (packed
-    blocks as stored), the input embedding one row per token. The KV cache is left out (about 1% of
-    the target's weights at 200 tokens)."""
+    blocks as stored), the input embedding one row per token. The KV cache is the cache's own
+    (``cache_bytes``)."""
     try:
         embedding = model.get_input_embeddings()
         output = model.get_output_embeddings()
@@ -80,6 +98,18 @@ def bytes_read(model: torch.nn.Module, m: int) -> int | None:
             else:
                 total += t.numel() * t.element_size()
     return total
+
+
+def cache_bytes(cache: Any) -> int | None:
+    """Bytes of keys and values a cache holds now, as its layers hold them (a view's own extent, not
+    the buffer behind it); None where the cache's layers hold no key and value tensors."""
+    total = 0
+    for layer in getattr(cache, "layers", ()):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if not isinstance(t, torch.Tensor):
+                return None
+            total += t.numel() * t.element_size()
+    return total or None
 
 
 def bandwidth_reader(size_mib: int = 256) -> Callable[[], float]:
@@ -112,8 +142,9 @@ def time_forwards(
     repetitions: int = 5,
     seed: int = 0,
     between: Callable[[], None] | None = None,
-) -> dict[int, tuple[float, float]]:
-    """Median and best ms of one forward of M new tokens onto a ``cache_tokens`` KV cache, per M.
+) -> dict[int, Timed]:
+    """Median and best ms of one forward of M new tokens onto a ``cache_tokens`` KV cache, and the
+    keys and values it attended over, per M.
 
     Each timed forward sees the same cache length: the cache is cropped back to the prefix after
     it (a prefill of a long cache costs far more than the forwards timed on it, so it is made once;
@@ -132,6 +163,7 @@ def time_forwards(
     prefix = torch.randint(100, min(vocab, 20000), (1, cache_tokens), generator=g).to(device)
     wait = timing.synchronized(model)  # None on the CPU; on a GPU each forward is timed to its end
     times: dict[int, list[float]] = {m: [] for m in ms}
+    held: dict[int, int | None] = {}
     cache = None
     with torch.inference_mode():
         for _ in range(repetitions + 1):
@@ -147,13 +179,14 @@ def time_forwards(
                 if wait is not None:
                     wait()
                 times[m].append((time.perf_counter() - start) * 1000)
+                held[m] = cache_bytes(cache)
                 if cache.get_seq_length() == cache_tokens + m:
                     cache.crop(-m)  # a count to remove, in transformers' 5.x spelling
                 else:
                     cache = None
             if between is not None:
                 between()
-    return {m: (statistics.median(t[1:]), min(t[1:])) for m, t in times.items()}
+    return {m: Timed(statistics.median(t[1:]), min(t[1:]), held[m]) for m, t in times.items()}
 
 
 def measure(
@@ -200,9 +233,20 @@ def measure(
             timed = time_forwards(model, ms, cache_tokens, repetitions, between=between)
             # The first repetition warms up and is dropped, its reading with it.
             gbs = round(statistics.median(readings[1:]), 2) if len(readings) > 1 else None
-            for m, (med, best) in timed.items():
+            for m, t in timed.items():
                 rows.append(
-                    ForwardCost(role, prec, kern, m, med, best, bytes_read(model, m), cache_tokens, gbs)
+                    ForwardCost(
+                        role,
+                        prec,
+                        kern,
+                        m,
+                        t.median,
+                        t.best,
+                        bytes_read(model, m),
+                        cache_tokens,
+                        gbs,
+                        t.cache_bytes,
+                    )
                 )
                 if on_row is not None:
                     on_row(rows[-1])
@@ -217,9 +261,9 @@ def _ms(value: float) -> str:
 def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> str:
     """Markdown: one line per (role, precision, kernels), one column per M (median ms), and the
     cost of each M relative to M = 1 (what v is for K = M - 1). With the host's read bandwidth
-    (a line's own, read between its forwards, else ``bandwidth_gbs``), also the weights one token
-    reads, the time reading them takes at that bandwidth (the bound a one-token step cannot beat),
-    and M = 1 over that bound."""
+    (a line's own, read between its forwards, else ``bandwidth_gbs``), also what one token reads
+    (its weights, and its KV cache where the row measured it), the time reading that takes at that
+    bandwidth (the bound a one-token step cannot beat), and M = 1 over that bound."""
     from tabulate import tabulate
 
     ms = sorted({r.m for r in rows})
@@ -239,7 +283,7 @@ def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> st
         bound = []
         if shown:
             gbs = (by_m[1].bound_gbs if 1 in by_m else None) or bandwidth_gbs
-            read = by_m[1].bytes_read if 1 in by_m else None
+            read = by_m[1].bytes_total if 1 in by_m else None
             bound_ms = read / gbs / 1e6 if read and gbs else None
             bound = [
                 f"{read / 1e9:.3f}" if read else "-",

@@ -334,9 +334,9 @@ def forward_costs(
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Median ms of one forward of M rows, target and draft (the draft's widest level is at most
     ``MAX_NODES`` rows), timed in the run that decoded the prompts: hosts drift between runs."""
-    target = {m: med for m, (med, _) in time_forwards(pair.target, rows, repetitions=repetitions).items()}
+    target = {m: t.median for m, t in time_forwards(pair.target, rows, repetitions=repetitions).items()}
     widths = [m for m in rows if m <= MAX_NODES]
-    draft = {m: med for m, (med, _) in time_forwards(pair.draft, widths, repetitions=repetitions).items()}
+    draft = {m: t.median for m, t in time_forwards(pair.draft, widths, repetitions=repetitions).items()}
     return target, draft
 
 

@@ -726,12 +726,23 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
             f"- one forward of M tokens onto a {lengths}-token cache, median of "
             f"{first.get('repetitions')} (ms; in brackets relative to M=1), {first.get('threads')} "
             f"threads; read bandwidth {first.get('bandwidth_gbs')} GB/s at the run's start"
-            + ("; each line's bound at its own reading, taken between its forwards" if own else ""),
+            + ("; each line's bound at its own reading, taken between its forwards" if own else "")
+            + _read_counts(costs),
             "",
             forwards.table(costs, first.get("bandwidth_gbs")),
             "",
         ]
     return lines
+
+
+def _read_counts(costs: Sequence[forwards.ForwardCost]) -> str:
+    """What a run's "GB read" holds: rows recorded before the KV cache was measured count the
+    weights alone, which understates a long cache's bound."""
+    if not any(c.bytes_read for c in costs):
+        return ""
+    if all(c.cache_bytes for c in costs if c.bytes_read):
+        return "; what a token reads counts the KV cache it attends over"
+    return "; what a token reads counts the weights alone (the run did not record its KV cache)"
 
 
 def _context_beside(case: baselines.CaseKey) -> str:
