@@ -137,6 +137,14 @@ def test_json_rows_feed_the_results_page(tmp_path, capsys):
     # A second run appends to the first one's file (the file is this tool's rows, not the CLI's).
     assert forwards.main([*argv[:-4], "--m", "2", "--json", str(rows_file)]) == 0
     assert [r["m"] for r in results.read_records(rows_file)] == [1, 3, 2]
+    # Each run is drawn: the page embeds a plot per run, named by its place in the file, and
+    # writing the page writes them.
+    drawn = page.results_page(tmp_path / "results")
+    plots = [f"./some-machine/forwards-tiny-{run}.png" for run in (1, 2)]
+    assert all(f"]({plot})" in drawn for plot in plots)
+    page.write_results_page(tmp_path / "results")
+    for plot in plots:
+        assert (tmp_path / "results" / plot).read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_the_llama_cpp_reference_is_a_line_of_the_table():

@@ -706,15 +706,27 @@ def humaneval_section(platform: str, records: list[dict[str, Any]], source: str)
     return lines
 
 
-def forwards_section(platform: str, records: list[dict[str, Any]], source: str) -> list[str]:
-    """One table per ``python -m harness.forwards --json`` run in the file: each forward's median
-    ms by M beside the bytes it reads over the run's measured read bandwidth."""
+def forward_runs(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A forward-cost rows file's runs, in the file's order: its rows by (command, timestamp)."""
     runs: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         runs[(record.get("command", ""), record.get("timestamp", ""))].append(record)
+    return list(runs.values())
+
+
+def forwards_png_name(source: Path, run: int) -> str:
+    """The plot of the ``run``-th run (from 1) in a forward-cost rows file: a run appended later
+    leaves the earlier runs' names as they were."""
+    return f"forwards-{source.stem}-{run}.png"
+
+
+def forwards_section(platform: str, records: list[dict[str, Any]], source: str) -> list[str]:
+    """One table per ``python -m harness.forwards --json`` run in the file: each forward's median
+    ms by M beside the bytes it reads over the run's measured read bandwidth, and its plot."""
     lines: list[str] = []
-    for (command, _), mine in runs.items():
+    for run, mine in enumerate(forward_runs(records), start=1):
         first = mine[0]
+        command = first.get("command", "")
         costs = [forwards.ForwardCost.from_record(r) for r in mine]
         own = any(c.bound_gbs for c in costs)
         lines += [f"#### Forward costs: {first.get('pair')} {costs[0].role}", ""]
@@ -731,8 +743,62 @@ def forwards_section(platform: str, records: list[dict[str, Any]], source: str) 
             "",
             forwards.table(costs, first.get("bandwidth_gbs")),
             "",
+            f"![A forward's cost by rows](./{files.file_name(platform)}/"
+            f"{forwards_png_name(Path(source), run)})",
+            "",
         ]
     return lines
+
+
+def forwards_png(
+    platform: str, costs: Sequence[forwards.ForwardCost], bandwidth_gbs: float | None = None
+) -> bytes:
+    """A forward-cost run drawn: ms by M (left) and relative to M = 1 (right), a line per precision,
+    kernels and cache length; llama.cpp's dashed, in its cache length's colour; and where the run
+    read the host's bandwidth, each line's read bound at M = 1 (the table's), a bar in its colour."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    absolute, relative = fig.subplots(1, 2)
+    lines: dict[tuple[str, str, int | None], dict[int, forwards.ForwardCost]] = defaultdict(dict)
+    for c in costs:
+        lines[(c.precision, c.kernels, c.cache_tokens)][c.m] = c
+    caches = sorted({cache for _, _, cache in lines if cache is not None})
+    colours = {cache: f"C{i}" for i, cache in enumerate(caches)}
+    for i, ((precision, kernels, cache), by_m) in enumerate(lines.items()):
+        ms = sorted(by_m)
+        reference = precision == "llama.cpp"
+        name = "llama.cpp" if reference else f"{precision} / {kernels}"
+        label = name + (f", {cache}-token cache" if len(caches) > 1 else "")
+        style = {
+            "marker": "o",
+            "linestyle": "--" if reference else "-",
+            "color": colours[cache] if len(caches) > 1 and cache is not None else f"C{i}",
+            "label": label,
+        }
+        absolute.plot(ms, [by_m[m].ms for m in ms], **style)
+        if 1 not in by_m:
+            continue
+        relative.plot(ms, [by_m[m].ms / by_m[1].ms for m in ms], **style)
+        read, gbs = by_m[1].bytes_total, by_m[1].bound_gbs or bandwidth_gbs
+        if read and gbs:
+            absolute.plot([1], [read / gbs / 1e6], marker="_", markersize=18, color=style["color"])
+    every_m = sorted({c.m for c in costs})
+    absolute.set_title("bars at M = 1: the read bound", fontsize=8)
+    for ax, label in ((absolute, "ms a forward"), (relative, "relative to one token (M = 1)")):
+        ax.set_xticks(every_m, [str(m) for m in every_m])
+        ax.set_xlabel("tokens a forward (M)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    # on the right where it has lines (a run without M = 1 draws only the left)
+    (relative if relative.lines else absolute).legend(fontsize=7)
+    role = costs[0].role if costs else ""
+    fig.suptitle(f"A {role} forward's cost by rows, on {platform}", fontsize=10)
+    fig.tight_layout()
+    return png_bytes(fig)
 
 
 def _read_counts(costs: Sequence[forwards.ForwardCost]) -> str:
@@ -1185,6 +1251,12 @@ def write_results_page(results_dir: Path, baselines_dir: Path | None = None, out
             title = concurrency_report.title(rows[0].model, _engine(rows[0]), platform)
             png = out / files.file_name(platform) / concurrency_png_name(source)
             files.atomic_write(png, concurrency_report.plot(levels, title))
+    for source in sorted(Path(results_dir).glob("*/forwards/*.jsonl")):
+        platform = source.parent.parent.name
+        for run, mine in enumerate(forward_runs(results.read_records(source)), start=1):
+            costs = [forwards.ForwardCost.from_record(r) for r in mine]
+            png = out / files.file_name(platform) / forwards_png_name(source, run)
+            files.atomic_write(png, forwards_png(platform, costs, mine[0].get("bandwidth_gbs")))
     root = Path(results_dir).parent
     references = acceptance.load_all(root / "baselines" if baselines_dir is None else Path(baselines_dir))
     if references:
