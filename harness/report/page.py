@@ -767,13 +767,16 @@ def forwards_png(
         lines[(c.precision, c.kernels, c.cache_tokens)][c.m] = c
     caches = sorted({cache for _, _, cache in lines if cache is not None})
     colours = {cache: f"C{i}" for i, cache in enumerate(caches)}
+    # Where colour tells the cache lengths apart, the marker tells the precisions and kernels apart.
+    kinds = list(dict.fromkeys((precision, kernels) for precision, kernels, _ in lines))
+    markers = {kind: "osD^v<>"[i % 7] for i, kind in enumerate(kinds)}
     for i, ((precision, kernels, cache), by_m) in enumerate(lines.items()):
         ms = sorted(by_m)
         reference = precision == "llama.cpp"
         name = "llama.cpp" if reference else f"{precision} / {kernels}"
         label = name + (f", {cache}-token cache" if len(caches) > 1 else "")
         style = {
-            "marker": "o",
+            "marker": markers[(precision, kernels)],
             "linestyle": "--" if reference else "-",
             "color": colours[cache] if len(caches) > 1 and cache is not None else f"C{i}",
             "label": label,
