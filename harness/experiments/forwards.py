@@ -62,6 +62,12 @@ class ForwardCost:
         """Everything the forward reads: its weights and, where measured, its cache."""
         return None if self.bytes_read is None else self.bytes_read + (self.cache_bytes or 0)
 
+    def bound_ms(self, bandwidth_gbs: float | None = None) -> float | None:
+        """The time reading ``bytes_total`` takes at this row's own bandwidth reading, else at
+        ``bandwidth_gbs`` (the run's): the bound a one-token forward cannot beat; None without both."""
+        read, gbs = self.bytes_total, self.bound_gbs or bandwidth_gbs
+        return read / gbs / 1e6 if read and gbs else None
+
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> ForwardCost:
         return cls(**{f.name: record.get(f.name) for f in fields(cls)})
@@ -282,9 +288,8 @@ def table(rows: Sequence[ForwardCost], bandwidth_gbs: float | None = None) -> st
         ]
         bound = []
         if shown:
-            gbs = (by_m[1].bound_gbs if 1 in by_m else None) or bandwidth_gbs
             read = by_m[1].bytes_total if 1 in by_m else None
-            bound_ms = read / gbs / 1e6 if read and gbs else None
+            bound_ms = by_m[1].bound_ms(bandwidth_gbs) if 1 in by_m else None
             bound = [
                 f"{read / 1e9:.3f}" if read else "-",
                 _ms(bound_ms) if bound_ms else "-",

@@ -785,9 +785,9 @@ def forwards_png(
         if 1 not in by_m:
             continue
         relative.plot(ms, [by_m[m].ms / by_m[1].ms for m in ms], **style)
-        read, gbs = by_m[1].bytes_total, by_m[1].bound_gbs or bandwidth_gbs
-        if read and gbs:
-            absolute.plot([1], [read / gbs / 1e6], marker="_", markersize=18, color=style["color"])
+        bound = by_m[1].bound_ms(bandwidth_gbs)
+        if bound:
+            absolute.plot([1], [bound], marker="_", markersize=18, color=style["color"])
     every_m = sorted({c.m for c in costs})
     absolute.set_title("bars at M = 1: the read bound", fontsize=8)
     for ax, label in ((absolute, "ms a forward"), (relative, "relative to one token (M = 1)")):
