@@ -39,6 +39,10 @@ from harness.weights import packaged
 ROW_KEYS = ("pair", "platform", "role", "m", "ms")
 
 
+# The precision a reference row (llama.cpp's own forwards of the same GGUF) is recorded under.
+REFERENCE = "llama.cpp"
+
+
 @dataclass(frozen=True)
 class ForwardCost:
     role: str  # "target" or "draft"
@@ -56,6 +60,11 @@ class ForwardCost:
     # None: not measured, as in rows recorded before it was). Part of what the forward must read: at
     # 4,096 tokens the 1.5B target's float32 cache is about a quarter of its weights' bytes.
     cache_bytes: int | None = None
+
+    @property
+    def reference(self) -> bool:
+        """Whether this is the reference's forward (``REFERENCE``), not one of the harness's own."""
+        return self.precision == REFERENCE
 
     @property
     def bytes_total(self) -> int | None:
@@ -449,7 +458,7 @@ def reference_batches(
     both verifications' growth with M and with the cache read side by side."""
     for m in sorted({m for m in ms if m > 1}):
         t = llamacpp.batch_ms(binary, gguf, rows=m, threads=ref.threads, depth=cache_tokens)
-        yield ForwardCost(role, "llama.cpp", ref.build, m, t, t, None, cache_tokens)
+        yield ForwardCost(role, REFERENCE, ref.build, m, t, t, None, cache_tokens)
 
 
 def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
@@ -457,7 +466,7 @@ def reference_cost(role: str, ref: llamacpp.Reference) -> ForwardCost:
     measured at; its time includes sampling), so its plain decoding stands beside the harness's
     one-token forward; the mean of its runs just before and just after the harness's
     (``llamacpp.around``)."""
-    return ForwardCost(role, "llama.cpp", ref.build, 1, ref.ms_per_token, ref.ms_per_token, None)
+    return ForwardCost(role, REFERENCE, ref.build, 1, ref.ms_per_token, ref.ms_per_token, None)
 
 
 if __name__ == "__main__":

@@ -754,8 +754,8 @@ def forwards_png(
     platform: str, costs: Sequence[forwards.ForwardCost], bandwidth_gbs: float | None = None
 ) -> bytes:
     """A forward-cost run drawn: ms by M (left) and relative to M = 1 (right), a line per precision,
-    kernels and cache length; llama.cpp's dashed, in its cache length's colour; and where the run
-    read the host's bandwidth, each line's read bound at M = 1 (the table's), a bar in its colour."""
+    kernels and cache length; the reference's dashed, in its cache length's colour; and where the
+    run read the host's bandwidth, each line's read bound at M = 1 (the table's), a bar in its colour."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -772,8 +772,8 @@ def forwards_png(
     markers = {kind: "osD^v<>"[i % 7] for i, kind in enumerate(kinds)}
     for i, ((precision, kernels, cache), by_m) in enumerate(lines.items()):
         ms = sorted(by_m)
-        reference = precision == "llama.cpp"
-        name = "llama.cpp" if reference else f"{precision} / {kernels}"
+        reference = next(iter(by_m.values())).reference
+        name = precision if reference else f"{precision} / {kernels}"
         label = name + (f", {cache}-token cache" if len(caches) > 1 else "")
         style = {
             "marker": markers[(precision, kernels)],
