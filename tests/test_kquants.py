@@ -76,14 +76,18 @@ def test_decoding_matches_gguf_dequantize(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("force_avx2", [False, True])
+# the host's AVX-512 path with a one-row pass's near prefetch and without (each host kind runs one of
+# them), and the AVX2 path
+@pytest.mark.parametrize(
+    "force_avx2, one_row_near", [(False, False), (False, True), (True, None)], ids=["avx512", "avx512-near", "avx2"]
+)
 # rows a pass over the weights for m = 1, 5, 8, 13 (one row: a decoding step's): AVX-512 1, 5, 8,
 # 7 + 6; AVX2 1, 3 + 2, 4 + 4, 4 + 3 + 3 + 3
 @pytest.mark.parametrize("m", [1, 5, 8, 13])
-def test_kernel_equals_reference_bit_for_bit(kind, force_avx2, m):
+def test_kernel_equals_reference_bit_for_bit(kind, force_avx2, one_row_near, m):
     raw, lin = layer(kind, 37, 3)
     x = torch.randn(m, 3 * kquants.QK, generator=torch.Generator().manual_seed(1)) * 3
-    y = lin(x, force_avx2=force_avx2)
+    y = lin(x, force_avx2=force_avx2, one_row_near=one_row_near)
     assert np.array_equal(y.numpy(), reference(kind, raw, x))
     # and close to the float product (the activation's int8 rounding is the only difference)
     w = torch.from_numpy(kquants.dequantize(kquants.decode(kind, raw)))
@@ -113,11 +117,15 @@ def test_rows_do_not_depend_on_batch_threads_or_isa(kind, m, n, nb, threads, see
         torch.set_num_threads(threads)
         batched = lin(x)
         one_by_one = torch.cat([lin(x[i : i + 1]) for i in range(m)])
+        # the one-row passes' other prefetch variant than this host's: when rows arrive moves no bit
+        other = not kquants.extension().one_row_near()
+        one_by_one_other = torch.cat([lin(x[i : i + 1], one_row_near=other) for i in range(m)])
         avx2 = lin(x, force_avx2=True)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(batched, alone)
     assert torch.equal(batched, one_by_one)
+    assert torch.equal(batched, one_by_one_other)
     assert torch.equal(batched, avx2)
 
 

@@ -13,6 +13,7 @@
 // values only: batch-invariant by construction, and the same bits on either instruction set.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <algorithm>
 #include <atomic>
@@ -68,9 +69,14 @@ constexpr int64_t G = 16;  // columns per group
 // 4 rows from 50-57 ms to 40-43 (one row 35-43), of 8 rows 0.77x. Two rows read 0.69-1.19x with it
 // across the host's memory phases (better in three runs of five), and without it the target's
 // two-row forward cost 1.3-1.6x its three-row one in the same run; with it, 0.98-1.02x. A one-row
-// AVX-512 pass reads faster with neither: the prefetches take load slots and miss buffers the hardware
-// streams better (without them, 0.83-0.89x of its time with the near one, ~0.67x of its time with
-// the far one; with both, 0.89-1.31x, mostly slower).
+// AVX-512 pass, on Zen 4, reads faster with neither: the prefetches take load slots and miss buffers
+// the hardware streams better (without them, 0.83-0.89x of its time with the near one, ~0.67x of its
+// time with the far one; with both, 0.89-1.31x, mostly slower). On AMD EPYC Zen 5 (family 26 model 2)
+// the other way round: without the near one a one-row pass leaves the stream short. The target's
+// one-token forward onto a 200-token cache, variants alternated in one process (medians of 30): with
+// the near prefetch 19.96 ms against 39.3 without (the host reading 77 GB/s), 31.0 against 50.7 in a
+// slower phase (46 GB/s); near and far 21.9, far alone 22.1; the near one 2 or 8 records ahead read
+// as 4 did. So a one-row pass takes the near prefetch on the host kinds `one_row_near` names.
 constexpr int64_t PREFETCH = 4, PREFETCH_FAR = 8;
 constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 32;
 
@@ -93,6 +99,29 @@ constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 3
       PREFETCH_AT(p, PREFETCH_FAR * (rec), _MM_HINT_T2); \
     }                                                    \
   } while (0)
+// A pass of R rows: both prefetches from two rows up; at one row the near one where NEAR1.
+#define PREFETCH_PASS(R, NEAR1, p, rec)                   \
+  do {                                                    \
+    PREFETCH_LINE(R > 1, p, rec);                         \
+    if constexpr (R == 1 && NEAR1) PREFETCH_AT(p, PREFETCH * (rec), _MM_HINT_T0); \
+  } while (0)
+
+// Whether a one-row AVX-512 pass takes the near prefetch on this host (above): on AMD from family 26
+// (Zen 5) up, where it was measured to pay; elsewhere (Zen 4, where it was measured to cost, and
+// hosts not measured) not. The prefetch moves no bit, only when lines arrive.
+bool host_wants_near() {
+  static const bool near = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != signature_AMD_ebx) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base = (a >> 8) & 0xF, family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+    return family >= 26;
+  }();
+  return near;
+}
+
+// `one_row_near`: -1 this host's choice, 0 or 1 either variant (the tests run both, for their bits).
+bool one_row_near(int64_t choice) { return choice < 0 ? host_wants_near() : choice != 0; }
 
 // A record of S sub-blocks: Q4_K 16 scale and 16 min bytes per sub-block, d and dmin, then 256 code
 // bytes per sub-block; Q6_K 16 scale bytes per sub-block, d, then 192 code bytes per sub-block.
@@ -260,7 +289,8 @@ AVX512 inline void store_512(float* row, int64_t N, int64_t n0, __m512 v, __m512
 // ---------------------------------------------------------------- AVX-512 VNNI: 16 columns per vector
 
 // One block's record (S sub-blocks) of a group, for R activation rows, added into v and o.
-template <int R, int S>
+// NEAR1: a one-row pass's near prefetch (`one_row_near`); a row's last record, one of 4 to 35, goes without.
+template <int R, int S, bool NEAR1 = false>
 AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, __m512 (&v)[R], __m512 (&o)[R]) {
   const __m512i low = _mm512_set1_epi8(0x0F), half = _mm512_set1_epi32(0xFFFF);
   // The record's head first, in address order (scales, mins, dmin): o's step needs nothing from the
@@ -287,7 +317,7 @@ AVX512 ALWAYS_INLINE void q4k_block_512(const uint8_t* rec, const Act& a, int64_
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
     for (int t = 0; t < 4; ++t) {
-      PREFETCH_LINE(R > 1, codes + 64 * (4 * j + t), Q4K_REC);
+      PREFETCH_PASS(R, NEAR1, codes + 64 * (4 * j + t), Q4K_REC);
       const __m512i w = _mm512_loadu_si512(codes + 64 * (4 * j + t));
       const __m512i lo = _mm512_and_si512(w, low), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
       const int64_t k = b * QK + 4 * (8 * j + 2 * t);
@@ -324,19 +354,19 @@ AVX512 ALWAYS_INLINE void prefetch_act(const Act& a, int64_t m0, int64_t b) {
   }
 }
 
-template <int R>
+template <int R, bool NEAR1 = false>
 AVX512 void q4k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
   __m512 v[R], o[R];
   for (int r = 0; r < R; ++r) v[r] = o[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b + 1 < a.nb; ++b) {
     prefetch_act<R>(a, m0, b);
-    q4k_block_512<R, 8>(grp + b * Q4K_REC, a, m0, b, v, o);
+    q4k_block_512<R, 8, NEAR1>(grp + b * Q4K_REC, a, m0, b, v, o);
   }
   Q4K_LAST(q4k_block_512, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, v, o)
   for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
 }
 
-template <int R, int S>
+template <int R, int S, bool NEAR1 = false>
 AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, __m512 (&v)[R], __m512 (&o)[R]) {
   const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
   const __m512 k32 = _mm512_set1_ps(32.0f);
@@ -358,7 +388,7 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
     __m512i s[R], s2[R];  // two dependency chains per row
     for (int r = 0; r < R; ++r) s[r] = s2[r] = _mm512_setzero_si512();
     const uint8_t* sub = codes + 192 * g;
-    for (int l = 0; l < 3; ++l) PREFETCH_LINE(R > 1, sub + 64 * l, Q6K_REC);
+    for (int l = 0; l < 3; ++l) PREFETCH_PASS(R, NEAR1, sub + 64 * l, Q6K_REC);
     const __m512i n0 = _mm512_loadu_si512(sub), n1 = _mm512_loadu_si512(sub + 64);
     const __m512i hb = _mm512_loadu_si512(sub + 128);
     const __m512i W[4] = {
@@ -382,13 +412,13 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
   for (int r = 0; r < R; ++r) add_sum_512(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
 }
 
-template <int R>
+template <int R, bool NEAR1 = false>
 AVX512 void q6k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
   __m512 v[R], o[R];
   for (int r = 0; r < R; ++r) v[r] = o[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b + 1 < a.nb; ++b) {
     prefetch_act<R>(a, m0, b);
-    q6k_block_512<R, 16>(grp + b * Q6K_REC, a, m0, b, v, o);
+    q6k_block_512<R, 16, NEAR1>(grp + b * Q6K_REC, a, m0, b, v, o);
   }
   Q6K_LAST(q6k_block_512, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, v, o)
   for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
@@ -591,9 +621,12 @@ AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
     case 3: FN<3>(__VA_ARGS__); break;      \
     default: FN<4>(__VA_ARGS__); break;     \
   }
-#define KQ_DISPATCH8(FN, rows, ...)         \
+#define KQ_DISPATCH8(FN, rows, near, ...)   \
   switch (rows) {                           \
-    case 1: FN<1>(__VA_ARGS__); break;      \
+    case 1:                                 \
+      if (near) FN<1, true>(__VA_ARGS__);   \
+      else FN<1>(__VA_ARGS__);              \
+      break;                                \
     case 2: FN<2>(__VA_ARGS__); break;      \
     case 3: FN<3>(__VA_ARGS__); break;      \
     case 4: FN<4>(__VA_ARGS__); break;      \
@@ -604,13 +637,13 @@ AVX2 void q6k_avx2(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64
   }
 
 template <typename Tag>
-void group_rows(bool avx512, const uint8_t* grp, const Act& a, int64_t m0, int64_t rows, float* y, int64_t N,
-                int64_t n0) {
+void group_rows(bool avx512, bool near, const uint8_t* grp, const Act& a, int64_t m0, int64_t rows, float* y,
+                int64_t N, int64_t n0) {
   if constexpr (std::is_same_v<Tag, Q4KTag>) {
-    if (avx512) { KQ_DISPATCH8(q4k_512, rows, grp, a, m0, y, N, n0) }
+    if (avx512) { KQ_DISPATCH8(q4k_512, rows, near, grp, a, m0, y, N, n0) }
     else { KQ_DISPATCH(q4k_avx2, rows, grp, a, m0, y, N, n0) }
   } else {
-    if (avx512) { KQ_DISPATCH8(q6k_512, rows, grp, a, m0, y, N, n0) }
+    if (avx512) { KQ_DISPATCH8(q6k_512, rows, near, grp, a, m0, y, N, n0) }
     else { KQ_DISPATCH(q6k_avx2, rows, grp, a, m0, y, N, n0) }
   }
 }
@@ -692,11 +725,11 @@ void balanced_for(int64_t total, const F& body) {
 }
 
 template <typename Tag>
-torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N, bool force_avx2) {
+torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N, bool force_avx2, int64_t near1) {
   const Act a = quantize(x);
   const int64_t M = x.size(0), groups = (N + G - 1) / G, row = row_bytes(std::is_same_v<Tag, Q4KTag>, a);
   check_blocks(blocks, groups, row);
-  const bool avx512 = !force_avx2 && has_vnni();
+  const bool avx512 = !force_avx2 && has_vnni(), near = one_row_near(near1);
   auto y = torch::empty({M, N}, x.options());
   float* yp = y.data_ptr<float>();
   const uint8_t* w = blocks.data_ptr<uint8_t>();
@@ -707,7 +740,7 @@ torch::Tensor run(const torch::Tensor& x, const torch::Tensor& blocks, int64_t N
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t m0 = 0, rows = 0; m0 < M; m0 += rows) {
         rows = pass_rows(M, m0, avx512);
-        group_rows<Tag>(avx512, w + g * row, a, m0, rows, yp, N, g * G);
+        group_rows<Tag>(avx512, near, w + g * row, a, m0, rows, yp, N, g * G);
       }
   });
   return y;
@@ -719,14 +752,14 @@ void check_x(const torch::Tensor& x) {
   TORCH_CHECK(x.size(1) > 0, "K must be positive");
 }
 
-torch::Tensor linear_q4k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool force_avx2) {
+torch::Tensor linear_q4k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool force_avx2, int64_t near1) {
   check_x(x);
-  return run<Q4KTag>(x, blocks, n, force_avx2);
+  return run<Q4KTag>(x, blocks, n, force_avx2, near1);
 }
 
-torch::Tensor linear_q6k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool force_avx2) {
+torch::Tensor linear_q6k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool force_avx2, int64_t near1) {
   check_x(x);
-  return run<Q6KTag>(x, blocks, n, force_avx2);
+  return run<Q6KTag>(x, blocks, n, force_avx2, near1);
 }
 
 // Several weights applied to one input (a layer's q, k and v; its gate and up): the input quantized
@@ -735,14 +768,15 @@ torch::Tensor linear_q6k(torch::Tensor x, torch::Tensor blocks, int64_t n, bool 
 // bias is added after the sum, one IEEE add per element, as `y + bias` would.
 std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
                                    const std::vector<std::string>& kinds, const std::vector<int64_t>& ns,
-                                   const std::vector<c10::optional<torch::Tensor>>& biases, bool force_avx2) {
+                                   const std::vector<c10::optional<torch::Tensor>>& biases, bool force_avx2,
+                                   int64_t near1) {
   check_x(x);
   const size_t n = blocks.size();
   TORCH_CHECK(n > 0 && kinds.size() == n && ns.size() == n && biases.size() == n,
               "blocks, kinds, ns and biases must be lists of one length");
   const Act a = quantize(x);
   const int64_t M = x.size(0);
-  const bool avx512 = !force_avx2 && has_vnni();
+  const bool avx512 = !force_avx2 && has_vnni(), near = one_row_near(near1);
   std::vector<int64_t> start(n + 1, 0);
   std::vector<bool> q4(n);
   std::vector<int64_t> rows(n);
@@ -774,8 +808,8 @@ std::vector<torch::Tensor> linears(const torch::Tensor& x, const std::vector<tor
       float* yp = yps[i];
       for (int64_t m0 = 0, count = 0; m0 < M; m0 += count) {
         count = pass_rows(M, m0, avx512);
-        if (q4[i]) group_rows<Q4KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
-        else group_rows<Q6KTag>(avx512, w + local * rows[i], a, m0, count, yp, N, local * G);
+        if (q4[i]) group_rows<Q4KTag>(avx512, near, w + local * rows[i], a, m0, count, yp, N, local * G);
+        else group_rows<Q6KTag>(avx512, near, w + local * rows[i], a, m0, count, yp, N, local * G);
       }
     }
   });
@@ -805,15 +839,17 @@ std::vector<torch::Tensor> quantize_act(torch::Tensor x) {
 #ifndef HARNESS_KERNELS_ONLY
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_q4k", &linear_q4k, "batch-invariant x @ Q4_K(w).T, int8 activation blocks", py::arg("x"),
-        py::arg("blocks"), py::arg("n"), py::arg("force_avx2") = false);
+        py::arg("blocks"), py::arg("n"), py::arg("force_avx2") = false, py::arg("one_row_near") = -1);
   m.def("linear_q6k", &linear_q6k, "batch-invariant x @ Q6_K(w).T, int8 activation blocks", py::arg("x"),
-        py::arg("blocks"), py::arg("n"), py::arg("force_avx2") = false);
+        py::arg("blocks"), py::arg("n"), py::arg("force_avx2") = false, py::arg("one_row_near") = -1);
   m.def("linears", &linears, "several batch-invariant k-quant linears of one input, quantized once",
         py::arg("x"), py::arg("blocks"), py::arg("kinds"), py::arg("ns"), py::arg("biases"),
-        py::arg("force_avx2") = false);
+        py::arg("force_avx2") = false, py::arg("one_row_near") = -1);
   m.def("quantize_act", &quantize_act, "the int8 activation codes and block scales the kernels use",
         py::arg("x"));
   m.def("isa", []() { return std::string(has_vnni() ? "avx512vnni" : "avx2"); },
         "instruction set the k-quant kernels use on this CPU");
+  m.def("one_row_near", []() { return has_vnni() && host_wants_near(); },
+        "whether a one-row pass takes the near prefetch on this CPU");
 }
 #endif

@@ -346,11 +346,16 @@ class KQuantLinear(nn.Module):
         """Bytes one forward streams from the weights (every block once, whatever M)."""
         return self.blocks.numel()
 
-    def forward(self, x: torch.Tensor, force_avx2: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, force_avx2: bool = False, one_row_near: bool | None = None
+    ) -> torch.Tensor:
+        # one_row_near: a one-row pass's prefetch variant, None for the one this host kind runs
+        # (kquants.cpp, `one_row_near`); either gives the same bits, which the tests hold.
         lead, dtype = x.shape[:-1], x.dtype
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         run = extension().linear_q4k if self.kind == "Q4_K" else extension().linear_q6k
-        y = run(x2, self.blocks, self.out_features, force_avx2)
+        near = -1 if one_row_near is None else int(one_row_near)
+        y = run(x2, self.blocks, self.out_features, force_avx2, near)
         if self.bias is not None:
             y = y + self.bias
         return y.to(dtype).reshape(*lead, self.out_features)

@@ -48,7 +48,7 @@ struct Projection {
   std::vector<int64_t> ns;
   std::vector<c10::optional<Tensor>> biases;
 
-  std::vector<Tensor> operator()(const Tensor& x) const { return kq::linears(x, blocks, kinds, ns, biases, false); }
+  std::vector<Tensor> operator()(const Tensor& x) const { return kq::linears(x, blocks, kinds, ns, biases, false, -1); }
 };
 
 // Each thread starts pulling into its own L2 the part of a projection's weights it will read: the
