@@ -79,7 +79,9 @@ def test_decoding_matches_gguf_dequantize(kind):
 # the host's AVX-512 path with a one-row pass's near prefetch and without (each host kind runs one of
 # them), and the AVX2 path
 @pytest.mark.parametrize(
-    "force_avx2, one_row_near", [(False, False), (False, True), (True, None)], ids=["avx512", "avx512-near", "avx2"]
+    "force_avx2, one_row_near",
+    [(False, False), (False, True), (True, None)],
+    ids=["avx512", "avx512-near", "avx2"],
 )
 # rows a pass over the weights for m = 1, 5, 8, 13 (one row: a decoding step's): AVX-512 1, 5, 8,
 # 7 + 6; AVX2 1, 3 + 2, 4 + 4, 4 + 3 + 3 + 3
