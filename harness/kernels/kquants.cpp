@@ -73,10 +73,10 @@ constexpr int64_t G = 16;  // columns per group
 // the hardware streams better (without them, 0.83-0.89x of its time with the near one, ~0.67x of its
 // time with the far one; with both, 0.89-1.31x, mostly slower). On AMD EPYC Zen 5 (family 26 model 2)
 // the other way round: without the near one a one-row pass leaves the stream short. The target's
-// one-token forward onto a 200-token cache, variants alternated in one process (medians of 30): with
+// one-token forward onto a 200-token cache, variants alternated in one process (medians of 24-30): with
 // the near prefetch 19.96 ms against 39.3 without (the host reading 77 GB/s), 31.0 against 50.7 in a
 // slower phase (46 GB/s); near and far 21.9, far alone 22.1; the near one 2 or 8 records ahead read
-// as 4 did. So a one-row pass takes the near prefetch on the host kinds `one_row_near` names.
+// as 4 did. So a one-row pass takes the near prefetch on the host kinds `host_wants_near` names.
 constexpr int64_t PREFETCH = 4, PREFETCH_FAR = 8;
 constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 32;
 
