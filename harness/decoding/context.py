@@ -217,6 +217,9 @@ class ChainRecord:
 
     def __init__(self) -> None:
         self.tokens = self.ms = 0.0
+        # The prior's weight in plain steps, faded with the rounds: held whole, it kept a chain that
+        # emitted 0.83 tokens a step running 98% of its rounds.
+        self.prior = self.PRIOR_ROUNDS * self.PRIOR_STEPS
         self.samples: deque[float] = deque(maxlen=self.SAMPLES)  # plain steps' times, latest last
         self.timed = 0  # plain steps timed so far
         self.since = 0  # chain rounds since the last
@@ -235,8 +238,7 @@ class ChainRecord:
         plain = self.plain_ms
         if plain is None:
             return None
-        prior = self.PRIOR_ROUNDS * self.PRIOR_STEPS
-        return (self.tokens + prior * self.PRIOR_RATE) / (self.ms / plain + prior)
+        return (self.tokens + self.prior * self.PRIOR_RATE) / (self.ms / plain + self.prior)
 
     def runs(self) -> bool:
         """Whether this round runs the chain (else a plain step)."""
@@ -256,6 +258,7 @@ class ChainRecord:
         self.since += 1
         self.tokens = self.KEEP * self.tokens + tokens
         self.ms = self.KEEP * self.ms + ms
+        self.prior *= self.KEEP
         rate, plain = self.rate, self.plain_ms
         if rate is None or plain is None or rate >= 1.0:
             self.backoff = 0
