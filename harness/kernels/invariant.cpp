@@ -603,6 +603,11 @@ constexpr int GROUP = 6;             // rows a thread computes together (values:
 // layers' attention of one row took 0.93x the time at 1K tokens and 0.74-0.78x at 4K, four rows'
 // 0.92-0.93x at 2K (old and new kernels alternated in one process, the same bits).
 constexpr int64_t KEY_AHEAD = 8;
+
+// Asks for the lines of `rows` consecutive key rows (D floats each) KEY_AHEAD keys past `k`.
+inline void request_keys(const float* k, int64_t rows, int64_t D) {
+  for (int64_t e = 0; e < rows * D; e += 16) _mm_prefetch(ahead(k, sizeof(float) * (KEY_AHEAD * D + e)), _MM_HINT_T0);
+}
 constexpr int64_t KEY_TILE = 64;     // keys whose rows stay in L1 while each chunk of rows reads them
 constexpr int64_t SHARED_ROWS = 16;  // up to this many query rows (M), each key and value row is read once for all
 
@@ -633,8 +638,7 @@ void group_scores(const float* const* q, float* const* p, const float* kh, const
   const int64_t D8 = D / 8;
   for (int64_t t = t0; t < t1; ++t) {
     const float* kr = kh + key_at(keys, base, t) * D;
-    if (keys == nullptr)  // consecutive keys: the rows ahead are known
-      for (int64_t e = 0; e < D; e += 16) _mm_prefetch(ahead(kr, sizeof(float) * (KEY_AHEAD * D + e)), _MM_HINT_T0);
+    if (keys == nullptr) request_keys(kr, 1, D);  // consecutive keys: the rows ahead are known
     __m256 a[S];
     ROWS_UNROLLED
     for (int r = 0; r < S; ++r) a[r] = _mm256_setzero_ps();
@@ -828,8 +832,7 @@ AVX512 void group_scores512(const float* const* q, float* const* p, const float*
     const float* k1 = kh + key_at(keys, base, t + 1) * D;
     const float* k2 = kh + key_at(keys, base, t + 2) * D;
     const float* k3 = kh + key_at(keys, base, t + 3) * D;
-    if (keys == nullptr)  // consecutive keys: the four rows KEY_AHEAD keys on are known
-      for (int64_t e = 0; e < 4 * D; e += 16) _mm_prefetch(ahead(k0, sizeof(float) * (KEY_AHEAD * D + e)), _MM_HINT_T0);
+    if (keys == nullptr) request_keys(k0, 4, D);  // consecutive keys: the rows ahead are known
     __m512 a[S], b[S];
     for (int r = 0; r < S; ++r) a[r] = b[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < D8; ++c) {
@@ -846,8 +849,7 @@ AVX512 void group_scores512(const float* const* q, float* const* p, const float*
   for (; t + 1 < t1; t += 2) {
     const float* k0 = kh + key_at(keys, base, t) * D;
     const float* k1 = kh + key_at(keys, base, t + 1) * D;
-    if (keys == nullptr)
-      for (int64_t e = 0; e < 2 * D; e += 16) _mm_prefetch(ahead(k0, sizeof(float) * (KEY_AHEAD * D + e)), _MM_HINT_T0);
+    if (keys == nullptr) request_keys(k0, 2, D);
     __m512 a[S];
     for (int r = 0; r < S; ++r) a[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < D8; ++c) {
