@@ -19,6 +19,9 @@ from harness.weights import packaged
 log = logging.getLogger(__name__)
 _BUILT = "built.json"
 
+# Headers every kernel source includes (the host's kind, ``host.h``): part of every build.
+HEADERS = (Path(__file__).with_name("host.h"),)
+
 # The kernels' AVX2 paths are the baseline (AVX-512 functions carry their own target attribute);
 # no contraction into fma, so every path runs the IEEE operations the source spells.
 CFLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"]
@@ -45,13 +48,15 @@ def build_key(source: Path, includes: tuple[Path, ...] = ()) -> str:
 
 def build(name: str, source: Path, includes: tuple[Path, ...] = ()) -> ModuleType:
     """Compile ``source`` as module ``name`` into the cache (first use: about a minute on 2 cores).
-    ``includes``: the files ``source`` includes, so that a change of theirs rebuilds it too.
+    ``includes``: the files ``source`` includes (``HEADERS`` always), so that a change of theirs
+    rebuilds it too.
 
     The build folder is named by ``build_key`` and compiles a copy of the sources kept inside it:
     the loader's ninja file names its source by path, so compiling a checkout's own file rebuilt the
     module whenever another checkout (or a moved one) had built it last."""
     from torch.utils import cpp_extension
 
+    includes = (*includes, *(h for h in HEADERS if h not in includes))
     flags = compile_flags(includes)
     folder = (
         packaged.cache_root()

@@ -26,6 +26,8 @@
 // only after has_avx512() said yes.
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
+#include "host.h"
+
 namespace {
 
 bool has_avx512() {
@@ -862,7 +864,14 @@ AVX512 void group_scores512(const float* const* q, float* const* p, const float*
   if (t < t1) group_scores<S>(q, p, kh, keys, base, t, t1, D, scale);
 }
 
-const bool WIDE = has_avx512();
+// Whether attention takes its AVX-512 variants (16 lanes a register; the same bits) on this host:
+// where the CPU has AVX-512, but on AMD family 25 (Zen 4), whose units run a 512-bit vector as two
+// 256-bit halves. There the 8-lane passes took 0.75-0.78x the AVX-512 ones' time for one row over
+// 28 layers' caches of 1K-4K tokens, 0.83x for four rows and 0.88-0.92x for sixteen (0.92-0.96x at
+// 200 tokens; family 25 model 17, alternated in one process, the same bits). Hosts where the wide
+// passes were not measured against the narrow ones keep them.
+bool wide_attention() { return has_avx512() && amd_family() != 25; }
+const bool WIDE = wide_attention();
 
 // f(std::integral_constant<int, n>{}) for 1 <= n <= GROUP: a chunk's size as the templates take it.
 template <typename F>
@@ -935,10 +944,12 @@ std::vector<std::pair<int64_t, int>> d_blocks(int64_t D) {
 // once (scores by key tile, weights by row, values by block of D), so each key and value row is read
 // from memory once however many rows verify; past that (a prompt), a thread takes a chunk of one
 // row's heads at a time. Both run the same arithmetic.
+// ``variant``: -1 this host's choice (``WIDE``), 0 the 8-lane passes, 1 the AVX-512 ones where the
+// CPU has them (the tests run both, for their bits).
 void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t k_h, const float* vp, int64_t v_h,
             float* op, int64_t o_h, int64_t o_m, int64_t H, int64_t M, int64_t D, int64_t Hkv, int64_t L,
             float scale, const uint8_t* visible = nullptr, int64_t R = 0, int64_t T = 0,
-            bool force_avx2 = false) {
+            int64_t variant = -1) {
   const int64_t heads = H / Hkv;
   const int64_t first = visible == nullptr ? M : M - R;  // the first masked row
   const int64_t common = visible == nullptr ? L - M + 1 : std::min(L - T, L - M + 1);
@@ -960,7 +971,7 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
   // A chunk of rows: heads h0..h1-1 of key/value head g, query row i, weights at p(h, i).
   auto chunk_of = [&](int64_t h0, int64_t h1, int64_t i, auto&& p_of) {
     Chunk c;
-    c.wide = WIDE && !force_avx2;
+    c.wide = variant < 0 ? WIDE : variant != 0 && has_avx512();
     for (int64_t h = h0; h < h1; ++h, ++c.n) {
       c.q[c.n] = qp + h * q_h + i * q_m;
       c.o[c.n] = op + h * o_h + i * o_m;
@@ -1076,7 +1087,7 @@ void check_kv(const torch::Tensor& k, const torch::Tensor& v, int64_t H, int64_t
   TORCH_CHECK(k.size(1) >= M, "the cache must hold the rows' own keys (L >= M)");
 }
 
-torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling, bool force_avx2) {
+torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling, int64_t variant) {
   // q [H, M, D]; k, v [Hkv, L, D], float32
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32, "q must be float32 [H, M, D]");
   q = q.contiguous();
@@ -1087,7 +1098,7 @@ torch::Tensor attention_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   auto out = torch::empty({H, M, D}, q.options());
   attend(q.data_ptr<float>(), M * D, D, k.data_ptr<float>(), k.stride(0), v.data_ptr<float>(), v.stride(0),
          out.data_ptr<float>(), M * D, D, H, M, D, k.size(0), k.size(1), static_cast<float>(scaling), nullptr, 0, 0,
-         force_avx2);
+         variant);
   return out;
 }
 
@@ -1246,8 +1257,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "instruction set the float-accumulating kernels use on this CPU");
   m.def("linear_i8a8", &linear_i8a8, "batch-invariant int8 x int8 linear, activations quantized per row",
         py::arg("x"), py::arg("w"), py::arg("wscale"), py::arg("wsum"), py::arg("force_avx2") = false);
-  m.def("attention_rows", &attention_rows, "batch-invariant causal attention, one fixed order per row",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("force_avx2") = false);
+  m.def("attention_rows", &attention_rows,
+        "batch-invariant causal attention, one fixed order per row (variant: -1 this host's, 0 AVX2, 1 AVX-512)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("variant") = -1);
   m.def("attention_md", &attention_md, "attention_rows on q [M, H * D], output [M, H * D]", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("heads"), py::arg("scaling"), py::arg("visible") = py::none());
   m.def("rms_norm", &rms_norm, "row-wise RMS norm in one fixed order", py::arg("x"), py::arg("w"), py::arg("eps"));

@@ -13,7 +13,6 @@
 // values only: batch-invariant by construction, and the same bits on either instruction set.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <cpuid.h>
 #include <immintrin.h>
 #include <algorithm>
 #include <atomic>
@@ -25,6 +24,8 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include "host.h"
 
 namespace {
 
@@ -109,16 +110,7 @@ constexpr int64_t Q4K_REC = 2048 + 128 + 128 + 32 + 32, Q6K_REC = 3072 + 256 + 3
 // Whether a one-row AVX-512 pass takes the near prefetch on this host (above): on AMD from family 26
 // (Zen 5) up, where it was measured to pay; elsewhere (Zen 4, where it was measured to cost, and
 // hosts not measured) not. The prefetch moves no bit, only when lines arrive.
-bool host_wants_near() {
-  static const bool near = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(0, &a, &b, &c, &d) || b != signature_AMD_ebx) return false;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
-    const unsigned base = (a >> 8) & 0xF, family = base == 0xF ? base + ((a >> 20) & 0xFF) : base;
-    return family >= 26;
-  }();
-  return near;
-}
+bool host_wants_near() { return amd_family() >= 26; }
 
 // `one_row_near`: -1 this host's choice, 0 or 1 either variant (the tests run both, for their bits).
 bool one_row_near(int64_t choice) { return choice < 0 ? host_wants_near() : choice != 0; }
@@ -354,18 +346,6 @@ AVX512 ALWAYS_INLINE void prefetch_act(const Act& a, int64_t m0, int64_t b) {
   }
 }
 
-template <int R, bool NEAR1 = false>
-AVX512 void q4k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
-  __m512 v[R], o[R];
-  for (int r = 0; r < R; ++r) v[r] = o[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b + 1 < a.nb; ++b) {
-    prefetch_act<R>(a, m0, b);
-    q4k_block_512<R, 8, NEAR1>(grp + b * Q4K_REC, a, m0, b, v, o);
-  }
-  Q4K_LAST(q4k_block_512, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, v, o)
-  for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
-}
-
 template <int R, int S, bool NEAR1 = false>
 AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_t m0, int64_t b, __m512 (&v)[R], __m512 (&o)[R]) {
   const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
@@ -412,16 +392,31 @@ AVX512 ALWAYS_INLINE void q6k_block_512(const uint8_t* rec, const Act& a, int64_
   for (int r = 0; r < R; ++r) add_sum_512(v[r], tot[r], a.d[(m0 + r) * a.nb + b], d);
 }
 
-template <int R, bool NEAR1 = false>
-AVX512 void q6k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
+// A group's columns for rows m0 .. m0 + R - 1, block by block (the row's last block by the sub-blocks
+// its record keeps).
+template <bool Q4, int R, bool NEAR1>
+AVX512 void group_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
   __m512 v[R], o[R];
   for (int r = 0; r < R; ++r) v[r] = o[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b + 1 < a.nb; ++b) {
     prefetch_act<R>(a, m0, b);
-    q6k_block_512<R, 16, NEAR1>(grp + b * Q6K_REC, a, m0, b, v, o);
+    if constexpr (Q4) q4k_block_512<R, 8, NEAR1>(grp + b * Q4K_REC, a, m0, b, v, o);
+    else q6k_block_512<R, 16, NEAR1>(grp + b * Q6K_REC, a, m0, b, v, o);
   }
-  Q6K_LAST(q6k_block_512, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, v, o)
+  if constexpr (Q4) {
+    Q4K_LAST(q4k_block_512, R, q4k_subs(a.last), grp + (a.nb - 1) * Q4K_REC, a, m0, a.nb - 1, v, o)
+  } else {
+    Q6K_LAST(q6k_block_512, R, q6k_subs(a.last), grp + (a.nb - 1) * Q6K_REC, a, m0, a.nb - 1, v, o)
+  }
   for (int r = 0; r < R; ++r) store_512(y + (m0 + r) * N, N, n0, v[r], o[r]);
+}
+template <int R, bool NEAR1 = false>
+AVX512 void q4k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
+  group_512<true, R, NEAR1>(grp, a, m0, y, N, n0);
+}
+template <int R, bool NEAR1 = false>
+AVX512 void q6k_512(const uint8_t* grp, const Act& a, int64_t m0, float* y, int64_t N, int64_t n0) {
+  group_512<false, R, NEAR1>(grp, a, m0, y, N, n0);
 }
 
 // ---------------------------------------------------------------- AVX2: 8 columns per vector, two halves

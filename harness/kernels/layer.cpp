@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "host.h"
+
 #define HARNESS_KERNELS_ONLY
 namespace inv {
 #include "invariant.cpp"
