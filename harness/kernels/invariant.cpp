@@ -968,10 +968,11 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
   }
   auto tail_keys = [&](int64_t i) -> const int32_t* { return i < first ? nullptr : tails[i].data(); };
   const auto blocks = d_blocks(D);
+  const bool wide = variant < 0 ? WIDE : variant != 0 && has_avx512();
   // A chunk of rows: heads h0..h1-1 of key/value head g, query row i, weights at p(h, i).
   auto chunk_of = [&](int64_t h0, int64_t h1, int64_t i, auto&& p_of) {
     Chunk c;
-    c.wide = variant < 0 ? WIDE : variant != 0 && has_avx512();
+    c.wide = wide;
     for (int64_t h = h0; h < h1; ++h, ++c.n) {
       c.q[c.n] = qp + h * q_h + i * q_m;
       c.o[c.n] = op + h * o_h + i * o_m;

@@ -75,13 +75,13 @@ void warm(const Projection& p, const float* keys, int64_t kv_heads, int64_t head
   const char* base = reinterpret_cast<const char*>(w.data_ptr<uint8_t>());
   const bool with_keys = rows <= inv::SHARED_ROWS;
   const char* kp = reinterpret_cast<const char*>(keys);
-  const int64_t head_bytes = L * dim * 4;
+  const int64_t head_bytes = L * dim * static_cast<int64_t>(sizeof(float));
 #pragma omp parallel
   {
     const int64_t n = omp_get_num_threads(), t = omp_get_thread_num(), chunk = (groups + n - 1) / n;
     if (with_keys)
       for (int64_t h = t * kv_heads / n; h < (t + 1) * kv_heads / n; ++h)
-        for (int64_t i = 0; i < head_bytes; i += 64) _mm_prefetch(kp + h * head_stride * 4 + i, _MM_HINT_T0);
+        for (int64_t i = 0; i < head_bytes; i += 64) _mm_prefetch(kp + h * head_stride * sizeof(float) + i, _MM_HINT_T0);
     const int64_t g0 = std::min(groups, t * chunk), g1 = std::min(groups, g0 + chunk);
     for (int64_t i = g0 * row; i < g1 * row; i += 64) _mm_prefetch(base + i, _MM_HINT_T1);
   }
@@ -114,7 +114,9 @@ struct Layer {
              c10::optional<Tensor> visible) const {
     const bool rows_packed = keys.dim() == 4 && keys.scalar_type() == torch::kFloat32 && keys.stride(3) == 1 &&
                              keys.stride(2) == dim;
-    warm(o, keys.data_ptr<float>(), kv_heads, keys.stride(1), rows_packed ? keys.size(2) : 0, dim, q.size(0));
+    // Keys of another layout or type ask for nothing here; attention_md says what is wrong with them.
+    warm(o, rows_packed ? keys.data_ptr<float>() : nullptr, kv_heads, rows_packed ? keys.stride(1) : 0,
+         rows_packed ? keys.size(2) : 0, dim, q.size(0));
     return rest(x, inv::attention_md(q, keys.select(0, 0), values.select(0, 0), heads, scaling, visible));
   }
 
