@@ -54,35 +54,41 @@ struct Projection {
 };
 
 // Each thread starts pulling in what it reads next while the memory would otherwise idle, issued just
-// before attention: first the key rows of the key/value heads attention's scores pass hands it (for up
-// to inv::SHARED_ROWS rows, a static split of the heads' key tiles: heads t * kv_heads / n onwards), which
-// it reads first; then the part of the output projection's weights it will read (the groups
-// at::parallel_for hands it, one contiguous chunk per thread). Why the keys: attention streamed a
-// layer's cache at a fraction of the read bandwidth, its requests a few keys ahead of its
-// arithmetic; asked for at once, they come at the stream's rate (into L2, the rest into L3 as L2
-// lets them go), and the scores pass then runs at about the speed it has on a cache already held.
+// before attention: first the keys of the tiles attention's scores pass hands it (inv::thread_share,
+// up to inv::SHARED_ROWS rows), which it reads first; then its share of the output projection's
+// weights (kq::owner_share, the groups it claims first). Why the keys: attention streamed a layer's
+// cache at a fraction of the read bandwidth, its requests a few keys ahead of its arithmetic; asked
+// for at once, they come at the stream's rate (into L2, the rest into L3 as L2 lets them go), and the
+// scores pass then runs at about the speed it has on a cache already held.
 // On a 2-core AMD EPYC Zen 4 (family 25 model 17), toggled forward by forward in one process, outputs
 // equal: the warm and attention together took 0.90-0.94x their time at 200-4,096 cached tokens, the
 // 1.5B target's one-token forward 0.94-0.99x; two builds alternated read 0.99-1.00x at one row and
 // 0.986-0.995x at four (within that comparison's +-2%).
 // ``keys``: head h's L keys of ``dim`` floats are at keys + h * head_stride onwards, one after the
-// other; ``rows``: the rows being computed (past SHARED_ROWS attention splits its work otherwise, and
-// a prompt's chunk is bound by its arithmetic: no keys asked for).
+// other; ``rows``: the rows being computed, the last of the L (past SHARED_ROWS attention splits its
+// work otherwise, and a prompt's chunk is bound by its arithmetic: no keys asked for).
 void warm(const Projection& p, const float* keys, int64_t kv_heads, int64_t head_stride, int64_t L, int64_t dim,
           int64_t rows) {
   const Tensor& w = p.blocks[0];
   const int64_t groups = w.size(0), row = w.size(1);
   const char* base = reinterpret_cast<const char*>(w.data_ptr<uint8_t>());
-  const bool with_keys = rows <= inv::SHARED_ROWS;
-  const char* kp = reinterpret_cast<const char*>(keys);
-  const int64_t head_bytes = L * dim * static_cast<int64_t>(sizeof(float));
+  // The scores pass's units: each key/value head's keys that every row sees, in tiles.
+  const int64_t common = L - rows + 1;
+  const bool with_keys = keys != nullptr && rows <= inv::SHARED_ROWS && common > 0;
+  const int64_t tiles = with_keys ? (common + inv::KEY_TILE - 1) / inv::KEY_TILE : 0;
 #pragma omp parallel
   {
-    const int64_t n = omp_get_num_threads(), t = omp_get_thread_num(), chunk = (groups + n - 1) / n;
-    if (with_keys)
-      for (int64_t h = t * kv_heads / n; h < (t + 1) * kv_heads / n; ++h)
-        for (int64_t i = 0; i < head_bytes; i += 64) _mm_prefetch(kp + h * head_stride * sizeof(float) + i, _MM_HINT_T0);
-    const int64_t g0 = std::min(groups, t * chunk), g1 = std::min(groups, g0 + chunk);
+    const int64_t n = omp_get_num_threads(), t = omp_get_thread_num();
+    if (with_keys) {
+      const auto [first, last] = inv::thread_share(kv_heads * tiles, t, n);
+      for (int64_t u = first; u < last; ++u) {
+        const int64_t h = u / tiles, k0 = (u % tiles) * inv::KEY_TILE, k1 = std::min(common, k0 + inv::KEY_TILE);
+        const char* tile = reinterpret_cast<const char*>(keys + h * head_stride + k0 * dim);
+        const int64_t bytes = (k1 - k0) * dim * static_cast<int64_t>(sizeof(float));
+        for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(tile + i, _MM_HINT_T0);
+      }
+    }
+    const auto [g0, g1] = kq::owner_share(groups, t, n);
     for (int64_t i = g0 * row; i < g1 * row; i += 64) _mm_prefetch(base + i, _MM_HINT_T1);
   }
 }
