@@ -19,8 +19,9 @@ from harness.weights import packaged
 log = logging.getLogger(__name__)
 _BUILT = "built.json"
 
-# Headers every kernel source includes (the host's kind, ``host.h``): part of every build.
-HEADERS = (Path(__file__).with_name("host.h"),)
+# Headers every kernel source includes (the host's kind, ``host.h``; how a pass is shared out over
+# threads, ``split.h``): part of every build.
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("host.h", "split.h"))
 
 # The kernels' AVX2 paths are the baseline (AVX-512 functions carry their own target attribute);
 # no contraction into fma, so every path runs the IEEE operations the source spells.

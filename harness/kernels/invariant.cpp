@@ -29,6 +29,7 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 #include "host.h"
+#include "split.h"
 
 namespace {
 
@@ -615,13 +616,6 @@ inline void request_keys(const float* k, int64_t rows, int64_t D) {
 constexpr int64_t KEY_TILE = 64;     // keys whose rows stay in L1 while each chunk of rows reads them
 constexpr int64_t SHARED_ROWS = 16;  // up to this many query rows (M), each key and value row is read once for all
 
-// The units [first, last) of `units` that thread t of n computes in a pass split evenly in order:
-// attention's pass over the key tiles all rows see, and layer.cpp's `warm`, which asks for the keys
-// of that thread's tiles before the pass (so both read the one split, and a change of it moves both).
-inline std::pair<int64_t, int64_t> thread_share(int64_t units, int64_t t, int64_t n) {
-  return {t * units / n, (t + 1) * units / n};
-}
-
 // Rows t0..t1-1 of a [L, D] head, floats d0..d1-1 of each, read one load a line, so that they are in
 // cache when a pass reads them again. The values' pass below walks its rows a 16-float block at a
 // time, one line of each row per walk, a stride the memory serves a line at a time; reading the
@@ -1009,7 +1003,7 @@ void attend(const float* qp, int64_t q_h, int64_t q_m, const float* kp, int64_t 
 #pragma omp parallel
     {
       // Scores over the keys all rows see, a tile at a time: unit u is head u / tiles's tile u % tiles.
-      const auto [first, last] = thread_share(Hkv * tiles, omp_get_thread_num(), omp_get_num_threads());
+      const auto [first, last] = even_share(Hkv * tiles, omp_get_thread_num(), omp_get_num_threads());
       for (int64_t u = first; u < last; ++u) {
         const int64_t g = u / tiles, t0 = (u % tiles) * KEY_TILE, t1 = std::min(common, t0 + KEY_TILE);
         for (int64_t i = 0; i < M; ++i)

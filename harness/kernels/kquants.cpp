@@ -23,10 +23,10 @@
 #include <memory>
 #include <string>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "host.h"
+#include "split.h"
 
 namespace {
 
@@ -690,12 +690,6 @@ struct alignas(64) Share {  // a line each: the owners claim without invalidatin
 
 inline uint64_t span_of(uint64_t lo, uint64_t hi) { return lo | (hi << 32); }
 
-// Thread t's own share of `total` groups, of n: what it claims from the front (layer.cpp's `warm`
-// asks for its share of the output projection's weights ahead of the call, from here).
-inline std::pair<int64_t, int64_t> owner_share(int64_t total, int64_t t, int64_t n) {
-  return {t * total / n, (t + 1) * total / n};
-}
-
 // The next groups [a, b) of a share: from its front (its owner's) or its back (another thread's);
 // false once the share is empty.
 inline bool claim(Share& share, bool front, int64_t& a, int64_t& b) {
@@ -719,7 +713,7 @@ void balanced_for(int64_t total, const F& body) {
   }
   std::unique_ptr<Share[]> shares(new Share[n]);
   for (int64_t t = 0; t < n; ++t) {
-    const auto [lo, hi] = owner_share(total, t, n);
+    const auto [lo, hi] = even_share(total, t, n);  // its own share, claimed from the front
     shares[t].span.store(span_of(lo, hi));
   }
   at::parallel_for(0, n, 1, [&](int64_t t0, int64_t t1) {

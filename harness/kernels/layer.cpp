@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "host.h"
+#include "split.h"
 
 #define HARNESS_KERNELS_ONLY
 namespace inv {
@@ -54,12 +55,13 @@ struct Projection {
 };
 
 // Each thread starts pulling in what it reads next while the memory would otherwise idle, issued just
-// before attention: first the keys of the tiles attention's scores pass hands it (inv::thread_share,
-// up to inv::SHARED_ROWS rows), which it reads first; then its share of the output projection's
-// weights (kq::owner_share, the groups it claims first). Why the keys: attention streamed a layer's
-// cache at a fraction of the read bandwidth, its requests a few keys ahead of its arithmetic; asked
-// for at once, they come at the stream's rate (into L2, the rest into L3 as L2 lets them go), and the
-// scores pass then runs at about the speed it has on a cache already held.
+// before attention: first the keys of the tiles attention's scores pass hands it (`even_share` of
+// them, up to inv::SHARED_ROWS rows), which it reads first; then its share of the output
+// projection's weights (`even_share` of its groups, the ones it claims first). Why the keys:
+// attention streamed a layer's cache at a fraction of the read bandwidth, its requests a few keys
+// ahead of its arithmetic; asked for at once, they come at the stream's rate (into L2, the rest into
+// L3 as L2 lets them go), and the scores pass then runs at about the speed it has on a cache already
+// held.
 // On a 2-core AMD EPYC Zen 4 (family 25 model 17), toggled forward by forward in one process, outputs
 // equal: the warm and attention together took 0.90-0.94x their time at 200-4,096 cached tokens, the
 // 1.5B target's one-token forward 0.94-0.99x; two builds alternated read 0.99-1.00x at one row and
@@ -80,7 +82,7 @@ void warm(const Projection& p, const float* keys, int64_t kv_heads, int64_t head
   {
     const int64_t n = omp_get_num_threads(), t = omp_get_thread_num();
     if (with_keys) {
-      const auto [first, last] = inv::thread_share(kv_heads * tiles, t, n);
+      const auto [first, last] = even_share(kv_heads * tiles, t, n);
       for (int64_t u = first; u < last; ++u) {
         const int64_t h = u / tiles, k0 = (u % tiles) * inv::KEY_TILE, k1 = std::min(common, k0 + inv::KEY_TILE);
         const char* tile = reinterpret_cast<const char*>(keys + h * head_stride + k0 * dim);
@@ -88,7 +90,7 @@ void warm(const Projection& p, const float* keys, int64_t kv_heads, int64_t head
         for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(tile + i, _MM_HINT_T0);
       }
     }
-    const auto [g0, g1] = kq::owner_share(groups, t, n);
+    const auto [g0, g1] = even_share(groups, t, n);
     for (int64_t i = g0 * row; i < g1 * row; i += 64) _mm_prefetch(base + i, _MM_HINT_T1);
   }
 }
