@@ -194,6 +194,35 @@ def test_rope_is_transformers_rotary_embedding_bit_for_bit(ext):
     assert torch.equal(rows, expected.transpose(1, 2).reshape(m, heads * dim))
 
 
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+def test_rotary_rows_are_the_modules(name):
+    """The stack's kept rotary tables give the rotary module's own rows, bit for bit, at every
+    start and length (past the tables' first size too), and follow the module: new inverse
+    frequencies are computed again, and an observed module is called, not read around."""
+    model = tiny.build_target(name).eval()
+    stack, dim = model.model, model.config.hidden_size
+    hidden = torch.zeros(1, 1, dim)
+
+    def own(start: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return stack.rotary_emb(hidden, torch.arange(start, start + m).unsqueeze(0))
+
+    with torch.inference_mode():
+        for start, m in ((0, 200), (200, 1), (201, 5), (1023, 2), (fused.ROTARY_ROWS * 3 + 7, 4), (5, 1)):
+            got, expected = fused.rotary_rows(stack, hidden, start, m), own(start, m)
+            assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True)), (start, m)
+        assert stack.__dict__["_rotary_tables"].cos.shape[1] >= fused.ROTARY_ROWS * 3 + 11
+        stack.rotary_emb.inv_freq = stack.rotary_emb.inv_freq * 0.5
+        got, expected = fused.rotary_rows(stack, hidden, 40, 3), own(40, 3)
+        assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+        calls = []
+        handle = stack.rotary_emb.register_forward_hook(lambda *args: calls.append(1))
+        try:
+            fused.rotary_rows(stack, hidden, 40, 3)
+        finally:
+            handle.remove()
+        assert calls == [1]
+
+
 def test_rms_norm_matches_the_models_norm(ext):
     torch.manual_seed(1)
     x, w = torch.randn(4, 96) * 3, torch.randn(96)
