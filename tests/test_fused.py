@@ -647,3 +647,39 @@ def test_a_kernel_library_cut_since_its_build_is_linked_again_not_loaded(tmp_pat
     library.write_bytes(b"\x7fELF")  # a library no build recorded
     cppext._drop_if_damaged(library)
     assert not library.exists()
+
+
+@pytest.mark.parametrize("name", FUSABLE_FAMILIES)
+@pytest.mark.parametrize("build", [_w8af32_fused, _q4k], ids=["one-call-a-step", "two-calls-on-k-quants"])
+def test_the_stacks_final_norm_runs_on_the_row_wise_kernel(ext, name, build):
+    """Fusing a stack puts its final norm on the row-wise kernel, from the module its layers run on
+    (the two-call layers' on k-quant blocks): each row the kernel's, whichever module and however
+    many rows a call holds, and transformers' own norm up to rounding; other dtypes take the
+    module's own forward."""
+    model = build(name)
+    norm = model.model.norm
+    assert isinstance(norm, fused.FusedNorm)
+    assert norm._on_kquants == (build is _q4k)
+    own = type(norm).__bases__[1].forward
+    torch.manual_seed(0)
+    x = torch.randn(1, 5, norm.weight.shape[0]) * 3
+    with torch.inference_mode():
+        got = norm(x)
+        rows = ext.rms_norm(x[0], norm.weight, norm.variance_epsilon)
+        assert got.shape == x.shape and torch.equal(got[0], rows)
+        assert torch.equal(fused.extension().rms_norm(x[0], norm.weight, norm.variance_epsilon), rows)
+        assert torch.equal(torch.cat([norm(x[:, i : i + 1]) for i in range(5)], dim=1), got)
+        torch.testing.assert_close(got, own(norm, x), rtol=1e-6, atol=1e-6)
+        half = x.bfloat16()
+        assert torch.equal(norm(half), own(norm, half))
+
+
+def test_fusing_again_follows_the_layers_kernels(ext):
+    """A stack fused again after its layers' weights moved off k-quant blocks runs its norm on the
+    row-wise steps' module, which every such layer runs on."""
+    model = _q4k("tiny-qwen2")
+    assert model.model.norm._on_kquants
+    mlp = model.model.layers[0].mlp
+    mlp.down_proj = torch.nn.Linear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False)
+    fused.fuse(model)
+    assert isinstance(model.model.norm, fused.FusedNorm) and not model.model.norm._on_kquants

@@ -246,6 +246,8 @@ struct Stack {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &inv::rms_norm, "row-wise RMS norm in one fixed order (invariant.cpp's)", py::arg("x"),
+        py::arg("w"), py::arg("eps"));
   py::class_<Projection>(m, "Projection", "k-quant weights applied to one input, quantized once")
       .def(py::init<std::vector<Tensor>, std::vector<std::string>, std::vector<int64_t>,
                     std::vector<c10::optional<Tensor>>>(),
