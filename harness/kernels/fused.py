@@ -617,9 +617,9 @@ def _fused_class(cls: type, mixin: type = FusedLayer) -> type:
 
 
 def fuse(model: nn.Module) -> int:
-    """Switch every fusable decoder layer of ``model`` to the fused forward, and the stacks holding
-    them to ``FusedStack``, in place; returns how many layers were switched (0: the architecture is
-    not one this module reproduces, nothing changed)."""
+    """Switch every fusable decoder layer of ``model`` to the fused forward, the stacks holding
+    them to ``FusedStack`` and their final norms to ``FusedNorm``, in place; returns how many layers
+    were switched (0: the architecture is not one this module reproduces, nothing changed)."""
     count = 0
     for module in model.modules():
         if isinstance(module, FusedLayer):
