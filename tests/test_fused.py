@@ -196,31 +196,44 @@ def test_rope_is_transformers_rotary_embedding_bit_for_bit(ext):
 
 @pytest.mark.parametrize("name", FUSABLE_FAMILIES)
 def test_rotary_rows_are_the_modules(name):
-    """The stack's kept rotary tables give the rotary module's own rows, bit for bit, at every
-    start and length (past the tables' first size too), and follow the module: new inverse
-    frequencies are computed again, and an observed module is called, not read around."""
+    """The stack's kept rotary tables give the rotary module's own rows, bit for bit, for every
+    range of positions (past the tables' first size too) and for position ids as a token tree
+    passes them (repeated, skipped, out of order), and follow the module: new inverse frequencies
+    are computed again, and an observed module is called, not read around."""
     model = tiny.build_target(name).eval()
     stack, dim = model.model, model.config.hidden_size
     hidden = torch.zeros(1, 1, dim)
 
-    def own(start: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return stack.rotary_emb(hidden, torch.arange(start, start + m).unsqueeze(0))
+    def own(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return stack.rotary_emb(hidden, ids)
+
+    def same(got: tuple, expected: tuple) -> bool:
+        return all(g.shape == e.shape and torch.equal(g, e) for g, e in zip(got, expected, strict=True))
 
     with torch.inference_mode():
         for start, m in ((0, 200), (200, 1), (201, 5), (1023, 2), (fused.ROTARY_ROWS * 3 + 7, 4), (5, 1)):
-            got, expected = fused.rotary_rows(stack, hidden, start, m), own(start, m)
-            assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True)), (start, m)
+            ids = torch.arange(start, start + m).unsqueeze(0)
+            assert same(fused.rotary_rows(stack, hidden, range(start, start + m)), own(ids)), (start, m)
+            assert same(fused.rotary_rows(stack, hidden, ids), own(ids)), (start, m)
         assert stack.__dict__["_rotary_tables"].cos.shape[1] >= fused.ROTARY_ROWS * 3 + 11
+        for ids in ([[300, 301, 301, 302, 302, 302]], [[9, 3, 7]], [[fused.ROTARY_ROWS * 8 + 1, 0]]):
+            ids = torch.tensor(ids)
+            assert same(fused.rotary_rows(stack, hidden, ids), own(ids)), ids
+        # What the tables do not hold goes to the module: negative positions, a batch of sequences.
+        for ids in (torch.tensor([[-2, 5]]), torch.tensor([[4, 5], [6, 7]])):
+            assert same(fused.rotary_rows(stack, hidden, ids), own(ids)), ids
         stack.rotary_emb.inv_freq = stack.rotary_emb.inv_freq * 0.5
-        got, expected = fused.rotary_rows(stack, hidden, 40, 3), own(40, 3)
-        assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))
+        ids = torch.arange(40, 43).unsqueeze(0)
+        assert same(fused.rotary_rows(stack, hidden, range(40, 43)), own(ids))
+        assert same(fused.rotary_rows(stack, hidden, ids), own(ids))
         calls = []
         handle = stack.rotary_emb.register_forward_hook(lambda *args: calls.append(1))
         try:
-            fused.rotary_rows(stack, hidden, 40, 3)
+            fused.rotary_rows(stack, hidden, range(40, 43))
+            fused.rotary_rows(stack, hidden, ids)
         finally:
             handle.remove()
-        assert calls == [1]
+        assert calls == [1, 1]
 
 
 def test_rms_norm_matches_the_models_norm(ext):

@@ -353,9 +353,10 @@ class FusedStack:
         m = input_ids.shape[1]
         hidden = self.embed_tokens(input_ids)
         if position_ids is None:
-            cos, sin = rotary_rows(self, hidden, past_key_values.get_seq_length(), m)
+            start = past_key_values.get_seq_length()
+            cos, sin = rotary_rows(self, hidden, range(start, start + m))
         else:
-            cos, sin = self.rotary_emb(hidden, position_ids)
+            cos, sin = rotary_rows(self, hidden, position_ids)
         x = hidden.reshape(m, -1).contiguous()
         masked = 0 if tree_mask is None else tree_mask.shape[0]
         native = _native_stack(self, layers)
@@ -511,28 +512,45 @@ class _RotaryTables:
 
 
 def rotary_rows(
-    stack: nn.Module, hidden: torch.Tensor, start: int, m: int
+    stack: nn.Module, hidden: torch.Tensor, positions: range | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``stack.rotary_emb(hidden, positions start .. start + m - 1)``, read from tables the stack
-    keeps. Why: the module computes a forward's rows anew each time (a product, a concatenation,
-    cos and sin, ~20 us with everything in cache), and after a step's weights have streamed
-    through the caches that came to 0.13-0.14 ms of every one-token step of either model of the
-    offline pair on a 2-core AMD EPYC Zen 4 (family 25 model 17). Each row is its position's alone
-    (one product per entry, then cos and sin entry by entry), so rows computed for all positions
-    at once are the bits of one position at a time (``test_rotary_rows_are_the_modules``). Only
-    for the plain rotary embedding (a scaled or dynamic one may depend on more than the position),
-    float32 and an unobserved module; anything else is the module's own call."""
+    """``stack.rotary_emb(hidden, positions)`` for one sequence, read from tables the stack keeps:
+    ``positions`` a range (a forward's rows onto a cache, a slice of the tables) or position ids
+    [1, m] as a caller passes them (a token tree's rows repeat and skip positions; gathered).
+
+    Why: the module computes a forward's rows anew each time (a product, a concatenation, cos and
+    sin, ~20 us with everything in cache), and after a step's weights have streamed through the
+    caches that came to 0.13-0.14 ms of every one-token step of either model of the offline pair
+    on a 2-core AMD EPYC Zen 4 (family 25 model 17); with position ids given (the token-tree loop
+    passes them), 0.28 ms of the draft's step. Each row is its position's alone (one product per
+    entry, then cos and sin entry by entry), so rows computed for all positions at once are the
+    bits of one position at a time (``test_rotary_rows_are_the_modules``). Only for the plain
+    rotary embedding (a scaled or dynamic one may depend on more than the position), float32, an
+    unobserved module and positions from 0 up; anything else is the module's own call."""
     rot = stack.rotary_emb
+    ids = positions if isinstance(positions, torch.Tensor) else None
+    if ids is None:
+        end = positions.stop
+    elif ids.dim() == 2 and ids.shape[0] == 1 and ids.numel() > 0:
+        low, high = (int(bound) for bound in torch.aminmax(ids))
+        end = high + 1 if low >= 0 else 0
+    else:
+        end = 0  # a batch, or nothing: the module's own call
     plain = getattr(rot, "rope_type", None) == "default" and hidden.dtype == torch.float32
-    if not plain or rot._forward_hooks or rot._forward_pre_hooks:
-        return rot(hidden, torch.arange(start, start + m, device=hidden.device).unsqueeze(0))
+    if not plain or end <= 0 or rot._forward_hooks or rot._forward_pre_hooks:
+        if ids is None:
+            ids = torch.arange(positions.start, positions.stop, device=hidden.device).unsqueeze(0)
+        return rot(hidden, ids)
     kept = stack.__dict__.get("_rotary_tables")
     held = 0 if kept is None or kept.inv_freq is not rot.inv_freq else kept.cos.shape[1]
-    if start + m > held or kept.cos.device != hidden.device:
-        n = max(ROTARY_ROWS, 2 * held, start + m)
+    if end > held or kept.cos.device != hidden.device:
+        n = max(ROTARY_ROWS, 2 * held, end)
         cos, sin = rot(hidden, torch.arange(n, device=hidden.device).unsqueeze(0))
         kept = stack.__dict__["_rotary_tables"] = _RotaryTables(rot.inv_freq, cos, sin)
-    return kept.cos[:, start : start + m], kept.sin[:, start : start + m]
+    if ids is None:
+        return kept.cos[:, positions.start : end], kept.sin[:, positions.start : end]
+    rows = ids[0].to(kept.cos.device)
+    return kept.cos.index_select(1, rows), kept.sin.index_select(1, rows)
 
 
 def _direct(
